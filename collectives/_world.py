@@ -1,0 +1,178 @@
+"""Rendezvous: environment + store -> the native world communicator.
+
+The only module that knows both the environment readers and the core. Rank 0
+hosts the store; every rank creates its native communicator (which starts
+listening), publishes ``address port hostname`` under ``addr/<rank>``, reads
+every peer's entry, and from the hostnames derives local rank and size when
+the launcher did not say. No link is opened here: the core connects to the
+peers an algorithm needs on first use.
+
+After a collective fails, a rank reports its error under ``failed/<rank>``;
+a rank whose own error is only the echo ("closed the connection", timeout)
+appends what the rank that saw the cause reported, so every survivor names
+the culprit.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+import threading
+import time
+from typing import Optional
+
+from . import _env, _store
+
+_lock = threading.RLock()
+_state: Optional["_World"] = None
+
+
+class _World:
+    """What init() built: the communicator and, at rank 0, the store server."""
+
+    def __init__(self, comm, core, server, client) -> None:
+        self.comm = comm
+        self.core = core
+        self.server = server
+        self.client = client
+
+    def close(self) -> None:
+        self.core.close()
+        if self.client is not None:
+            self.client.close()
+        if self.server is not None:
+            self.server.close()
+
+
+def _default_timeout() -> float:
+    """Start-up deadline: COLLECTIVES_START_TIMEOUT (set by collectives-run), else COLLECTIVES_TIMEOUT."""
+    for name in ("COLLECTIVES_START_TIMEOUT", "COLLECTIVES_TIMEOUT"):
+        text = os.environ.get(name)
+        if not text:
+            continue
+        try:
+            t = float(text)
+        except ValueError:
+            raise ValueError(f"{name}={text!r} is not a number of seconds") from None
+        if t > 0:
+            return t
+    return 300.0
+
+
+def _start_store(host: str, port: int):
+    """Rank 0's store: on the advertised address, else on every address."""
+    try:
+        return _store.StoreServer(host, port)
+    except OSError:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        return _store.StoreServer("::" if family == socket.AF_INET6 else "0.0.0.0", port)
+
+
+def _rendezvous(info: _env.WorldInfo, timeout: float):
+    from ._core import Communicator
+
+    server = None
+    if info.rank == 0:
+        server = _start_store(info.store_host, info.store_port)
+    try:
+        client = _store.StoreClient(info.store_host, info.store_port, timeout=timeout)
+    except BaseException:
+        if server is not None:
+            server.close()
+        raise
+    try:
+        advertise = _env.advertise_address(info.store_host, info.store_port)
+        if info.rank == 0:
+            client.set("comm_id", os.urandom(16))
+        comm_id = client.get("comm_id", timeout=timeout)
+        core = Communicator(info.rank, info.size, advertise, comm_id)
+        host = socket.gethostname()
+        client.set(f"addr/{info.rank}", f"{advertise}\n{core.port}\n{host}".encode())
+        hosts = []
+        for peer in range(info.size):
+            addr, port, peer_host = client.get(f"addr/{peer}", timeout=timeout).decode().split("\n")
+            core.set_peer(peer, addr, int(port))
+            hosts.append(peer_host)
+    except BaseException:
+        client.close()
+        if server is not None:
+            server.close()
+        raise
+    local_rank = info.local_rank
+    local_size = info.local_size
+    if local_rank is None or local_size is None:
+        local_rank = sum(1 for r in range(info.rank) if hosts[r] == hosts[info.rank])
+        local_size = sum(1 for h in hosts if h == hosts[info.rank])
+    return core, server, client, local_rank, local_size
+
+
+def init(timeout: Optional[float] = None):
+    """Create the world communicator once (see collectives.init)."""
+    global _state
+    with _lock:
+        if _state is not None:
+            return _state.comm
+        from ._core import Communicator
+        from .MPI import Comm
+
+        info = _env.detect()
+        t = float(timeout) if timeout else _default_timeout()
+        if info.size == 1:
+            core, server, client = Communicator(0, 1), None, None
+            local_rank, local_size = 0, 1
+        else:
+            core, server, client, local_rank, local_size = _rendezvous(info, t)
+        comm = Comm._from_core(core, local_rank, local_size)
+        _state = _World(comm, core, server, client)
+        return comm
+
+
+def finalize() -> None:
+    """Close the world communicator and the store (idempotent)."""
+    global _state
+    with _lock:
+        if _state is None:
+            return
+        state, _state = _state, None
+        state.close()
+
+
+def is_initialized() -> bool:
+    """True while the world communicator exists."""
+    return _state is not None
+
+
+_ECHOES = ("closed the connection", "connection to rank", "timed out", "is broken")
+
+
+def explain_failure(rank: int, message: str) -> str:
+    """Report this rank's failure to the store and add the cause others saw.
+
+    Best effort, bounded to about a second: the store may be gone with rank 0.
+    """
+    state = _state
+    if state is None or state.client is None:
+        return message
+    client = state.client
+    try:
+        client.set(f"failed/{rank}", message.encode())
+        if not any(echo in message for echo in _ECHOES):
+            return message
+        deadline = time.monotonic() + 1.0
+        while True:
+            causes = []
+            for peer in range(state.comm.size):
+                if peer == rank or not client.check([f"failed/{peer}"]):
+                    continue
+                text = client.get(f"failed/{peer}", timeout=0.5).decode()
+                if not any(echo in text for echo in _ECHOES):
+                    causes.append(f"rank {peer} reported: {text}")
+            if causes or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+    except (OSError, TimeoutError, ConnectionError, ValueError):
+        return message
+    return message + ("; " + "; ".join(causes) if causes else "")
+
+
+atexit.register(finalize)

@@ -1,0 +1,508 @@
+"""collectives-run: start N ranks of a command, like horovodrun or mpirun.
+
+    collectives-run -np 4 python train.py
+    collectives-run -H node1:4,node2:4 --network-interface eth0 python train.py
+
+Ranks fill the slots of the hosts in order. Ranks on this machine are child
+processes; ranks on other hosts are started with ``ssh -o BatchMode=yes``.
+Each rank gets ``COLLECTIVES_RANK``, ``_SIZE``, ``_LOCAL_RANK``,
+``_LOCAL_SIZE`` and ``_STORE_ADDR`` (the first host and a port; rank 0 hosts
+the store there). Every output line comes back prefixed ``[rank]<stdout>:``
+or ``[rank]<stderr>:``. When a rank fails, the others are stopped and the
+launcher returns the failed rank's code (128 + signal for a signal).
+
+Limitation: stopping a remote rank stops its ssh client. Without a tty, sshd
+does not forward the signal; the remote process dies of SIGPIPE at its next
+write, or when its own collectives fail because a peer went away.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import selectors
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import IO, Mapping, Optional, Sequence
+
+from ._env import format_addr
+
+__all__ = [
+    "RankCommand",
+    "parse_hosts",
+    "parse_hostfile",
+    "is_local_host",
+    "choose_store_addr",
+    "build_rank_commands",
+    "launch",
+    "main",
+]
+
+DEFAULT_GRACE_S = 5.0
+_LOCAL_NAMES = {"localhost", "localhost.localdomain", "127.0.0.1", "::1"}
+
+
+@dataclass
+class RankCommand:
+    """How to start one rank: the argv to exec and the environment it needs.
+
+    For a local rank ``argv`` is the user's command and ``env`` holds the
+    variables to add to the launcher's environment. For a remote rank
+    ``argv`` is the whole ssh command line (the variables are inside it) and
+    ``env`` lists the same variables for reference.
+    """
+
+    rank: int
+    host: str
+    local_rank: int
+    local_size: int
+    local: bool
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------- hosts
+
+
+def _split_host_slots(item: str, sep: str, what: str) -> tuple[str, int]:
+    item = item.strip()
+    if item.startswith("["):  # [v6addr] or [v6addr]:slots
+        close = item.find("]")
+        if close < 0:
+            raise ValueError(f"bad host {item!r} in {what}")
+        host, rest = item[1:close], item[close + 1 :]
+        slots_text = rest[1:] if rest.startswith(sep) else (None if not rest else "x")
+    elif item.count(":") > 1:  # bare IPv6 address, one slot
+        host, slots_text = item, None
+    else:
+        host, found, slots_text = item.partition(sep)
+        slots_text = slots_text if found else None
+    if not host:
+        raise ValueError(f"empty host name in {what}")
+    if slots_text is None:
+        return host, 1
+    if not slots_text.strip().isdigit() or int(slots_text) < 1:
+        raise ValueError(f"bad slot count in {item!r} ({what}): expected a positive integer")
+    return host, int(slots_text)
+
+
+def parse_hosts(spec: str) -> list[tuple[str, int]]:
+    """Parse ``-H host1:2,host2,[::1]:4`` into [(host, slots), ...]; no slots = 1."""
+    hosts = [_split_host_slots(item, ":", "-H") for item in spec.split(",") if item.strip()]
+    if not hosts:
+        raise ValueError("-H lists no hosts")
+    return hosts
+
+
+def parse_hostfile(path: str) -> list[tuple[str, int]]:
+    """Read a hostfile: one host a line as ``host``, ``host slots=N`` or ``host:N``.
+
+    ``#`` starts a comment; blank lines are ignored. Other ``key=value``
+    words on a line (e.g. ``max_slots=8``) are ignored, as mpirun does.
+    """
+    hosts: list[tuple[str, int]] = []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            line = raw.split("#", 1)[0].strip()
+            if not line:
+                continue
+            words = line.split()
+            where = f"{path}:{lineno}"
+            host, slots = _split_host_slots(words[0], ":", where)
+            for word in words[1:]:
+                key, _, value = word.partition("=")
+                if key == "slots":
+                    if not value.isdigit() or int(value) < 1:
+                        raise ValueError(f"bad slots={value!r} at {where}")
+                    slots = int(value)
+            hosts.append((host, slots))
+    if not hosts:
+        raise ValueError(f"hostfile {path} lists no hosts")
+    return hosts
+
+
+def is_local_host(host: str) -> bool:
+    """True for localhost, loopback addresses and this machine's own name."""
+    host = host.strip("[]").lower()
+    if host in _LOCAL_NAMES or host.startswith("127."):
+        return True
+    names = {socket.gethostname().lower(), socket.getfqdn().lower()}
+    names |= {n.split(".", 1)[0] for n in names}
+    return host in names
+
+
+def _free_port() -> int:
+    """A port that was free a moment ago (bind to port 0, read it, release it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+def choose_store_addr(hosts: Sequence[tuple[str, int]]) -> str:
+    """The store address for a job: the first host and a port.
+
+    When every rank is local the store is on 127.0.0.1. A local first host in
+    a multi-host job is named by this machine's hostname so remote ranks can
+    reach it. The port is a free local one when the first host is local, and
+    a random one in 20000..39999 otherwise (it cannot be probed from here).
+    """
+    first = hosts[0][0]
+    if is_local_host(first):
+        if all(is_local_host(h) for h, _ in hosts):
+            return format_addr("127.0.0.1", _free_port())
+        name = socket.gethostname() if first.strip("[]") in _LOCAL_NAMES else first
+        return format_addr(name.strip("[]"), _free_port())
+    return format_addr(first.strip("[]"), random.randint(20000, 39999))
+
+
+def build_rank_commands(
+    command: Sequence[str],
+    hosts: Sequence[tuple[str, int]],
+    np: int,
+    store_addr: str,
+    exports: Optional[Mapping[str, str]] = None,
+    cwd: Optional[str] = None,
+    ssh_options: Sequence[str] = (),
+) -> list[RankCommand]:
+    """Place ``np`` ranks on ``hosts`` (filling slots in order) and build their argv.
+
+    Args:
+        command: the user's command and arguments.
+        hosts: [(host, slots)]; ranks fill each host's slots before the next.
+        np: number of ranks; at most the total number of slots.
+        store_addr: "host:port" given to every rank as COLLECTIVES_STORE_ADDR.
+        exports: extra variables for every rank (``-x``, ``--timeout``, ...).
+        cwd: directory remote ranks ``cd`` into (default: the current one).
+        ssh_options: extra ``ssh`` arguments placed before the host.
+
+    Returns:
+        One :class:`RankCommand` per rank, in rank order.
+    """
+    if not command:
+        raise ValueError("no command to run")
+    total = sum(slots for _, slots in hosts)
+    if np < 1:
+        raise ValueError(f"-np {np}: must be at least 1")
+    if np > total:
+        raise ValueError(f"-np {np} is more than the {total} slots on the hosts given")
+    placement: list[tuple[str, int]] = []  # (host, local_rank)
+    for host, slots in hosts:
+        for local_rank in range(slots):
+            if len(placement) < np:
+                placement.append((host, local_rank))
+    local_sizes: dict[str, int] = {}
+    for host, _ in placement:
+        local_sizes[host] = local_sizes.get(host, 0) + 1
+    cwd = cwd or os.getcwd()
+    out = []
+    for rank, (host, local_rank) in enumerate(placement):
+        env = dict(exports or {})
+        env.update({
+            "COLLECTIVES_RANK": str(rank),
+            "COLLECTIVES_SIZE": str(np),
+            "COLLECTIVES_LOCAL_RANK": str(local_rank),
+            "COLLECTIVES_LOCAL_SIZE": str(local_sizes[host]),
+            "COLLECTIVES_STORE_ADDR": store_addr,
+        })
+        if is_local_host(host):
+            argv = list(command)
+            local = True
+        else:
+            assignments = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
+            remote = (f"cd {shlex.quote(cwd)} && env {assignments} "
+                      f"{shlex.join(command)}")
+            argv = ["ssh", "-o", "BatchMode=yes", *ssh_options, host.strip("[]"), remote]
+            local = False
+        out.append(RankCommand(rank, host, local_rank, local_sizes[host], local, argv, env))
+    return out
+
+
+# ------------------------------------------------------------------ running
+
+
+class _OutputPump:
+    """Copies every rank's stdout/stderr to ours, one prefixed line at a time."""
+
+    def __init__(self, sel: selectors.BaseSelector) -> None:
+        self.sel = sel
+        self.partial: dict[int, bytearray] = {}
+        self.open = 0
+
+    def add(self, rank: int, stream: str, pipe: IO[bytes]) -> None:
+        os.set_blocking(pipe.fileno(), False)
+        self.sel.register(pipe, selectors.EVENT_READ, (rank, stream))
+        self.partial[pipe.fileno()] = bytearray()
+        self.open += 1
+
+    @staticmethod
+    def _emit(rank: int, stream: str, line: bytes) -> None:
+        out = sys.stdout if stream == "stdout" else sys.stderr
+        data = b"[%d]<%s>:" % (rank, stream.encode()) + line
+        raw = getattr(out, "buffer", None)
+        if raw is None:  # a text-only stream (e.g. replaced in tests)
+            out.write(data.decode("utf-8", "replace"))
+            out.flush()
+            return
+        out.flush()  # anything we wrote through the text layer goes first
+        raw.write(data)  # one write per line: lines never interleave
+        raw.flush()
+
+    def read(self, key: selectors.SelectorKey) -> None:
+        rank, stream = key.data
+        fd = key.fd
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        buf = self.partial[fd]
+        if not chunk:  # EOF: flush a last line that has no newline
+            if buf:
+                self._emit(rank, stream, bytes(buf) + b"\n")
+            self.sel.unregister(key.fileobj)
+            key.fileobj.close()
+            del self.partial[fd]
+            self.open -= 1
+            return
+        buf += chunk
+        end = buf.rfind(b"\n")
+        if end < 0:
+            return
+        for line in bytes(buf[: end + 1]).splitlines(keepends=True):
+            self._emit(rank, stream, line)
+        del buf[: end + 1]
+
+    def close_all(self) -> None:
+        for key in list(self.sel.get_map().values()):
+            if isinstance(key.data, tuple):
+                self.read_remaining(key)
+
+    def read_remaining(self, key: selectors.SelectorKey) -> None:
+        rank, stream = key.data
+        buf = self.partial.pop(key.fd, bytearray())
+        if buf:
+            self._emit(rank, stream, bytes(buf) + b"\n")
+        self.sel.unregister(key.fileobj)
+        key.fileobj.close()
+        self.open -= 1
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    """Send sig to the rank's process group (its pid: it leads a new session)."""
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _describe(code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by signal {-code} ({name})"
+    return f"exited with code {code}"
+
+
+def launch(ranks: Sequence[RankCommand], grace: float = DEFAULT_GRACE_S,
+           verbose: bool = False) -> int:
+    """Run the ranks to completion and return the job's exit code.
+
+    0 when every rank exits 0; otherwise the code of the first rank to fail
+    (128 + signal number for a signal), after stopping the others: SIGTERM to
+    each rank's process group, SIGKILL after ``grace`` seconds. SIGINT and
+    SIGTERM received by the launcher are forwarded the same way (a second
+    SIGINT kills at once). No process is left running on any path.
+    """
+    procs: list[subprocess.Popen] = []
+    sel = selectors.DefaultSelector()
+    pump = _OutputPump(sel)
+    state = {"signal": 0, "kill_at": None, "signals_seen": 0}
+    alive: dict[int, subprocess.Popen] = {}
+
+    def stop_all(sig: int) -> None:
+        for proc in alive.values():
+            _signal_group(proc, sig)
+        if sig != signal.SIGKILL and state["kill_at"] is None:
+            state["kill_at"] = time.monotonic() + grace
+
+    def on_signal(signum: int, _frame: object) -> None:
+        state["signals_seen"] += 1
+        if not state["signal"]:
+            state["signal"] = signum
+        if state["signals_seen"] > 1 and signum == signal.SIGINT:
+            stop_all(signal.SIGKILL)
+        else:
+            stop_all(signum)
+
+    old_handlers = {}
+    if threading.current_thread() is threading.main_thread():  # else: cannot catch
+        old_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    first_failure: Optional[tuple[int, int, int]] = None  # rank, code, others stopped
+    try:
+        for rc in ranks:
+            env = dict(os.environ)
+            env.update(rc.env)
+            if verbose:
+                where = "local" if rc.local else rc.host
+                print(f"collectives-run: rank {rc.rank} on {where}: {shlex.join(rc.argv)}",
+                      file=sys.stderr, flush=True)
+            proc = subprocess.Popen(rc.argv, env=env, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True)
+            procs.append(proc)
+            alive[rc.rank] = proc
+            pump.add(rc.rank, "stdout", proc.stdout)
+            pump.add(rc.rank, "stderr", proc.stderr)
+            if state["signal"]:  # a signal arrived while we were starting ranks
+                break
+        all_exited_at: Optional[float] = None
+        while True:
+            for key, _ in sel.select(timeout=0.05):
+                pump.read(key)
+            for rank in list(alive):
+                code = alive[rank].poll()
+                if code is None:
+                    continue
+                del alive[rank]
+                if code != 0 and first_failure is None and not state["signal"]:
+                    first_failure = (rank, code, len(alive))
+                    stop_all(signal.SIGTERM)
+            if state["kill_at"] is not None and time.monotonic() >= state["kill_at"]:
+                stop_all(signal.SIGKILL)
+                state["kill_at"] = float("inf")
+            if not alive:
+                if pump.open == 0:
+                    break
+                # Pipes held open by a rank's leftover children: drain briefly.
+                all_exited_at = all_exited_at or time.monotonic()
+                if time.monotonic() - all_exited_at > 1.0:
+                    pump.close_all()
+                    break
+    finally:
+        for proc in procs:  # anything left in a rank's group: descendants included
+            if proc.poll() is None:
+                _signal_group(proc, signal.SIGKILL)
+        for proc in procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+            _signal_group(proc, signal.SIGKILL)
+        if pump.open:
+            pump.close_all()
+        sel.close()
+        for sig, handler in old_handlers.items():
+            signal.signal(sig, handler)
+
+    if first_failure is not None:
+        rank, code, stopped = first_failure
+        tail = f"; stopped the other {stopped} ranks" if stopped else ""
+        print(f"collectives-run: rank {rank} {_describe(code)} first{tail}",
+              file=sys.stderr, flush=True)
+        return 128 - code if code < 0 else code
+    if state["signal"]:
+        name = signal.Signals(state["signal"]).name
+        print(f"collectives-run: received {name}; stopped {len(procs)} ranks",
+              file=sys.stderr, flush=True)
+        return 128 + state["signal"]
+    return 0
+
+
+# --------------------------------------------------------------------- CLI
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="collectives-run",
+        description="Run N copies of a command as the ranks of a collectives job.",
+    )
+    p.add_argument("-np", "-n", dest="np", type=int, default=None,
+                   help="number of ranks (default: the total slots of -H/--hostfile, or 1)")
+    p.add_argument("-H", "--hosts", dest="hosts", default=None,
+                   help="hosts and slots: host1:2,host2:4 (a host without slots has 1)")
+    p.add_argument("--hostfile", default=None,
+                   help="file of 'host slots=N' or 'host:N' lines ('#' comments)")
+    p.add_argument("--network-interface", dest="ifname", default=None,
+                   help="interface the ranks talk over (sets COLLECTIVES_IFNAME)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="deadline of every blocking wait in the ranks, in seconds "
+                        "(sets COLLECTIVES_TIMEOUT)")
+    p.add_argument("--start-timeout", type=float, default=None,
+                   help="seconds for ranks to start and meet at the store (sets "
+                        "COLLECTIVES_START_TIMEOUT and ssh's ConnectTimeout)")
+    p.add_argument("-x", dest="exports", action="append", default=[], metavar="VAR[=VALUE]",
+                   help="export VAR (from here, or with VALUE) to every rank; repeatable")
+    p.add_argument("--kill-grace", type=float, default=DEFAULT_GRACE_S,
+                   help="seconds between SIGTERM and SIGKILL when stopping ranks")
+    p.add_argument("--verbose", action="store_true", help="print each rank's command")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the command and its arguments")
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Entry point of ``collectives-run``; returns the exit code of the job."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        parser.error("no command given (usage: collectives-run -np N command ...)")
+    if args.hosts and args.hostfile:
+        parser.error("use either -H or --hostfile, not both")
+    try:
+        if args.hostfile:
+            hosts = parse_hostfile(args.hostfile)
+        elif args.hosts:
+            hosts = parse_hosts(args.hosts)
+        else:
+            hosts = [("localhost", args.np or 1)]
+    except (OSError, ValueError) as exc:
+        parser.error(str(exc))
+    np = args.np if args.np is not None else sum(s for _, s in hosts)
+
+    exports: dict[str, str] = {}
+    for item in args.exports:
+        name, has_value, value = item.partition("=")
+        if not name:
+            parser.error(f"-x {item!r}: empty variable name")
+        if has_value:
+            exports[name] = value
+        elif name in os.environ:
+            exports[name] = os.environ[name]
+        elif args.verbose:
+            print(f"collectives-run: -x {name}: not set here, not exported",
+                  file=sys.stderr)
+    if args.ifname:
+        exports["COLLECTIVES_IFNAME"] = args.ifname
+    if args.timeout is not None:
+        exports["COLLECTIVES_TIMEOUT"] = f"{args.timeout:g}"
+    ssh_options: list[str] = []
+    if args.start_timeout is not None:
+        exports["COLLECTIVES_START_TIMEOUT"] = f"{args.start_timeout:g}"
+        ssh_options = ["-o", f"ConnectTimeout={max(1, int(args.start_timeout))}"]
+
+    try:
+        ranks = build_rank_commands(command, hosts, np, choose_store_addr(hosts),
+                                    exports=exports, ssh_options=ssh_options)
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        return launch(ranks, grace=args.kill_grace, verbose=args.verbose)
+    except OSError as exc:  # e.g. the command does not exist
+        print(f"collectives-run: cannot start {command[0]!r}: {exc}", file=sys.stderr)
+        return 127
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,413 @@
+# cython: language_level=3
+"""The native communicator: buffers in, GIL released for the whole call.
+
+Each method is: resolve and check buffers -> ``with nogil:`` -> one checked C
+call. Argument errors raise ValueError/TypeError before any byte is sent;
+everything else raises CollectivesError naming the rank and the peer.
+"""
+from libc.stdint cimport uint8_t
+from libc.stdlib cimport free, malloc
+from libc.string cimport memset
+
+from libcoll cimport *
+
+include "errors.pxi"
+include "buffer.pxi"
+
+
+cdef class Request:
+    """A non-blocking collective in flight; keeps its buffers alive until done."""
+    cdef coll_request_t *req
+    cdef Communicator owner
+    cdef object views
+    cdef object _result
+
+    def Wait(self) -> None:
+        """Block until the collective completes; raise if it failed."""
+        cdef coll_result_t res
+        if self.req == NULL:
+            return self._result
+        if self.owner.comm == NULL:  # closed: destroy drained the queue
+            res = coll_request_wait_closed(self.req)
+        else:
+            with nogil:
+                res = coll_request_wait(self.req)
+        self._finish(res)
+
+    def Test(self) -> bool:
+        """True if the collective has completed (raising if it failed)."""
+        cdef int done = 0
+        cdef coll_result_t res
+        if self.req == NULL:
+            return True
+        if self.owner.comm == NULL:
+            self._finish(coll_request_wait_closed(self.req))
+            return True
+        res = coll_request_test(self.req, &done)
+        if done:
+            self._finish(res)
+        return bool(done)
+
+    def wait(self) -> None:
+        """Alias of Wait()."""
+        self.Wait()
+
+    def test(self) -> bool:
+        """Alias of Test()."""
+        return self.Test()
+
+    cdef _finish(self, coll_result_t res):
+        free(self.req)
+        self.req = NULL
+        self.views = None
+        CHKERR(res, self.owner.comm)
+
+    def __dealloc__(self):
+        if self.req != NULL:
+            if self.owner is not None and self.owner.comm != NULL:
+                with nogil:
+                    coll_request_free(self.req)
+            else:
+                free(self.req)
+            self.req = NULL
+
+
+cdef coll_result_t coll_request_wait_closed(coll_request_t *req) noexcept:
+    # After coll_comm_destroy every queued request has run; the struct is ours.
+    return (<coll_result_t *>(<char *>req + _RESULT_OFFSET))[0]
+
+
+cdef extern from *:
+    """
+    #include "comm.h"
+    #include <stddef.h>
+    #define _RESULT_OFFSET offsetof(struct coll_request, result)
+    """
+    size_t _RESULT_OFFSET
+
+
+cdef class Communicator:
+    """One rank's endpoint: listens on creation, connects to peers lazily.
+
+    Args:
+        rank: this process's rank, 0 <= rank < size.
+        size: number of ranks.
+        bind_host: numeric address to listen on ("" for any).
+        comm_id: 16 bytes equal on every rank of this communicator.
+    """
+    cdef coll_comm_t *comm
+    cdef readonly int rank
+    cdef readonly int size
+
+    def __cinit__(self, int rank, int size, str bind_host="", bytes comm_id=bytes(16)):
+        if size < 1 or not (0 <= rank < size):
+            raise ValueError(f"rank {rank} out of range for size {size}")
+        if len(comm_id) != 16:
+            raise ValueError("comm_id must be 16 bytes")
+        self.rank = rank
+        self.size = size
+        cdef bytes host = bind_host.encode()
+        cdef const char *chost = host
+        cdef const uint8_t *cid = comm_id
+        cdef coll_comm_t *c = NULL
+        cdef coll_result_t res
+        with nogil:
+            res = coll_comm_create(rank, size, chost, cid, &c)
+        if res != COLL_SUCCESS:
+            try:
+                CHKERR(res, c)
+            finally:
+                coll_comm_destroy(c)
+        self.comm = c
+
+    def __dealloc__(self):
+        if self.comm != NULL:
+            with nogil:
+                coll_comm_destroy(self.comm)
+            self.comm = NULL
+
+    cdef coll_comm_t *_live(self) except NULL:
+        if self.comm == NULL:
+            raise CollectivesError(<int>COLL_INVALID_USAGE, "the communicator is closed")
+        return self.comm
+
+    @property
+    def port(self) -> int:
+        """The TCP port this rank listens on."""
+        return coll_comm_port(self._live())
+
+    @property
+    def closed(self) -> bool:
+        """True after close()."""
+        return self.comm == NULL
+
+    @property
+    def broken(self) -> bool:
+        """True once a failure broke the communicator (its links are closed)."""
+        return bool(coll_comm_is_broken(self._live()))
+
+    @property
+    def num_links(self) -> int:
+        """Open links to peers (0 after close)."""
+        return 0 if self.comm == NULL else coll_comm_num_links(self.comm)
+
+    def set_peer(self, int peer, str host, int port) -> None:
+        """Where rank `peer` listens."""
+        cdef bytes h = host.encode()
+        CHKERR(coll_comm_set_peer(self._live(), peer, h, port), self.comm)
+
+    def close(self) -> None:
+        """Finish queued requests, close every link and the listener."""
+        if self.comm != NULL:
+            with nogil:
+                coll_comm_destroy(self.comm)
+            self.comm = NULL
+
+    def allreduce(self, sendbuf, recvbuf, op="sum", algorithm="auto", timeout=None, dtype=None,
+                  segment_bytes=0) -> None:
+        """recvbuf = op over all ranks of sendbuf (sendbuf None or recvbuf: in place)."""
+        cdef coll_args_t a
+        views = self._allreduce_args(&a, sendbuf, recvbuf, op, algorithm, timeout, dtype,
+                                     segment_bytes)
+        cdef coll_result_t res
+        with nogil:
+            res = coll_allreduce(self.comm, &a)
+        CHKERR(res, self.comm)
+
+    def iallreduce(self, sendbuf, recvbuf, op="sum", algorithm="auto", timeout=None,
+                   dtype=None) -> Request:
+        """Start an allreduce on the progress thread; returns a Request."""
+        cdef coll_args_t a
+        views = self._allreduce_args(&a, sendbuf, recvbuf, op, algorithm, timeout, dtype, 0)
+        cdef Request r = Request()
+        r.owner = self
+        r.views = views
+        CHKERR(coll_iallreduce(self.comm, &a, &r.req), self.comm)
+        return r
+
+    cdef object _allreduce_args(self, coll_args_t *a, sendbuf, recvbuf, op, algorithm, timeout,
+                                dtype, segment_bytes):
+        self._live()
+        cdef _View rv = as_view(recvbuf, "recvbuf", True, dtype)
+        cdef _View sv = rv if (sendbuf is None or sendbuf is recvbuf) else as_view(sendbuf, "sendbuf", False, dtype)
+        if sv.dtype != rv.dtype:
+            raise TypeError(f"sendbuf is {coll_dtype_name(<coll_dtype_t>sv.dtype).decode()} but "
+                            f"recvbuf is {coll_dtype_name(<coll_dtype_t>rv.dtype).decode()}")
+        if sv.count != rv.count:
+            raise ValueError(f"mismatch in send count {sv.count} and receive count {rv.count}")
+        check_overlap(sv, rv, "allreduce")
+        memset(a, 0, sizeof(coll_args_t))
+        a.sendbuf = sv.ptr
+        a.recvbuf = rv.ptr
+        a.count = rv.count
+        a.dtype = <coll_dtype_t>rv.dtype
+        a.op = <coll_op_t>code_of(OPS, op, "op")
+        a.algo = <coll_algo_t>code_of(ALGORITHMS, algorithm, "algorithm")
+        a.timeout = as_timeout(timeout)
+        a.segment_bytes = segment_bytes
+        return (sv, rv)
+
+    def allgatherv(self, sendbuf, recvbuf, counts, displs=None, timeout=None, dtype=None) -> None:
+        """Gather every rank's sendbuf into recvbuf: rank i's counts[i] elements at displs[i].
+
+        sendbuf None means in place: this rank's block is already in recvbuf.
+        """
+        self._live()
+        cdef int n = self.size
+        counts = [int(c) for c in counts]
+        if len(counts) != n:
+            raise ValueError(f"counts has {len(counts)} entries for {n} ranks")
+        if any(c < 0 for c in counts):
+            raise ValueError("counts must be >= 0")
+        if displs is None:
+            displs, acc = [], 0
+            for c in counts:
+                displs.append(acc)
+                acc += c
+        displs = [int(d) for d in displs]
+        if len(displs) != n or any(d < 0 for d in displs):
+            raise ValueError(f"displs must have {n} non-negative entries")
+        cdef _View rv = as_view(recvbuf, "recvbuf", True, dtype)
+        cdef _View sv
+        if sendbuf is None:
+            sv = None
+        else:
+            sv = as_view(sendbuf, "sendbuf", False, dtype)
+            if sv.dtype != rv.dtype:
+                raise TypeError("sendbuf and recvbuf have different dtypes")
+            if sv.count != <size_t>counts[self.rank]:
+                raise ValueError(f"mismatch in send count {sv.count} and counts[{self.rank}] = "
+                                 f"{counts[self.rank]}")
+            check_overlap(sv, rv, "allgatherv")
+        for i in range(n):
+            if <size_t>(displs[i] + counts[i]) > rv.count:
+                raise ValueError(f"recvbuf has {rv.count} elements; block {i} needs "
+                                 f"[{displs[i]}, {displs[i] + counts[i]})")
+        cdef size_t *cc = <size_t *>malloc(2 * n * sizeof(size_t) + 1)
+        if cc == NULL:
+            raise MemoryError()
+        cdef coll_args_t a
+        cdef coll_result_t res
+        cdef size_t esize = coll_dtype_size(<coll_dtype_t>rv.dtype)
+        try:
+            for i in range(n):
+                cc[i] = counts[i]
+                cc[n + i] = displs[i]
+            memset(&a, 0, sizeof(a))
+            a.recvbuf = rv.ptr
+            a.sendbuf = sv.ptr if sv is not None else <void *>(<char *>rv.ptr + cc[n + self.rank] * esize)
+            a.count = cc[self.rank]
+            a.counts = cc
+            a.displs = cc + n
+            a.dtype = <coll_dtype_t>rv.dtype
+            a.timeout = as_timeout(timeout)
+            with nogil:
+                res = coll_allgatherv(self.comm, &a)
+            CHKERR(res, self.comm)
+        finally:
+            free(cc)
+
+    def broadcast(self, buf, int root=0, timeout=None, dtype=None) -> None:
+        """Copy root's buf into buf on every rank."""
+        self._live()
+        if not (0 <= root < self.size):
+            raise ValueError(f"root {root} out of range for {self.size} ranks")
+        cdef _View v = as_view(buf, "buf", self.rank != root, dtype)
+        cdef coll_args_t a
+        memset(&a, 0, sizeof(a))
+        a.sendbuf = v.ptr
+        a.recvbuf = v.ptr
+        a.count = v.count
+        a.dtype = <coll_dtype_t>v.dtype
+        a.root = root
+        a.timeout = as_timeout(timeout)
+        cdef coll_result_t res
+        with nogil:
+            res = coll_broadcast(self.comm, &a)
+        CHKERR(res, self.comm)
+
+    def reduce_scatter_block(self, sendbuf, recvbuf, op="sum", timeout=None, dtype=None) -> None:
+        """recvbuf = block `rank` of op over all ranks of sendbuf (size * len(recvbuf) elements).
+
+        sendbuf None means in place: recvbuf holds the whole input and gets
+        the result in its first len/size elements.
+        """
+        self._live()
+        cdef _View rv = as_view(recvbuf, "recvbuf", True, dtype)
+        cdef _View sv = rv if sendbuf is None else as_view(sendbuf, "sendbuf", False, dtype)
+        cdef size_t count
+        if sendbuf is None:
+            if rv.count % self.size:
+                raise ValueError(f"in-place reduce_scatter_block: {rv.count} elements is not a "
+                                 f"multiple of {self.size} ranks")
+            count = rv.count // self.size
+        else:
+            if sv.dtype != rv.dtype:
+                raise TypeError("sendbuf and recvbuf have different dtypes")
+            if sv.count != rv.count * self.size:
+                raise ValueError(f"mismatch in send count {sv.count} and receive count "
+                                 f"{rv.count} x {self.size} ranks")
+            check_overlap(sv, rv, "reduce_scatter_block")
+            count = rv.count
+        cdef coll_args_t a
+        memset(&a, 0, sizeof(a))
+        a.sendbuf = sv.ptr
+        a.recvbuf = rv.ptr
+        a.count = count
+        a.dtype = <coll_dtype_t>rv.dtype
+        a.op = <coll_op_t>code_of(OPS, op, "op")
+        a.timeout = as_timeout(timeout)
+        cdef coll_result_t res
+        with nogil:
+            res = coll_reduce_scatter_block(self.comm, &a)
+        CHKERR(res, self.comm)
+
+    def barrier(self, timeout=None) -> None:
+        """Return once every rank has entered the barrier."""
+        cdef coll_comm_t *c = self._live()
+        cdef double t = as_timeout(timeout)
+        cdef coll_result_t res
+        with nogil:
+            res = coll_barrier(c, t)
+        CHKERR(res, c)
+
+
+def reduce_local(out, in1, in2, op="sum", dtype=None) -> None:
+    """out = in1 op in2 element-wise with the core's host kernel (for tests and adapters)."""
+    cdef _View o = as_view(out, "out", True, dtype)
+    cdef _View a = as_view(in1, "in1", False, dtype)
+    cdef _View b = as_view(in2, "in2", False, dtype)
+    if not (o.dtype == a.dtype == b.dtype):
+        raise TypeError("out, in1 and in2 must have the same dtype")
+    if not (o.count == a.count == b.count):
+        raise ValueError(f"length mismatch: {o.count}, {a.count}, {b.count}")
+    cdef int opc = code_of(OPS, op, "op")
+    cdef coll_result_t res
+    with nogil:
+        res = coll_reduce_local(o.ptr, a.ptr, b.ptr, o.count, <coll_dtype_t>o.dtype, <coll_op_t>opc)
+    CHKERR(res, NULL)
+
+
+def scale_local(out, inp, double divisor, dtype=None) -> None:
+    """out = inp / divisor element-wise (AVG's last step)."""
+    cdef _View o = as_view(out, "out", True, dtype)
+    cdef _View a = as_view(inp, "inp", False, dtype)
+    if o.dtype != a.dtype or o.count != a.count:
+        raise ValueError("out and inp must have the same dtype and length")
+    cdef coll_result_t res
+    with nogil:
+        res = coll_scale_local(o.ptr, a.ptr, o.count, <coll_dtype_t>o.dtype, divisor)
+    CHKERR(res, NULL)
+
+
+def dtype_of(buf) -> str:
+    """The core's dtype name for a buffer-like object."""
+    cdef _View v = as_view(buf, "buf", False, None)
+    return coll_dtype_name(<coll_dtype_t>v.dtype).decode()
+
+
+def count_of(buf, dtype=None) -> int:
+    """Number of elements in a buffer-like object (of `dtype` if given)."""
+    cdef _View v = as_view(buf, "buf", False, dtype)
+    return v.count
+
+
+def tune_choose(int size, size_t nbytes) -> str:
+    """The algorithm AUTO picks for an allreduce of nbytes on size ranks."""
+    return coll_algo_name(coll_tune_choose(size, nbytes)).decode()
+
+
+def params() -> list:
+    """The declared tunables: (name, default, description) for each."""
+    out = []
+    for i in range(coll_param_count()):
+        out.append((coll_param_name(i).decode(), coll_param_default(i).decode(),
+                    coll_param_description(i).decode()))
+    return out
+
+
+def pattern(str name, *args):
+    """Rank arithmetic of pattern.h, for tests: pattern("tree_parent", r, n, root), ..."""
+    cdef int buf[64]
+    cdef size_t off = 0, ln = 0
+    if name == "split":
+        coll_split(args[0], args[1], args[2], &off, &ln)
+        return (off, ln)
+    if name == "binomial_children":
+        k = coll_binomial_children(args[0], args[1], args[2], buf)
+        return [buf[i] for i in range(k)]
+    funcs = {
+        "ring_rs_send": lambda r, n, s: coll_ring_rs_send_chunk(r, n, s),
+        "ring_rs_recv": lambda r, n, s: coll_ring_rs_recv_chunk(r, n, s),
+        "ring_ag_send": lambda r, n, s: coll_ring_ag_send_chunk(r, n, s),
+        "ring_ag_recv": lambda r, n, s: coll_ring_ag_recv_chunk(r, n, s),
+        "tree_parent": lambda r, n, root: coll_tree_parent(r, n, root),
+        "tree_child": lambda r, n, root, w: coll_tree_child(r, n, root, w),
+        "binomial_parent": lambda r, n, root: coll_binomial_parent(r, n, root),
+        "pow2_floor": lambda n: coll_pow2_floor(n),
+        "bfly_vrank": lambda r, n: coll_bfly_vrank(r, n),
+        "bfly_real": lambda v, n: coll_bfly_real(v, n),
+    }
+    if name not in funcs:
+        raise ValueError(f"unknown pattern {name!r}")
+    return funcs[name](*args)

@@ -1,0 +1,158 @@
+/*
+ * coll.h -- the C API of the collectives core (what _core.pxd declares).
+ *
+ * API
+ *   coll_comm_create / coll_comm_port / coll_comm_set_peer / coll_comm_destroy
+ *   coll_allreduce, coll_allgatherv, coll_broadcast, coll_reduce_scatter_block,
+ *   coll_barrier                       blocking collectives
+ *   coll_iallreduce + coll_request_*   non-blocking allreduce on the progress thread
+ *   coll_comm_last_error               text of the last failure (rank, peer, seq, values)
+ *   coll_reduce_local                  one host reduction kernel, for tests and adapters
+ *   coll_param_*                       the declared COLLECTIVES_* tunables
+ *
+ * Contracts shared by every collective:
+ *   - every rank of the communicator calls the same collectives in the same
+ *     order with the same count, dtype, op and root; a rank that disagrees
+ *     makes the call fail with COLL_REMOTE_ERROR on the ranks that see it,
+ *     and the failure spreads to every rank by closing links;
+ *   - sendbuf == recvbuf is the in-place form; otherwise the two must not
+ *     overlap;
+ *   - blocking calls return when this rank's part is done: recvbuf is final;
+ *   - timeout <= 0 means the communicator default (COLLECTIVES_TIMEOUT);
+ *   - after any error other than COLL_INVALID_ARGUMENT the communicator is
+ *     broken: its links are closed and every later call fails at once.
+ */
+#ifndef COLL_H
+#define COLL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+  COLL_SUCCESS = 0,
+  COLL_INVALID_ARGUMENT = 1, /* bad buffer, count, dtype, op, root: nothing was sent */
+  COLL_INVALID_USAGE = 2,    /* call not allowed in this state (broken communicator) */
+  COLL_SYSTEM_ERROR = 3,     /* a syscall failed (socket, poll, memory) */
+  COLL_REMOTE_ERROR = 4,     /* a peer closed, died, disagreed or sent garbage */
+  COLL_TIMEOUT = 5,          /* the deadline passed while waiting on a peer */
+  COLL_INTERNAL_ERROR = 6,   /* a bug in this library */
+  COLL_CUDA_ERROR = 7
+} coll_result_t;
+
+typedef enum {
+  COLL_INT8 = 0,
+  COLL_UINT8 = 1,
+  COLL_INT32 = 2,
+  COLL_INT64 = 3,
+  COLL_FLOAT16 = 4,
+  COLL_BFLOAT16 = 5,
+  COLL_FLOAT32 = 6,
+  COLL_FLOAT64 = 7,
+  COLL_NUM_DTYPES = 8
+} coll_dtype_t;
+
+typedef enum {
+  COLL_SUM = 0,
+  COLL_PROD = 1,
+  COLL_MIN = 2,
+  COLL_MAX = 3,
+  COLL_AVG = 4, /* SUM, then divided by the rank count once at the end */
+  COLL_NUM_OPS = 5
+} coll_op_t;
+
+typedef enum {
+  COLL_ALGO_AUTO = 0,
+  COLL_ALGO_RING = 1,
+  COLL_ALGO_TREE = 2,
+  COLL_ALGO_BUTTERFLY = 3,
+  COLL_NUM_ALGOS = 4
+} coll_algo_t;
+
+typedef struct coll_comm coll_comm_t;
+typedef struct coll_request coll_request_t;
+
+/* The one options struct every collective takes. Fields a collective does not
+ * use are ignored. */
+typedef struct {
+  const void *sendbuf;   /* == recvbuf for in place */
+  void *recvbuf;
+  size_t count;          /* elements: allreduce/broadcast total, reduce_scatter per rank,
+                            allgatherv this rank's contribution */
+  const size_t *counts;  /* allgatherv: elements from each rank (size entries) */
+  const size_t *displs;  /* allgatherv: element offset of each rank's block in recvbuf */
+  coll_dtype_t dtype;
+  coll_op_t op;
+  int root;              /* broadcast */
+  coll_algo_t algo;      /* allreduce; AUTO reads the tuning table */
+  double timeout;        /* seconds; <= 0: communicator default */
+  size_t segment_bytes;  /* pipelining segment; 0: COLLECTIVES_SEGMENT_BYTES */
+} coll_args_t;
+
+/* Creates rank `rank` of `size` and starts listening on bind_host (numeric
+ * IPv4/IPv6 address, "" for any). comm_id (16 bytes) must be equal on all
+ * ranks: it guards links against strays from another job. */
+coll_result_t coll_comm_create(int rank, int size, const char *bind_host,
+                               const uint8_t comm_id[16], coll_comm_t **out);
+/* The TCP port this rank listens on (publish it for the peers). */
+int coll_comm_port(const coll_comm_t *comm);
+/* Where to reach `peer`; every peer must be set before the first collective. */
+coll_result_t coll_comm_set_peer(coll_comm_t *comm, int peer, const char *host, int port);
+/* Stops the progress thread, closes every link and the listener, frees comm. */
+void coll_comm_destroy(coll_comm_t *comm);
+/* The text of the last error (empty if none). Valid until the next call. */
+const char *coll_comm_last_error(const coll_comm_t *comm);
+/* Nonzero once an error broke the communicator. */
+int coll_comm_is_broken(const coll_comm_t *comm);
+/* Number of open links (for tests that check finalize closes everything). */
+int coll_comm_num_links(const coll_comm_t *comm);
+
+/* Blocking collectives (see the contracts at the top). */
+coll_result_t coll_allreduce(coll_comm_t *comm, const coll_args_t *args);
+coll_result_t coll_allgatherv(coll_comm_t *comm, const coll_args_t *args);
+coll_result_t coll_broadcast(coll_comm_t *comm, const coll_args_t *args);
+coll_result_t coll_reduce_scatter_block(coll_comm_t *comm, const coll_args_t *args);
+coll_result_t coll_barrier(coll_comm_t *comm, double timeout);
+
+/* Non-blocking allreduce: queued on the communicator's progress thread and
+ * run in call order with the other queued requests; a blocking collective
+ * issued meanwhile waits for the queue to drain first. Buffers must stay
+ * alive and untouched until the request completes. */
+coll_result_t coll_iallreduce(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req);
+/* Blocks (GIL released by the caller) until done; returns its result. */
+coll_result_t coll_request_wait(coll_request_t *req);
+/* *done = 1 and returns its result when finished, else *done = 0, COLL_SUCCESS. */
+coll_result_t coll_request_test(coll_request_t *req, int *done);
+/* Frees a finished request; an unfinished one is waited for first. */
+void coll_request_free(coll_request_t *req);
+
+/* out[i] = in1[i] op in2[i] for `count` elements; out may alias in1 or in2.
+ * AVG reduces as SUM here. */
+coll_result_t coll_reduce_local(void *out, const void *in1, const void *in2, size_t count,
+                                coll_dtype_t dtype, coll_op_t op);
+/* out[i] = in[i] / divisor (AVG's final step); out may alias in. */
+coll_result_t coll_scale_local(void *out, const void *in, size_t count, coll_dtype_t dtype,
+                               double divisor);
+
+size_t coll_dtype_size(coll_dtype_t dtype);
+const char *coll_dtype_name(coll_dtype_t dtype);
+const char *coll_op_name(coll_op_t op);
+const char *coll_algo_name(coll_algo_t algo);
+const char *coll_strerror(coll_result_t res);
+
+/* Which algorithm AUTO picks for nbytes on size ranks. */
+coll_algo_t coll_tune_choose(int size, size_t nbytes);
+
+/* Declared tunables: index -> name, default text, description, current value. */
+int coll_param_count(void);
+const char *coll_param_name(int i);
+const char *coll_param_default(int i);
+const char *coll_param_description(int i);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

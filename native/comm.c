@@ -1,0 +1,381 @@
+/*
+ * comm.c -- the native communicator: creation, peers, the collectives' entry
+ * points (validate -> serialize with queued requests -> build schedule ->
+ * run -> break on failure), and the progress thread behind non-blocking
+ * requests.
+ */
+#define _GNU_SOURCE
+#include "comm.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "algorithms.h"
+#include "param.h"
+#include "pattern.h"
+#include "status.h"
+#include "wire.h"
+
+double coll_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+double coll_comm_deadline(const coll_comm_t *comm, double timeout) {
+  return coll_now() + (timeout > 0 ? timeout : comm->timeout);
+}
+
+const char *coll_strerror(coll_result_t res) {
+  switch (res) {
+    case COLL_SUCCESS: return "success";
+    case COLL_INVALID_ARGUMENT: return "invalid argument";
+    case COLL_INVALID_USAGE: return "invalid usage";
+    case COLL_SYSTEM_ERROR: return "system error";
+    case COLL_REMOTE_ERROR: return "remote error";
+    case COLL_TIMEOUT: return "timeout";
+    case COLL_INTERNAL_ERROR: return "internal error";
+    case COLL_CUDA_ERROR: return "CUDA error";
+  }
+  return "unknown error";
+}
+
+coll_result_t coll_error(coll_comm_t *comm, coll_result_t code, const char *fmt, ...) {
+  if (comm && !comm->err_set) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(comm->err, sizeof comm->err, fmt, ap);
+    va_end(ap);
+    comm->err_set = 1;
+    COLL_INFO(COLL_LOG_COLL, "error: %s", comm->err);
+  }
+  return code;
+}
+
+coll_result_t coll_comm_create(int rank, int size, const char *bind_host, const uint8_t comm_id[16],
+                               coll_comm_t **out) {
+  *out = NULL;
+  coll_log_init();
+  if (size < 1 || rank < 0 || rank >= size) return COLL_INVALID_ARGUMENT;
+  coll_comm_t *c = calloc(1, sizeof *c);
+  if (!c) return COLL_SYSTEM_ERROR;
+  c->peers = calloc((size_t)size, sizeof *c->peers);
+  if (!c->peers) { free(c); return COLL_SYSTEM_ERROR; }
+  for (int i = 0; i < size; i++) c->peers[i].accepted_fd = -1;
+  c->rank = rank;
+  c->size = size;
+  memcpy(c->id, comm_id, 16);
+  c->listen_fd = -1;
+  c->timeout = coll_param_double(COLL_PARAM_TIMEOUT);
+  if (c->timeout <= 0) c->timeout = 300;
+  long long seg = coll_param_int(COLL_PARAM_SEGMENT_BYTES);
+  c->segment_bytes = seg > 0 ? (size_t)seg : 512 * 1024;
+  c->sockbuf = (int)coll_param_int(COLL_PARAM_SOCKET_BUFFER);
+  pthread_mutex_init(&c->mu, NULL);
+  pthread_cond_init(&c->cv, NULL);
+  coll_log_set_rank(rank);
+  if (size > 1) {
+    coll_result_t res = coll_tcp_listen(c, bind_host);
+    if (res != COLL_SUCCESS) {
+      /* Keep the text for the caller: it reads it before destroying. */
+      *out = c;
+      return res;
+    }
+  }
+  COLL_INFO(COLL_LOG_INIT, "rank %d of %d created", rank, size);
+  *out = c;
+  return COLL_SUCCESS;
+}
+
+int coll_comm_port(const coll_comm_t *comm) { return comm->port; }
+
+coll_result_t coll_comm_set_peer(coll_comm_t *comm, int peer, const char *host, int port) {
+  if (peer < 0 || peer >= comm->size || !host || strlen(host) >= sizeof comm->peers[0].host ||
+      port < 0 || port > 65535)
+    return coll_error(comm, COLL_INVALID_ARGUMENT, "invalid peer address for rank %d", peer);
+  snprintf(comm->peers[peer].host, sizeof comm->peers[peer].host, "%s", host);
+  comm->peers[peer].port = port;
+  return COLL_SUCCESS;
+}
+
+const char *coll_comm_last_error(const coll_comm_t *comm) { return comm->err; }
+int coll_comm_is_broken(const coll_comm_t *comm) { return comm->broken; }
+
+int coll_comm_num_links(const coll_comm_t *comm) {
+  int n = 0;
+  for (int i = 0; i < comm->size; i++) n += comm->peers[i].link != NULL;
+  return n;
+}
+
+void coll_comm_break(coll_comm_t *comm, coll_result_t code) {
+  if (comm->broken) return;
+  comm->broken = 1;
+  comm->broken_code = code;
+  coll_links_close_all(comm);
+  for (int i = 0; i < comm->size; i++)
+    if (comm->peers[i].accepted_fd >= 0) {
+      close(comm->peers[i].accepted_fd);
+      comm->peers[i].accepted_fd = -1;
+    }
+}
+
+/* ---- argument checks (before any byte is sent; never break the comm) ---- */
+
+static coll_result_t check_common(coll_comm_t *comm, const coll_args_t *a, int needs_op) {
+  comm->err_set = 0;
+  if ((unsigned)a->dtype >= COLL_NUM_DTYPES)
+    return coll_error(comm, COLL_INVALID_ARGUMENT, "invalid dtype %d", (int)a->dtype);
+  if (needs_op && (unsigned)a->op >= COLL_NUM_OPS)
+    return coll_error(comm, COLL_INVALID_ARGUMENT, "invalid op %d", (int)a->op);
+  if (a->count > 0 && (!a->recvbuf || !a->sendbuf))
+    return coll_error(comm, COLL_INVALID_ARGUMENT, "NULL buffer with count %zu", a->count);
+  if (a->count > ((size_t)1 << 48))
+    return coll_error(comm, COLL_INVALID_ARGUMENT, "count %zu too large", a->count);
+  return COLL_SUCCESS;
+}
+
+/* ---- serialization with the progress thread ---- */
+
+static coll_result_t enter(coll_comm_t *comm) {
+  pthread_mutex_lock(&comm->mu);
+  while (comm->busy || comm->qhead) pthread_cond_wait(&comm->cv, &comm->mu);
+  comm->busy = 1;
+  pthread_mutex_unlock(&comm->mu);
+  comm->err_set = 0;
+  comm->err[0] = 0;
+  if (comm->broken) {
+    snprintf(comm->err, sizeof comm->err,
+             "rank %d: the communicator is broken by an earlier failure (%s); create a new one",
+             comm->rank, coll_strerror(comm->broken_code));
+    comm->err_set = 1;
+    return COLL_INVALID_USAGE;
+  }
+  return COLL_SUCCESS;
+}
+
+static coll_result_t leave(coll_comm_t *comm, coll_result_t res) {
+  if (res != COLL_SUCCESS && res != COLL_INVALID_ARGUMENT && res != COLL_INVALID_USAGE)
+    coll_comm_break(comm, res);
+  pthread_mutex_lock(&comm->mu);
+  comm->busy = 0;
+  pthread_cond_broadcast(&comm->cv);
+  pthread_mutex_unlock(&comm->mu);
+  return res;
+}
+
+/* ---- the collectives ---- */
+
+static coll_result_t run_allreduce(coll_comm_t *comm, const coll_args_t *a) {
+  size_t nbytes = a->count * coll_dtype_size(a->dtype);
+  if (comm->size == 1) {
+    if (a->recvbuf != a->sendbuf && nbytes) memcpy(a->recvbuf, a->sendbuf, nbytes);
+    return COLL_SUCCESS;
+  }
+  coll_algo_t algo = a->algo == COLL_ALGO_AUTO ? coll_tune_choose(comm->size, nbytes) : a->algo;
+  const coll_algo_entry_t *e = coll_algo_entry(algo);
+  coll_sched_t s;
+  coll_sched_init(&s, comm, COLL_KIND_ALLREDUCE, a, (uint32_t)algo);
+  COLL_INFO(COLL_LOG_TUNE, "allreduce #%u %zu bytes on %d ranks: %s", s.hdr.seq, nbytes, comm->size,
+            e->name);
+  coll_result_t res = e->build(&s, a);
+  if (res == COLL_SUCCESS) res = coll_sched_run(&s, coll_comm_deadline(comm, a->timeout));
+  coll_sched_free(&s);
+  if (res == COLL_SUCCESS && a->op == COLL_AVG)
+    coll_scale(a->recvbuf, a->recvbuf, a->count, a->dtype, (double)comm->size);
+  return res;
+}
+
+coll_result_t coll_allreduce(coll_comm_t *comm, const coll_args_t *a) {
+  COLL_CHECK(check_common(comm, a, 1));
+  if ((unsigned)a->algo >= COLL_NUM_ALGOS)
+    return coll_error(comm, COLL_INVALID_ARGUMENT, "invalid algorithm %d", (int)a->algo);
+  coll_result_t res = enter(comm);
+  if (res == COLL_SUCCESS) res = run_allreduce(comm, a);
+  return leave(comm, res);
+}
+
+coll_result_t coll_allgatherv(coll_comm_t *comm, const coll_args_t *a) {
+  COLL_CHECK(check_common(comm, a, 0));
+  if (!a->counts || !a->displs)
+    return coll_error(comm, COLL_INVALID_ARGUMENT, "allgatherv needs counts and displacements");
+  if (a->counts[comm->rank] != a->count)
+    return coll_error(comm, COLL_INVALID_ARGUMENT,
+                      "rank %d: send count %zu differs from counts[%d] = %zu", comm->rank, a->count,
+                      comm->rank, a->counts[comm->rank]);
+  coll_result_t res = enter(comm);
+  if (res == COLL_SUCCESS) {
+    coll_sched_t s;
+    coll_sched_init(&s, comm, COLL_KIND_ALLGATHERV, a, 0);
+    res = coll_allgatherv_ring(&s, a);
+    if (res == COLL_SUCCESS) res = coll_sched_run(&s, coll_comm_deadline(comm, a->timeout));
+    coll_sched_free(&s);
+  }
+  return leave(comm, res);
+}
+
+coll_result_t coll_broadcast(coll_comm_t *comm, const coll_args_t *a) {
+  COLL_CHECK(check_common(comm, a, 0));
+  if (a->root < 0 || a->root >= comm->size)
+    return coll_error(comm, COLL_INVALID_ARGUMENT, "root %d out of range for %d ranks", a->root,
+                      comm->size);
+  coll_result_t res = enter(comm);
+  if (res == COLL_SUCCESS && comm->size > 1) {
+    coll_sched_t s;
+    coll_sched_init(&s, comm, COLL_KIND_BROADCAST, a, (uint32_t)a->root);
+    res = coll_broadcast_tree(&s, a);
+    if (res == COLL_SUCCESS) res = coll_sched_run(&s, coll_comm_deadline(comm, a->timeout));
+    coll_sched_free(&s);
+  }
+  return leave(comm, res);
+}
+
+coll_result_t coll_reduce_scatter_block(coll_comm_t *comm, const coll_args_t *a) {
+  COLL_CHECK(check_common(comm, a, 1));
+  coll_result_t res = enter(comm);
+  if (res != COLL_SUCCESS) return leave(comm, res);
+  size_t elem = coll_dtype_size(a->dtype), block = a->count * elem;
+  if (comm->size == 1) {
+    if (a->recvbuf != a->sendbuf && block) memcpy(a->recvbuf, a->sendbuf, block);
+    return leave(comm, COLL_SUCCESS);
+  }
+  /* The ring reduces into a scratch copy of the whole vector, so that the
+   * in-place form (input and result both in recvbuf) never overwrites input
+   * that is still to be sent. */
+  char *tmp = malloc(block * (size_t)comm->size + 1);
+  if (!tmp) return leave(comm, coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory", comm->rank));
+  coll_sched_t s;
+  coll_sched_init(&s, comm, COLL_KIND_REDUCE_SCATTER, a, 0);
+  res = coll_reduce_scatter_ring(&s, a, tmp);
+  if (res == COLL_SUCCESS) res = coll_sched_run(&s, coll_comm_deadline(comm, a->timeout));
+  coll_sched_free(&s);
+  if (res == COLL_SUCCESS) {
+    memcpy(a->recvbuf, tmp + (size_t)comm->rank * block, block);
+    if (a->op == COLL_AVG) coll_scale(a->recvbuf, a->recvbuf, a->count, a->dtype, (double)comm->size);
+  }
+  free(tmp);
+  return leave(comm, res);
+}
+
+coll_result_t coll_barrier(coll_comm_t *comm, double timeout) {
+  coll_result_t res = enter(comm);
+  if (res == COLL_SUCCESS && comm->size > 1) {
+    coll_args_t a;
+    memset(&a, 0, sizeof a);
+    a.dtype = COLL_UINT8;
+    a.timeout = timeout;
+    coll_sched_t s;
+    coll_sched_init(&s, comm, COLL_KIND_BARRIER, &a, 0);
+    res = coll_barrier_dissemination(&s, &a);
+    if (res == COLL_SUCCESS) res = coll_sched_run(&s, coll_comm_deadline(comm, timeout));
+    coll_sched_free(&s);
+  }
+  return leave(comm, res);
+}
+
+/* ---- non-blocking requests on the progress thread ---- */
+
+static void *progress_main(void *arg) {
+  coll_comm_t *comm = arg;
+  pthread_mutex_lock(&comm->mu);
+  for (;;) {
+    while (!comm->qhead && !comm->stopping) pthread_cond_wait(&comm->cv, &comm->mu);
+    if (!comm->qhead && comm->stopping) break;
+    coll_request_t *req = comm->qhead;
+    comm->busy = 1;
+    pthread_mutex_unlock(&comm->mu);
+
+    comm->err_set = 0;
+    comm->err[0] = 0;
+    coll_result_t res;
+    if (comm->broken) {
+      snprintf(comm->err, sizeof comm->err, "rank %d: the communicator is broken by an earlier failure",
+               comm->rank);
+      res = COLL_INVALID_USAGE;
+    } else {
+      res = run_allreduce(comm, &req->args);
+      if (res != COLL_SUCCESS && res != COLL_INVALID_ARGUMENT) coll_comm_break(comm, res);
+    }
+
+    pthread_mutex_lock(&comm->mu);
+    comm->qhead = req->next;
+    if (!comm->qhead) comm->qtail = NULL;
+    req->result = res;
+    req->done = 1;
+    comm->busy = 0;
+    pthread_cond_broadcast(&comm->cv);
+  }
+  pthread_mutex_unlock(&comm->mu);
+  return NULL;
+}
+
+coll_result_t coll_iallreduce(coll_comm_t *comm, const coll_args_t *a, coll_request_t **out) {
+  *out = NULL;
+  COLL_CHECK(check_common(comm, a, 1));
+  if ((unsigned)a->algo >= COLL_NUM_ALGOS)
+    return coll_error(comm, COLL_INVALID_ARGUMENT, "invalid algorithm %d", (int)a->algo);
+  coll_request_t *req = calloc(1, sizeof *req);
+  if (!req) return coll_error(comm, COLL_SYSTEM_ERROR, "out of memory");
+  req->args = *a;
+  /* Requests point back at nothing but their comm; keep it in the args. */
+  pthread_mutex_lock(&comm->mu);
+  if (!comm->thread_started) {
+    if (pthread_create(&comm->thread, NULL, progress_main, comm) != 0) {
+      pthread_mutex_unlock(&comm->mu);
+      free(req);
+      return coll_error(comm, COLL_SYSTEM_ERROR, "cannot start the progress thread");
+    }
+    comm->thread_started = 1;
+  }
+  if (comm->qtail) comm->qtail->next = req; else comm->qhead = req;
+  comm->qtail = req;
+  req->comm = comm;
+  pthread_cond_broadcast(&comm->cv);
+  pthread_mutex_unlock(&comm->mu);
+  *out = req;
+  return COLL_SUCCESS;
+}
+
+coll_result_t coll_request_wait(coll_request_t *req) {
+  coll_comm_t *comm = req->comm;
+  pthread_mutex_lock(&comm->mu);
+  while (!req->done) pthread_cond_wait(&comm->cv, &comm->mu);
+  pthread_mutex_unlock(&comm->mu);
+  return req->result;
+}
+
+coll_result_t coll_request_test(coll_request_t *req, int *done) {
+  coll_comm_t *comm = req->comm;
+  pthread_mutex_lock(&comm->mu);
+  *done = req->done;
+  coll_result_t res = req->done ? req->result : COLL_SUCCESS;
+  pthread_mutex_unlock(&comm->mu);
+  return res;
+}
+
+void coll_request_free(coll_request_t *req) {
+  if (!req) return;
+  coll_request_wait(req);
+  free(req);
+}
+
+void coll_comm_destroy(coll_comm_t *comm) {
+  if (!comm) return;
+  pthread_mutex_lock(&comm->mu);
+  comm->stopping = 1;
+  pthread_cond_broadcast(&comm->cv);
+  int started = comm->thread_started;
+  pthread_mutex_unlock(&comm->mu);
+  if (started) pthread_join(comm->thread, NULL);
+  coll_links_close_all(comm);
+  for (int i = 0; i < comm->size; i++)
+    if (comm->peers[i].accepted_fd >= 0) close(comm->peers[i].accepted_fd);
+  coll_tcp_shutdown(comm);
+  pthread_mutex_destroy(&comm->mu);
+  pthread_cond_destroy(&comm->cv);
+  free(comm->peers);
+  free(comm);
+}

@@ -1,0 +1,67 @@
+/*
+ * comm.h -- the native communicator: peers, links, sequence numbers,
+ * deadlines, the broken state, and the progress thread for requests.
+ * All state of the core hangs off this struct (no process globals beyond the
+ * log and parameter caches).
+ */
+#ifndef COLL_COMM_H
+#define COLL_COMM_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "coll.h"
+#include "transport.h"
+
+#define COLL_MAX_PENDING 64
+
+typedef struct {
+  char host[256];
+  int port;
+  coll_link_t *link;  /* NULL until an algorithm first needs this peer */
+  int accepted_fd;    /* a connection from this peer accepted early, or -1 */
+} coll_peer_t;
+
+struct coll_request {
+  coll_request_t *next;
+  coll_comm_t *comm;
+  coll_args_t args;
+  coll_result_t result;
+  int done;
+};
+
+struct coll_comm {
+  int rank, size;
+  uint8_t id[16];
+  int listen_fd, port;
+  coll_peer_t *peers;
+  /* Accepted connections whose hello has not fully arrived (transport_tcp.c). */
+  struct { int fd, got; unsigned char buf[32]; } pending[COLL_MAX_PENDING];
+  int npending;
+  uint32_t seq;          /* collective calls so far; carried in every header */
+  int broken;
+  coll_result_t broken_code;
+  int err_set;           /* the first error of the current call is kept */
+  char err[1536];
+  double timeout;        /* default deadline, seconds */
+  size_t segment_bytes;
+  int sockbuf;
+
+  /* Progress thread: runs queued requests in order; blocking calls made
+   * meanwhile wait for the queue to drain (coll_comm_enter). */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  pthread_t thread;
+  int thread_started, stopping, busy;
+  coll_request_t *qhead, *qtail;
+};
+
+/* CLOCK_MONOTONIC seconds. */
+double coll_now(void);
+/* now + timeout (the communicator default when timeout <= 0). */
+double coll_comm_deadline(const coll_comm_t *comm, double timeout);
+/* Marks the communicator broken after a failed collective: closes every link
+ * so that the peers fail fast instead of waiting for their deadline. */
+void coll_comm_break(coll_comm_t *comm, coll_result_t code);
+
+#endif

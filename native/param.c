@@ -1,0 +1,70 @@
+/* param.c -- the declared tunables (see param.h). */
+#include "param.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coll.h"
+
+typedef struct {
+  const char *name;
+  const char *def;
+  const char *desc;
+} coll_param_decl_t;
+
+static const coll_param_decl_t params[COLL_NUM_PARAMS] = {
+    [COLL_PARAM_TIMEOUT] = {"COLLECTIVES_TIMEOUT", "300",
+                            "seconds a collective waits on a peer before failing"},
+    [COLL_PARAM_SEGMENT_BYTES] = {"COLLECTIVES_SEGMENT_BYTES", "512K",
+                                  "pipelining segment size of ring, tree and chain schedules"},
+    [COLL_PARAM_SOCKET_BUFFER] = {"COLLECTIVES_SOCKET_BUFFER", "4M",
+                                  "SO_SNDBUF/SO_RCVBUF of each TCP link (0: kernel autotuning)"},
+    [COLL_PARAM_ALGO] = {"COLLECTIVES_ALGO", "",
+                         "force an allreduce algorithm: ring, tree, butterfly (overrides auto)"},
+    [COLL_PARAM_TUNE_FILE] = {"COLLECTIVES_TUNE_FILE", "",
+                              "table written by collectives-bench --tune that auto reads"},
+    [COLL_PARAM_DEBUG] = {"COLLECTIVES_DEBUG", "WARN", "log level: NONE, WARN or INFO"},
+    [COLL_PARAM_DEBUG_SUBSYS] = {"COLLECTIVES_DEBUG_SUBSYS", "ALL",
+                                 "INFO subsystems: INIT,NET,COLL,TUNE,CUDA or ALL"},
+    [COLL_PARAM_IFNAME] = {"COLLECTIVES_IFNAME", "",
+                           "network interface whose address the ranks advertise (like NCCL_SOCKET_IFNAME)"},
+    [COLL_PARAM_STORE_ADDR] = {"COLLECTIVES_STORE_ADDR", "",
+                               "host:port of the rendezvous store hosted by rank 0"},
+    [COLL_PARAM_TRANSPORT] = {"COLLECTIVES_TRANSPORT", "",
+                              "force a transport for every peer (tcp)"},
+};
+
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static const char *values[COLL_NUM_PARAMS];
+
+static void read_all(void) {
+  for (int i = 0; i < COLL_NUM_PARAMS; i++) {
+    const char *v = getenv(params[i].name);
+    values[i] = (v && v[0]) ? strdup(v) : params[i].def;
+  }
+}
+
+const char *coll_param_str(coll_param_id_t id) {
+  pthread_once(&once, read_all);
+  return values[id];
+}
+
+long long coll_param_int(coll_param_id_t id) {
+  const char *s = coll_param_str(id);
+  char *end = NULL;
+  long long v = strtoll(s, &end, 10);
+  if (end && (*end == 'k' || *end == 'K')) v <<= 10;
+  if (end && (*end == 'm' || *end == 'M')) v <<= 20;
+  if (end && (*end == 'g' || *end == 'G')) v <<= 30;
+  return v;
+}
+
+double coll_param_double(coll_param_id_t id) { return strtod(coll_param_str(id), NULL); }
+
+int coll_param_count(void) { return COLL_NUM_PARAMS; }
+const char *coll_param_name(int i) { return (i >= 0 && i < COLL_NUM_PARAMS) ? params[i].name : NULL; }
+const char *coll_param_default(int i) { return (i >= 0 && i < COLL_NUM_PARAMS) ? params[i].def : NULL; }
+const char *coll_param_description(int i) {
+  return (i >= 0 && i < COLL_NUM_PARAMS) ? params[i].desc : NULL;
+}

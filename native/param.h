@@ -1,0 +1,30 @@
+/*
+ * param.h -- every tunable is one declaration in param.c: COLLECTIVES_* name,
+ * default, one-line description; read once and cached. The README's table is
+ * generated from the same list (collectives._core.params()). Entries read by
+ * the Python layer (IFNAME, STORE_ADDR, ...) are declared here too so that
+ * the list is complete in one place.
+ */
+#ifndef COLL_PARAM_H
+#define COLL_PARAM_H
+
+typedef enum {
+  COLL_PARAM_TIMEOUT,
+  COLL_PARAM_SEGMENT_BYTES,
+  COLL_PARAM_SOCKET_BUFFER,
+  COLL_PARAM_ALGO,
+  COLL_PARAM_TUNE_FILE,
+  COLL_PARAM_DEBUG,
+  COLL_PARAM_DEBUG_SUBSYS,
+  COLL_PARAM_IFNAME,
+  COLL_PARAM_STORE_ADDR,
+  COLL_PARAM_TRANSPORT,
+  COLL_NUM_PARAMS
+} coll_param_id_t;
+
+/* The value as text: the environment's, else the default. Cached. */
+const char *coll_param_str(coll_param_id_t id);
+long long coll_param_int(coll_param_id_t id);   /* accepts suffixes K, M, G */
+double coll_param_double(coll_param_id_t id);
+
+#endif

@@ -1,0 +1,405 @@
+/*
+ * schedule.c -- builds schedules and runs them (vocabulary in schedule.h).
+ *
+ * The executor keeps, per peer, a FIFO of send steps and a FIFO of receive
+ * steps. Each pass over the peers moves every head whose predecessors are
+ * done as far as the socket allows (one sendmsg/readv per head per pass, the
+ * header and the payload in one call); when a whole pass moves nothing it
+ * blocks in poll() on exactly the links whose heads are ready, with the
+ * remaining time to the deadline. No thread, no spinning: on a 2-core machine
+ * running 4 ranks, a rank that cannot progress gives the core away.
+ */
+#define _GNU_SOURCE
+#include "schedule.h"
+
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm.h"
+#include "status.h"
+#include "transport.h"
+
+void coll_sched_init(coll_sched_t *s, coll_comm_t *comm, coll_kind_t kind, const coll_args_t *args,
+                     uint32_t aux) {
+  memset(s, 0, sizeof *s);
+  s->comm = comm;
+  int reducing = kind == COLL_KIND_ALLREDUCE || kind == COLL_KIND_REDUCE_SCATTER;
+  s->hdr.coll = (uint8_t)kind;
+  s->hdr.redop = reducing ? (uint8_t)args->op : 0;
+  s->hdr.dtype = (uint8_t)args->dtype;
+  s->hdr.seq = comm->seq++;
+  s->hdr.aux = aux;
+  s->hdr.count = args->count;
+  s->elem = coll_dtype_size(args->dtype);
+  if (s->elem == 0) s->elem = 1;
+  s->reduce = reducing ? coll_reduce_kernel(args->dtype, args->op) : NULL;
+  size_t seg = args->segment_bytes ? args->segment_bytes : comm->segment_bytes;
+  seg -= seg % s->elem;
+  s->segment_bytes = seg ? seg : s->elem;
+}
+
+void coll_sched_free(coll_sched_t *s) {
+  free(s->steps);
+  free(s->edges);
+  s->steps = NULL;
+  s->edges = NULL;
+}
+
+static int add(coll_sched_t *s, coll_step_kind_t kind, int peer, void *dst, const void *src, size_t n,
+               uint64_t off) {
+  if (s->nsteps == s->cap) {
+    int cap = s->cap ? 2 * s->cap : 64;
+    coll_step_t *p = realloc(s->steps, (size_t)cap * sizeof *p);
+    if (!p) { s->oom = 1; return -1; }
+    s->steps = p;
+    s->cap = cap;
+  }
+  coll_step_t *st = &s->steps[s->nsteps];
+  memset(st, 0, sizeof *st);
+  st->kind = (uint8_t)kind;
+  st->peer = peer;
+  st->dst = dst;
+  st->src = src;
+  st->nbytes = n;
+  st->offset = off;
+  return s->nsteps++;
+}
+
+int coll_sched_send(coll_sched_t *s, int peer, const void *src, size_t n, uint64_t off) {
+  return add(s, COLL_STEP_SEND, peer, NULL, src, n, off);
+}
+int coll_sched_recv(coll_sched_t *s, int peer, void *dst, size_t n, uint64_t off) {
+  return add(s, COLL_STEP_RECV, peer, dst, NULL, n, off);
+}
+int coll_sched_recv_reduce(coll_sched_t *s, int peer, void *dst, const void *local, size_t n,
+                           uint64_t off) {
+  return add(s, COLL_STEP_RECV_REDUCE, peer, dst, local, n, off);
+}
+int coll_sched_copy(coll_sched_t *s, void *dst, const void *src, size_t n) {
+  return add(s, COLL_STEP_COPY, -1, dst, src, n, 0);
+}
+
+int coll_sched_after(coll_sched_t *s, int step, int pred) {
+  if (pred < 0 || step < 0) return step;
+  if (s->nedges == s->ecap) {
+    int cap = s->ecap ? 2 * s->ecap : 64;
+    int(*p)[2] = realloc(s->edges, (size_t)cap * sizeof *p);
+    if (!p) { s->oom = 1; return step; }
+    s->edges = p;
+    s->ecap = cap;
+  }
+  s->edges[s->nedges][0] = pred;
+  s->edges[s->nedges][1] = step;
+  s->nedges++;
+  return step;
+}
+
+int coll_sched_recv_reduce_send(coll_sched_t *s, int from, int to, void *dst, const void *local,
+                                size_t n, uint64_t off) {
+  int r = coll_sched_recv_reduce(s, from, dst, local, n, off);
+  return coll_sched_after(s, coll_sched_send(s, to, dst, n, off), r);
+}
+
+int coll_sched_recv_copy_send(coll_sched_t *s, int from, int to, void *dst, size_t n, uint64_t off) {
+  int r = coll_sched_recv(s, from, dst, n, off);
+  return coll_sched_after(s, coll_sched_send(s, to, dst, n, off), r);
+}
+
+int coll_sched_nseg(const coll_sched_t *s, size_t n) {
+  size_t k = (n + s->segment_bytes - 1) / s->segment_bytes;
+  return k ? (int)k : 1;
+}
+
+void coll_sched_seg(const coll_sched_t *s, size_t n, int nseg, int i, size_t *off, size_t *len) {
+  size_t elems = n / s->elem, eo, el;
+  size_t base = elems / (size_t)nseg, extra = elems % (size_t)nseg, ui = (size_t)i;
+  eo = ui * base + (ui < extra ? ui : extra);
+  el = base + (ui < extra ? 1 : 0);
+  *off = eo * s->elem;
+  *len = el * s->elem;
+}
+
+/* ---- executor ---- */
+
+typedef struct {
+  int peer;
+  coll_link_t *link;
+  int *sq, nsq, sh;   /* send steps in order, head */
+  int *rq, nrq, rh;   /* receive steps in order, head */
+  uint8_t shdr[COLL_WIRE_HDR_BYTES];
+  size_t shdr_done, sdone;
+  int shdr_ready;
+  uint8_t rhdr[COLL_WIRE_HDR_BYTES];
+  size_t rhdr_got, rdone, fill;  /* rdone: payload bytes consumed; fill: staged, not yet reduced */
+  int rhdr_checked;
+  int hup;            /* the peer hung up: stop polling it, let send/recv report it */
+} peer_state_t;
+
+typedef struct {
+  coll_sched_t *s;
+  int *succ, *succ_idx;
+  int *ready, nready;
+  int remaining;
+} exec_t;
+
+static void complete(exec_t *x, int id) {
+  coll_step_t *st = &x->s->steps[id];
+  x->remaining--;
+  for (int e = st->succ_begin; e < st->succ_end; e++) {
+    coll_step_t *nx = &x->s->steps[x->succ[e]];
+    if (--nx->npred == 0 && nx->kind == COLL_STEP_COPY) x->ready[x->nready++] = x->succ[e];
+  }
+}
+
+static coll_result_t progress_send(exec_t *x, peer_state_t *ps, int *moved) {
+  coll_sched_t *s = x->s;
+  while (ps->sh < ps->nsq) {
+    int id = ps->sq[ps->sh];
+    coll_step_t *st = &s->steps[id];
+    if (st->npred > 0) return COLL_SUCCESS;
+    if (!ps->shdr_ready) {
+      coll_wire_hdr_t h = s->hdr;
+      h.nbytes = (uint32_t)st->nbytes;
+      h.offset = st->offset;
+      coll_wire_encode(ps->shdr, &h);
+      ps->shdr_ready = 1;
+      ps->shdr_done = ps->sdone = 0;
+    }
+    struct iovec iov[2];
+    int k = 0;
+    if (ps->shdr_done < COLL_WIRE_HDR_BYTES) {
+      iov[k].iov_base = ps->shdr + ps->shdr_done;
+      iov[k++].iov_len = COLL_WIRE_HDR_BYTES - ps->shdr_done;
+    }
+    if (ps->sdone < st->nbytes) {
+      iov[k].iov_base = (char *)st->src + ps->sdone;
+      iov[k++].iov_len = st->nbytes - ps->sdone;
+    }
+    size_t want = 0, n = 0;
+    for (int i = 0; i < k; i++) want += iov[i].iov_len;
+    COLL_CHECK(ps->link->tp->send(ps->link, iov, k, &n));
+    if (n == 0) return COLL_SUCCESS;
+    *moved = 1;
+    size_t h = COLL_WIRE_HDR_BYTES - ps->shdr_done;
+    if (n < h) h = n;
+    ps->shdr_done += h;
+    ps->sdone += n - h;
+    if (n < want) return COLL_SUCCESS; /* socket buffer full */
+    ps->shdr_ready = 0;
+    ps->sh++;
+    complete(x, id);
+  }
+  return COLL_SUCCESS;
+}
+
+static coll_result_t progress_recv(exec_t *x, peer_state_t *ps, int *moved) {
+  coll_sched_t *s = x->s;
+  coll_comm_t *comm = s->comm;
+  while (ps->rh < ps->nrq) {
+    int id = ps->rq[ps->rh];
+    coll_step_t *st = &s->steps[id];
+    if (st->npred > 0) return COLL_SUCCESS;
+    int reducing = st->kind == COLL_STEP_RECV_REDUCE;
+    struct iovec iov[2];
+    int k = 0;
+    if (ps->rhdr_got < COLL_WIRE_HDR_BYTES) {
+      iov[k].iov_base = ps->rhdr + ps->rhdr_got;
+      iov[k++].iov_len = COLL_WIRE_HDR_BYTES - ps->rhdr_got;
+    }
+    size_t left = st->nbytes - ps->rdone - ps->fill;
+    if (left > 0) {
+      if (reducing) {
+        size_t room = COLL_STAGE_BYTES - ps->fill;
+        iov[k].iov_base = ps->link->stage + ps->fill;
+        iov[k++].iov_len = left < room ? left : room;
+      } else {
+        iov[k].iov_base = (char *)st->dst + ps->rdone;
+        iov[k++].iov_len = left;
+      }
+    }
+    size_t want = 0, n = 0;
+    for (int i = 0; i < k; i++) want += iov[i].iov_len;
+    COLL_CHECK(ps->link->tp->recv(ps->link, iov, k, &n));
+    if (n == 0) return COLL_SUCCESS;
+    *moved = 1;
+    size_t h = COLL_WIRE_HDR_BYTES - ps->rhdr_got;
+    if (n < h) h = n;
+    ps->rhdr_got += h;
+    if (ps->rhdr_got == COLL_WIRE_HDR_BYTES && !ps->rhdr_checked) {
+      coll_wire_hdr_t e = s->hdr;
+      e.nbytes = (uint32_t)st->nbytes;
+      e.offset = st->offset;
+      COLL_CHECK(coll_wire_check(comm, ps->peer, ps->rhdr, &e));
+      ps->rhdr_checked = 1;
+    }
+    if (reducing) {
+      ps->fill += n - h;
+      /* Reduce every whole element that has arrived; a split element's
+       * leading bytes move to the front of the stage. */
+      size_t whole = ps->fill - ps->fill % s->elem;
+      if (whole) {
+        s->reduce((char *)st->dst + ps->rdone, (const char *)st->src + ps->rdone, ps->link->stage,
+                  whole / s->elem, NULL);
+        ps->rdone += whole;
+        ps->fill -= whole;
+        if (ps->fill) memmove(ps->link->stage, ps->link->stage + whole, ps->fill);
+      }
+    } else {
+      ps->rdone += n - h;
+    }
+    if (ps->rhdr_got < COLL_WIRE_HDR_BYTES || ps->rdone < st->nbytes) {
+      if (n < want) return COLL_SUCCESS; /* nothing more buffered */
+      continue;
+    }
+    ps->rhdr_got = ps->rdone = ps->fill = 0;
+    ps->rhdr_checked = 0;
+    ps->rh++;
+    complete(x, id);
+  }
+  return COLL_SUCCESS;
+}
+
+static int head_ready(const coll_sched_t *s, const int *q, int n, int h) {
+  return h < n && s->steps[q[h]].npred == 0;
+}
+
+static coll_result_t timeout_error(coll_sched_t *s, peer_state_t *ps, int nps, double deadline,
+                                   double start) {
+  coll_comm_t *comm = s->comm;
+  char who[256] = "";
+  size_t used = 0;
+  for (int i = 0; i < nps && used < sizeof who - 16; i++) {
+    if (ps[i].sh < ps[i].nsq || ps[i].rh < ps[i].nrq)
+      used += (size_t)snprintf(who + used, sizeof who - used, "%s%d", used ? ", " : "", ps[i].peer);
+  }
+  (void)deadline;
+  return coll_error(comm, COLL_TIMEOUT,
+                    "rank %d: %s #%u timed out after %.1f s waiting for rank %s (stopped, stuck or "
+                    "not calling the same collective)",
+                    comm->rank, coll_kind_name(s->hdr.coll), s->hdr.seq, coll_now() - start, who);
+}
+
+coll_result_t coll_sched_run(coll_sched_t *s, double deadline) {
+  coll_comm_t *comm = s->comm;
+  coll_result_t res = COLL_SUCCESS;
+  if (s->oom) return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory building a schedule", comm->rank);
+  int n = s->nsteps;
+  if (n == 0) return COLL_SUCCESS;
+  double start = coll_now();
+
+  /* One allocation for the edge table, queues and per-peer state. */
+  int *peer_slot = malloc((size_t)comm->size * sizeof(int));
+  int *ints = malloc((size_t)(3 * n + s->nedges + 1) * sizeof(int));
+  peer_state_t *ps = calloc((size_t)(comm->size < n ? comm->size : n) + 1, sizeof *ps);
+  struct pollfd *pfs = malloc(((size_t)(comm->size < n ? comm->size : n) + 1) * sizeof *pfs);
+  if (!peer_slot || !ints || !ps || !pfs) {
+    res = coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory running a schedule", comm->rank);
+    goto out;
+  }
+  exec_t x = {s, ints, NULL, ints + s->nedges, 0, n};
+  int *queues = ints + s->nedges + n;  /* n slots for send/recv queues, n for succ counting */
+  int *cnt = queues + n;
+
+  /* Successor lists (CSR over preds) and predecessor counts. */
+  for (int i = 0; i < n; i++) { cnt[i] = 0; s->steps[i].npred = 0; }
+  for (int e = 0; e < s->nedges; e++) { cnt[s->edges[e][0]]++; s->steps[s->edges[e][1]].npred++; }
+  int acc = 0;
+  for (int i = 0; i < n; i++) { s->steps[i].succ_begin = acc; acc += cnt[i]; s->steps[i].succ_end = s->steps[i].succ_begin; }
+  for (int e = 0; e < s->nedges; e++) { coll_step_t *p = &s->steps[s->edges[e][0]]; x.succ[p->succ_end++] = s->edges[e][1]; }
+
+  /* Per-peer FIFOs, in the order steps were added. */
+  int nps = 0;
+  for (int i = 0; i < comm->size; i++) peer_slot[i] = -1;
+  for (int i = 0; i < n; i++) {
+    coll_step_t *st = &s->steps[i];
+    if (st->kind == COLL_STEP_COPY) continue;
+    if (st->peer < 0 || st->peer >= comm->size || st->peer == comm->rank) {
+      res = coll_error(comm, COLL_INTERNAL_ERROR, "rank %d: schedule step to invalid peer %d", comm->rank, st->peer);
+      goto out;
+    }
+    if (peer_slot[st->peer] < 0) { peer_slot[st->peer] = nps; ps[nps].peer = st->peer; nps++; }
+    peer_state_t *p = &ps[peer_slot[st->peer]];
+    if (st->kind == COLL_STEP_SEND) p->nsq++; else p->nrq++;
+  }
+  int *q = queues;
+  for (int i = 0; i < nps; i++) {
+    ps[i].sq = q; q += ps[i].nsq;
+    ps[i].rq = q; q += ps[i].nrq;
+    ps[i].nsq = ps[i].nrq = 0;
+  }
+  for (int i = 0; i < n; i++) {
+    coll_step_t *st = &s->steps[i];
+    if (st->kind == COLL_STEP_COPY) continue;
+    peer_state_t *p = &ps[peer_slot[st->peer]];
+    if (st->kind == COLL_STEP_SEND) p->sq[p->nsq++] = i; else p->rq[p->nrq++] = i;
+  }
+  /* The ready stack reuses the counting array: at most n entries. */
+  x.ready = cnt;
+  for (int i = 0; i < n; i++)
+    if (s->steps[i].kind == COLL_STEP_COPY && s->steps[i].npred == 0) x.ready[x.nready++] = i;
+
+  /* Connect: higher peers first (connecting never waits on the peer), then
+   * accept from lower ones. */
+  for (int pass = 0; pass < 2; pass++)
+    for (int i = 0; i < nps; i++)
+      if ((ps[i].peer > comm->rank) == (pass == 0))
+        COLL_CHECK_GOTO(coll_link_get(comm, ps[i].peer, deadline, &ps[i].link), res, out);
+
+  while (x.remaining > 0) {
+    int moved = 0;
+    while (x.nready > 0) {
+      int id = x.ready[--x.nready];
+      coll_step_t *st = &s->steps[id];
+      if (st->nbytes && st->dst != st->src) memcpy(st->dst, st->src, st->nbytes);
+      complete(&x, id);
+      moved = 1;
+    }
+    for (int i = 0; i < nps; i++) {
+      COLL_CHECK_GOTO(progress_send(&x, &ps[i], &moved), res, out);
+      COLL_CHECK_GOTO(progress_recv(&x, &ps[i], &moved), res, out);
+    }
+    if (moved || x.remaining == 0) continue;
+
+    int npf = 0;
+    for (int i = 0; i < nps; i++) {
+      peer_state_t *p = &ps[i];
+      short ev = 0;
+      if (head_ready(s, p->sq, p->nsq, p->sh)) ev |= POLLOUT;
+      if (head_ready(s, p->rq, p->nrq, p->rh)) ev |= POLLIN;
+      /* Watch for a hang-up on links we still need, once. */
+      if (!ev && !p->hup && (p->sh < p->nsq || p->rh < p->nrq)) ev = POLLRDHUP;
+      if (!ev) continue;
+      pfs[npf].fd = p->link->fd;
+      pfs[npf].events = ev;
+      pfs[npf].revents = 0;
+      npf++;
+    }
+    if (npf == 0 && x.nready == 0) {
+      res = coll_error(comm, COLL_INTERNAL_ERROR, "rank %d: %s #%u schedule stalled with %d steps left",
+                       comm->rank, coll_kind_name(s->hdr.coll), s->hdr.seq, x.remaining);
+      goto out;
+    }
+    double left = deadline - coll_now();
+    if (left <= 0) { res = timeout_error(s, ps, nps, deadline, start); goto out; }
+    int ms = left > 2e6 ? 2000000000 : (int)(left * 1000.0) + 1;
+    int r = poll(pfs, (nfds_t)npf, ms);
+    if (r < 0 && errno != EINTR) {
+      res = coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: poll failed: %s", comm->rank, strerror(errno));
+      goto out;
+    }
+    if (r == 0 && coll_now() >= deadline) { res = timeout_error(s, ps, nps, deadline, start); goto out; }
+    for (int j = 0, i = 0; j < npf; j++) {
+      if (!(pfs[j].revents & (POLLRDHUP | POLLHUP | POLLERR))) continue;
+      for (i = 0; i < nps; i++)
+        if (ps[i].link->fd == pfs[j].fd) ps[i].hup = 1;
+    }
+  }
+out:
+  free(peer_slot);
+  free(ints);
+  free(ps);
+  free(pfs);
+  return res;
+}

@@ -1,0 +1,120 @@
+/*
+ * tune.c -- the registry of allreduce algorithms and the one place AUTO
+ * chooses among them.
+ *
+ * The choice reads a size x nranks table: the built-in one below (measured
+ * on a 2-core loopback machine with collectives-bench --tune) or the file
+ * named by COLLECTIVES_TUNE_FILE, whose lines are
+ *     <nranks> <max_bytes> <algorithm>
+ * meaning "for this rank count, messages up to max_bytes use algorithm";
+ * the first matching line for the nearest rank count not above ours wins.
+ * COLLECTIVES_ALGO forces one algorithm for every size.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <pthread.h>
+
+#include "algorithms.h"
+#include "log.h"
+#include "param.h"
+
+static const coll_algo_entry_t registry[COLL_NUM_ALGOS] = {
+    [COLL_ALGO_AUTO] = {COLL_ALGO_AUTO, "auto", "chosen by size and rank count", NULL},
+    [COLL_ALGO_RING] = {COLL_ALGO_RING, "ring",
+                        "reduce-scatter + allgather around a ring, segmented; bandwidth-optimal",
+                        coll_allreduce_ring},
+    [COLL_ALGO_TREE] = {COLL_ALGO_TREE, "tree",
+                        "pipelined binary-tree reduce then broadcast", coll_allreduce_tree},
+    [COLL_ALGO_BUTTERFLY] = {COLL_ALGO_BUTTERFLY, "butterfly",
+                             "recursive halving/doubling; latency-optimal for small messages",
+                             coll_allreduce_butterfly},
+};
+
+const coll_algo_entry_t *coll_algo_entry(coll_algo_t id) {
+  return (id >= 0 && id < COLL_NUM_ALGOS) ? &registry[id] : NULL;
+}
+
+const char *coll_algo_name(coll_algo_t algo) {
+  return (algo >= 0 && algo < COLL_NUM_ALGOS) ? registry[algo].name : "?";
+}
+
+typedef struct {
+  int nranks;
+  size_t max_bytes;
+  coll_algo_t algo;
+} tune_row_t;
+
+/* Built-in table; rows for a rank count apply to that count and above until
+ * the next listed count. */
+static const tune_row_t builtin[] = {
+    {2, 64 * 1024, COLL_ALGO_BUTTERFLY},
+    {2, (size_t)-1, COLL_ALGO_RING},
+    {3, 32 * 1024, COLL_ALGO_BUTTERFLY},
+    {3, (size_t)-1, COLL_ALGO_RING},
+};
+
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static tune_row_t *table = NULL;
+static int ntable = 0;
+static coll_algo_t forced = COLL_ALGO_AUTO;
+
+static coll_algo_t algo_by_name(const char *name) {
+  for (int i = 1; i < COLL_NUM_ALGOS; i++)
+    if (strcasecmp(name, registry[i].name) == 0) return (coll_algo_t)i;
+  return COLL_ALGO_AUTO;
+}
+
+static void load(void) {
+  const char *f = coll_param_str(COLL_PARAM_ALGO);
+  if (f[0]) {
+    forced = algo_by_name(f);
+    if (forced == COLL_ALGO_AUTO && strcasecmp(f, "auto") != 0)
+      COLL_WARN("COLLECTIVES_ALGO=%s is not an algorithm (ring, tree, butterfly); using auto", f);
+  }
+  const char *path = coll_param_str(COLL_PARAM_TUNE_FILE);
+  if (path[0]) {
+    FILE *fp = fopen(path, "r");
+    if (!fp) {
+      COLL_WARN("cannot read COLLECTIVES_TUNE_FILE %s; using the built-in table", path);
+    } else {
+      char line[256], name[64];
+      int cap = 0;
+      while (fgets(line, sizeof line, fp)) {
+        int nr;
+        unsigned long long mb;
+        if (line[0] == '#' || sscanf(line, "%d %llu %63s", &nr, &mb, name) != 3) continue;
+        coll_algo_t a = algo_by_name(name);
+        if (a == COLL_ALGO_AUTO) continue;
+        if (ntable == cap) {
+          cap = cap ? 2 * cap : 32;
+          tune_row_t *t = realloc(table, (size_t)cap * sizeof *t);
+          if (!t) break;
+          table = t;
+        }
+        table[ntable++] = (tune_row_t){nr, (size_t)mb, a};
+      }
+      fclose(fp);
+      COLL_INFO(COLL_LOG_TUNE, "read %d rows from %s", ntable, path);
+    }
+  }
+}
+
+static coll_algo_t lookup(const tune_row_t *t, int nt, int size, size_t nbytes) {
+  int best = -1;
+  for (int i = 0; i < nt; i++)
+    if (t[i].nranks <= size && t[i].nranks > best) best = t[i].nranks;
+  if (best < 0) return COLL_ALGO_AUTO;
+  for (int i = 0; i < nt; i++)
+    if (t[i].nranks == best && nbytes <= t[i].max_bytes) return t[i].algo;
+  return COLL_ALGO_AUTO;
+}
+
+coll_algo_t coll_tune_choose(int size, size_t nbytes) {
+  pthread_once(&once, load);
+  if (forced != COLL_ALGO_AUTO) return forced;
+  coll_algo_t a = table ? lookup(table, ntable, size, nbytes) : COLL_ALGO_AUTO;
+  if (a == COLL_ALGO_AUTO) a = lookup(builtin, (int)(sizeof builtin / sizeof builtin[0]), size, nbytes);
+  return a == COLL_ALGO_AUTO ? COLL_ALGO_RING : a;
+}

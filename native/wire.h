@@ -1,0 +1,65 @@
+/*
+ * wire.h -- the fixed header in front of every message, and the hello that
+ * opens every link.
+ *
+ * Message header, 40 bytes, little-endian, checked field by field on receipt
+ * against what the receiver expects (so ranks that disagree fail, naming both
+ * values, instead of hanging or reducing garbage):
+ *
+ *   byte  0  u32 magic    "COLL" (0x4c4c4f43)
+ *         4  u8  version  COLL_WIRE_VERSION
+ *         5  u8  coll     collective kind (coll_kind_t)
+ *         6  u8  redop    coll_op_t (0 where the collective has none)
+ *         7  u8  dtype    coll_dtype_t
+ *         8  u32 seq      the communicator's collective sequence number; it
+ *                         counts every collective call, so ranks that call
+ *                         collectives in different orders disagree here
+ *        12  u32 nbytes   payload bytes that follow this header
+ *        16  u32 aux      broadcast: root; allreduce: algorithm id
+ *        20  u32 reserved 0
+ *        24  u64 count    elements of the whole collective (as the sender sees it)
+ *        32  u64 offset   byte offset of this payload in the collective's buffer
+ *
+ * Hello, 32 bytes, sent once by the connecting side of a link:
+ *   u32 magic "CLHI" | u32 version | u8 comm_id[16] | u32 from rank | u32 to rank
+ */
+#ifndef COLL_WIRE_H
+#define COLL_WIRE_H
+
+#include <stdint.h>
+
+#include "coll.h"
+
+#define COLL_WIRE_MAGIC 0x4c4c4f43u  /* "COLL" */
+#define COLL_HELLO_MAGIC 0x49484c43u /* "CLHI" */
+#define COLL_WIRE_VERSION 1
+#define COLL_WIRE_HDR_BYTES 40
+#define COLL_HELLO_BYTES 32
+
+typedef enum {
+  COLL_KIND_ALLREDUCE = 1,
+  COLL_KIND_ALLGATHERV = 2,
+  COLL_KIND_BROADCAST = 3,
+  COLL_KIND_REDUCE_SCATTER = 4,
+  COLL_KIND_BARRIER = 5
+} coll_kind_t;
+
+typedef struct {
+  uint8_t coll, redop, dtype;
+  uint32_t seq, nbytes, aux;
+  uint64_t count, offset;
+} coll_wire_hdr_t;
+
+const char *coll_kind_name(int kind);
+void coll_wire_encode(uint8_t out[COLL_WIRE_HDR_BYTES], const coll_wire_hdr_t *h);
+/* Checks a received header against the expected one; on mismatch records an
+ * error naming this rank, the peer, and both sides' values. */
+coll_result_t coll_wire_check(coll_comm_t *comm, int peer, const uint8_t got[COLL_WIRE_HDR_BYTES],
+                              const coll_wire_hdr_t *expect);
+
+void coll_hello_encode(uint8_t out[COLL_HELLO_BYTES], const uint8_t comm_id[16], int from, int to);
+/* Returns the sender's rank, or -1 if the bytes are not a hello for this
+ * communicator and this rank. */
+int coll_hello_decode(const uint8_t in[COLL_HELLO_BYTES], const uint8_t comm_id[16], int to);
+
+#endif

@@ -1,0 +1,340 @@
+"""Tests of collectives-run (collectives/run.py): placement, output, failures, signals."""
+
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from collectives import run
+
+pytestmark = pytest.mark.timeout(60)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONUNBUFFERED"] = "1"
+    for name in list(env):
+        if name.startswith("COLLECTIVES_"):
+            del env[name]
+    return env
+
+
+def launcher(*args, **kwargs):
+    """Run collectives-run to completion; returns the CompletedProcess."""
+    return subprocess.run([sys.executable, "-m", "collectives.run", *args],
+                          capture_output=True, text=True, env=_env(), timeout=30,
+                          cwd=REPO, **kwargs)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (not yet reaped by whoever inherited it) is not running.
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _wait_gone(pids, deadline_s=10.0):
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end and any(_alive(p) for p in pids):
+        time.sleep(0.05)
+    return [p for p in pids if _alive(p)]
+
+
+# ---------------------------------------------------------------- running
+
+ENV_DUMP = textwrap.dedent("""
+    import os, sys
+    keys = ["RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "STORE_ADDR", "IFNAME",
+            "TIMEOUT", "START_TIMEOUT"]
+    print(" ".join(k + "=" + os.environ.get("COLLECTIVES_" + k, "-") for k in keys))
+    print("extra=" + os.environ.get("EXTRA_VAR", "-"))
+    print("to stderr", file=sys.stderr)
+""")
+
+
+def test_prefixes_and_environment():
+    res = launcher("-np", "3", "--network-interface", "lo", "--timeout", "42",
+                   "--start-timeout", "9", "-x", "EXTRA_VAR=hello",
+                   sys.executable, "-c", ENV_DUMP)
+    assert res.returncode == 0, res.stderr
+    out = res.stdout.splitlines()
+    err = res.stderr.splitlines()
+    assert len(out) == 6 and len(err) == 3
+    addrs = set()
+    for rank in range(3):
+        mine = [line for line in out if line.startswith(f"[{rank}]<stdout>:")]
+        assert len(mine) == 2, out
+        fields = dict(kv.split("=", 1) for kv in mine[0].split(":", 1)[1].split())
+        assert fields["RANK"] == str(rank)
+        assert fields["SIZE"] == "3"
+        assert fields["LOCAL_RANK"] == str(rank)
+        assert fields["LOCAL_SIZE"] == "3"
+        assert fields["IFNAME"] == "lo"
+        assert fields["TIMEOUT"] == "42"
+        assert fields["START_TIMEOUT"] == "9"
+        addrs.add(fields["STORE_ADDR"])
+        assert mine[1] == f"[{rank}]<stdout>:extra=hello"
+        assert f"[{rank}]<stderr>:to stderr" in err
+    (addr,) = addrs  # one store address for the whole job
+    host, port = addr.rsplit(":", 1)
+    assert host == "127.0.0.1" and 0 < int(port) < 65536
+
+
+def test_partial_last_line_and_no_mid_line_interleaving():
+    code = textwrap.dedent("""
+        import os, sys
+        r = os.environ["COLLECTIVES_RANK"]
+        for i in range(200):
+            sys.stdout.write(("r%s-%d-" % (r, i)) * 20 + "\\n")
+            sys.stdout.flush()
+        sys.stdout.write("tail" + r)
+    """)
+    res = launcher("-np", "4", sys.executable, "-c", code)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert len(lines) == 4 * 201
+    for line in lines:
+        prefix, _, text = line.partition(">:")
+        rank = prefix[1:prefix.index("]")]
+        if text.startswith("tail"):
+            assert text == "tail" + rank
+        else:
+            parts = text.split("-")
+            assert parts[0] == f"r{rank}" and len(set(parts[1::2])) == 1, line
+
+
+# Ranks that must be running (and ready) before another fails touch a file in
+# SYNC_DIR; the failing rank waits for them, so the tests do not depend on how
+# fast the machine starts processes.
+SYNC = textwrap.dedent("""
+    import glob, os, sys, time
+    sync_dir = os.environ["SYNC_DIR"]
+    def ready():
+        open(os.path.join(sync_dir, str(os.getpid())), "w").close()
+    def wait_ready(n):
+        end = time.monotonic() + 20
+        while len(glob.glob(os.path.join(sync_dir, "*"))) < n and time.monotonic() < end:
+            time.sleep(0.01)
+""")
+
+
+def test_failing_rank_stops_the_others_quickly(tmp_path):
+    code = SYNC + textwrap.dedent("""
+        if os.environ["COLLECTIVES_RANK"] == "2":
+            wait_ready(3)
+            sys.exit(3)
+        print(os.getpid(), flush=True)
+        ready()
+        time.sleep(60)
+    """)
+    start = time.monotonic()
+    res = launcher("-np", "4", "-x", f"SYNC_DIR={tmp_path}", sys.executable, "-c", code)
+    assert time.monotonic() - start < 10
+    assert res.returncode == 3
+    assert "collectives-run: rank 2 exited with code 3 first; stopped the other 3 ranks" \
+        in res.stderr
+    pids = [int(line.split(":", 1)[1]) for line in res.stdout.splitlines()]
+    assert len(pids) == 3
+    assert _wait_gone(pids, 2) == []
+
+
+def test_rank_killed_by_signal_returns_128_plus_signal():
+    code = ("import os, signal, time\n"
+            "if os.environ['COLLECTIVES_RANK'] == '1': os.kill(os.getpid(), signal.SIGKILL)\n"
+            "time.sleep(60)")
+    res = launcher("-np", "2", sys.executable, "-c", code)
+    assert res.returncode == 128 + signal.SIGKILL
+    assert "rank 1 was killed by signal 9 (SIGKILL) first" in res.stderr
+
+
+def test_rank_ignoring_sigterm_is_killed_after_grace(tmp_path):
+    code = SYNC + textwrap.dedent("""
+        import signal
+        if os.environ["COLLECTIVES_RANK"] == "0":
+            wait_ready(1)
+            sys.exit(1)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print(os.getpid(), flush=True)
+        ready()
+        time.sleep(60)
+    """)
+    start = time.monotonic()
+    res = launcher("-np", "2", "--kill-grace", "1", "-x", f"SYNC_DIR={tmp_path}",
+                   sys.executable, "-c", code)
+    assert res.returncode == 1
+    assert 1.0 <= time.monotonic() - start < 10
+    pid = int(res.stdout.split(":", 1)[1])
+    assert _wait_gone([pid], 2) == []
+
+
+def test_all_ranks_succeed_returns_zero():
+    assert launcher("-np", "2", sys.executable, "-c", "pass").returncode == 0
+
+
+def test_missing_command_is_an_error():
+    res = launcher("-np", "2", "/no/such/program")
+    assert res.returncode == 127 and "/no/such/program" in res.stderr
+    assert launcher("-np", "2").returncode == 2
+
+
+def test_too_many_ranks_for_slots():
+    res = launcher("-np", "5", "-H", "localhost:2", sys.executable, "-c", "pass")
+    assert res.returncode == 2 and "slots" in res.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_to_launcher_stops_every_rank(sig):
+    code = textwrap.dedent("""
+        import os, time, subprocess, sys
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        print(os.getpid(), child.pid, flush=True)
+        time.sleep(60)
+    """)
+    proc = subprocess.Popen([sys.executable, "-m", "collectives.run", "-np", "3",
+                             sys.executable, "-c", code],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env(), cwd=REPO)
+    pids = []
+    try:
+        while len(pids) < 6:
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read()
+            pids += [int(p) for p in line.split(":", 1)[1].split()]
+        start = time.monotonic()
+        proc.send_signal(sig)
+        rc = proc.wait(timeout=15)
+        assert time.monotonic() - start < 8
+        assert rc == 128 + sig
+        # The ranks' own children are in the ranks' process groups: gone too.
+        assert _wait_gone(pids, 3) == []
+        assert f"received {signal.Signals(sig).name}" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_host_placement():
+    code = ("import os; print(*[os.environ['COLLECTIVES_' + k] for k in "
+            "('RANK', 'LOCAL_RANK', 'LOCAL_SIZE')])")
+    res = launcher("-H", "localhost:2,127.0.0.1:1", sys.executable, "-c", code)
+    assert res.returncode == 0, res.stderr
+    seen = sorted(line.split(":", 1)[1] for line in res.stdout.splitlines())
+    assert seen == ["0 0 2", "1 1 2", "2 0 1"]
+
+
+def test_hostfile_run(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost slots=2  # two here\n127.0.0.1:1\n")
+    res = launcher("--hostfile", str(hostfile), sys.executable, "-c",
+                   "import os; print(os.environ['COLLECTIVES_SIZE'])")
+    assert res.returncode == 0, res.stderr
+    assert sorted(res.stdout.splitlines()) == [f"[{r}]<stdout>:3" for r in range(3)]
+
+
+# ------------------------------------------------------------- unit tests
+
+def test_parse_hosts():
+    assert run.parse_hosts("a:2,b,c:3") == [("a", 2), ("b", 1), ("c", 3)]
+    assert run.parse_hosts("[::1]:4,fd00::2,[fd00::3]") == [
+        ("::1", 4), ("fd00::2", 1), ("fd00::3", 1)]
+    for bad in ("a:0", "a:x", ":2", "", "[::1"):
+        with pytest.raises(ValueError):
+            run.parse_hosts(bad)
+
+
+def test_parse_hostfile(tmp_path):
+    path = tmp_path / "hostfile"
+    path.write_text(textwrap.dedent("""
+        # cluster
+        node1 slots=4
+        node2:2   # colon form
+        node3
+        node4 slots=8 max_slots=16
+
+        [fd00::7] slots=2
+    """))
+    assert run.parse_hostfile(str(path)) == [
+        ("node1", 4), ("node2", 2), ("node3", 1), ("node4", 8), ("fd00::7", 2)]
+    path.write_text("node1 slots=zero\n")
+    with pytest.raises(ValueError, match=":1"):
+        run.parse_hostfile(str(path))
+    path.write_text("# nothing\n")
+    with pytest.raises(ValueError, match="no hosts"):
+        run.parse_hostfile(str(path))
+
+
+def test_is_local_host():
+    assert run.is_local_host("localhost")
+    assert run.is_local_host("127.0.0.1")
+    assert run.is_local_host("[::1]")
+    assert run.is_local_host(socket.gethostname())
+    assert not run.is_local_host("some-other-node.example")
+
+
+def test_build_rank_commands_remote_ssh_line():
+    cmd = ["python", "train.py", "--name", "it's a test", "$HOME"]
+    ranks = run.build_rank_commands(
+        cmd, [("localhost", 1), ("node7", 2)], 3, "head:29400",
+        exports={"EXTRA": "a b", "COLLECTIVES_IFNAME": "eth0"},
+        cwd="/data/my job", ssh_options=["-o", "ConnectTimeout=5"])
+    assert [(r.rank, r.host, r.local_rank, r.local_size, r.local) for r in ranks] == [
+        (0, "localhost", 0, 1, True), (1, "node7", 0, 2, False), (2, "node7", 1, 2, False)]
+    assert ranks[0].argv == cmd
+    assert ranks[0].env["COLLECTIVES_RANK"] == "0"
+    argv = ranks[2].argv
+    assert argv[:6] == ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "node7"]
+    assert len(argv) == 7
+    words = shlex.split(argv[6])  # what the remote shell will see
+    assert words[:4] == ["cd", "/data/my job", "&&", "env"]
+    assignments = dict(w.split("=", 1) for w in words[4:-len(cmd)])
+    assert assignments == {
+        "EXTRA": "a b", "COLLECTIVES_IFNAME": "eth0", "COLLECTIVES_RANK": "2",
+        "COLLECTIVES_SIZE": "3", "COLLECTIVES_LOCAL_RANK": "1",
+        "COLLECTIVES_LOCAL_SIZE": "2", "COLLECTIVES_STORE_ADDR": "head:29400"}
+    assert words[-len(cmd):] == cmd  # quoting survives: no $HOME expansion, quotes kept
+
+
+def test_build_rank_commands_checks():
+    with pytest.raises(ValueError, match="slots"):
+        run.build_rank_commands(["x"], [("a", 1)], 2, "a:1")
+    with pytest.raises(ValueError, match="no command"):
+        run.build_rank_commands([], [("a", 1)], 1, "a:1")
+    ranks = run.build_rank_commands(["x"], [("a", 4), ("b", 4)], 2, "a:1")
+    assert [r.host for r in ranks] == ["a", "a"] and ranks[0].local_size == 2
+
+
+def test_choose_store_addr():
+    host, port = run.choose_store_addr([("localhost", 2)]).rsplit(":", 1)
+    assert host == "127.0.0.1" and 0 < int(port) < 65536
+    host, port = run.choose_store_addr([("node1", 2), ("localhost", 1)]).rsplit(":", 1)
+    assert host == "node1" and 20000 <= int(port) <= 39999
+    host, _ = run.choose_store_addr([("localhost", 1), ("node1", 1)]).rsplit(":", 1)
+    assert host == socket.gethostname()
+    assert run.choose_store_addr([("fd00::9", 1)]).startswith("[fd00::9]:")
+
+
+def test_main_in_process(capfd):
+    rc = run.main(["-np", "2", sys.executable, "-c", "print('x')"])
+    assert rc == 0
+    out = capfd.readouterr().out.splitlines()
+    assert sorted(out) == ["[0]<stdout>:x", "[1]<stdout>:x"]
