@@ -33,6 +33,14 @@ static const coll_param_decl_t params[COLL_NUM_PARAMS] = {
                                "host:port of the rendezvous store hosted by rank 0"},
     [COLL_PARAM_TRANSPORT] = {"COLLECTIVES_TRANSPORT", "",
                               "force a transport for every peer (tcp)"},
+    [COLL_PARAM_RANK] = {"COLLECTIVES_RANK", "", "this process's rank (set by collectives-run)"},
+    [COLL_PARAM_SIZE] = {"COLLECTIVES_SIZE", "", "number of ranks (set by collectives-run)"},
+    [COLL_PARAM_LOCAL_RANK] = {"COLLECTIVES_LOCAL_RANK", "",
+                               "rank among this host's processes (set by collectives-run)"},
+    [COLL_PARAM_LOCAL_SIZE] = {"COLLECTIVES_LOCAL_SIZE", "",
+                               "processes on this host (set by collectives-run)"},
+    [COLL_PARAM_START_TIMEOUT] = {"COLLECTIVES_START_TIMEOUT", "",
+                                  "seconds to wait for every rank at start-up (default: COLLECTIVES_TIMEOUT)"},
 };
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
