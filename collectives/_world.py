@@ -68,6 +68,16 @@ def _start_store(host: str, port: int):
         return _store.StoreServer("::" if family == socket.AF_INET6 else "0.0.0.0", port)
 
 
+def host_id() -> str:
+    """Equal for processes that share a host and its /dev/shm: hostname + boot id."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
 def _rendezvous(info: _env.WorldInfo, timeout: float):
     from ._core import Communicator
 
@@ -86,12 +96,13 @@ def _rendezvous(info: _env.WorldInfo, timeout: float):
             client.set("comm_id", os.urandom(16))
         comm_id = client.get("comm_id", timeout=timeout)
         core = Communicator(info.rank, info.size, advertise, comm_id)
-        host = socket.gethostname()
+        host = host_id()
         client.set(f"addr/{info.rank}", f"{advertise}\n{core.port}\n{host}".encode())
         hosts = []
         for peer in range(info.size):
             addr, port, peer_host = client.get(f"addr/{peer}", timeout=timeout).decode().split("\n")
             core.set_peer(peer, addr, int(port))
+            core.set_peer_host(peer, peer_host)
             hosts.append(peer_host)
     except BaseException:
         client.close()

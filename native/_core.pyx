@@ -156,6 +156,11 @@ cdef class Communicator:
         cdef bytes h = host.encode()
         CHKERR(coll_comm_set_peer(self._live(), peer, h, port), self.comm)
 
+    def set_peer_host(self, int peer, str host_id) -> None:
+        """Mark which peers share this host (equal ids): they may use shared memory."""
+        cdef bytes h = host_id.encode()
+        CHKERR(coll_comm_set_peer_host(self._live(), peer, h), self.comm)
+
     def close(self) -> None:
         """Finish queued requests, close every link and the listener."""
         if self.comm != NULL:

@@ -101,6 +101,9 @@ coll_result_t coll_comm_create(int rank, int size, const char *bind_host,
 int coll_comm_port(const coll_comm_t *comm);
 /* Where to reach `peer`; every peer must be set before the first collective. */
 coll_result_t coll_comm_set_peer(coll_comm_t *comm, int peer, const char *host, int port);
+/* An identifier equal for ranks on the same host (hostname + boot id): such
+ * peers may use the shared-memory transport. Optional; "" means unknown. */
+coll_result_t coll_comm_set_peer_host(coll_comm_t *comm, int peer, const char *host_id);
 /* Stops the progress thread, closes every link and the listener, frees comm. */
 void coll_comm_destroy(coll_comm_t *comm);
 /* The text of the last error (empty if none). Valid until the next call. */

@@ -65,7 +65,6 @@ coll_result_t coll_comm_create(int rank, int size, const char *bind_host, const 
   if (!c) return COLL_SYSTEM_ERROR;
   c->peers = calloc((size_t)size, sizeof *c->peers);
   if (!c->peers) { free(c); return COLL_SYSTEM_ERROR; }
-  for (int i = 0; i < size; i++) c->peers[i].accepted_fd = -1;
   c->rank = rank;
   c->size = size;
   memcpy(c->id, comm_id, 16);
@@ -102,6 +101,14 @@ coll_result_t coll_comm_set_peer(coll_comm_t *comm, int peer, const char *host, 
   return COLL_SUCCESS;
 }
 
+coll_result_t coll_comm_set_peer_host(coll_comm_t *comm, int peer, const char *host_id) {
+  if (peer < 0 || peer >= comm->size || !host_id ||
+      strlen(host_id) >= sizeof comm->peers[0].host_id)
+    return coll_error(comm, COLL_INVALID_ARGUMENT, "invalid host id for rank %d", peer);
+  snprintf(comm->peers[peer].host_id, sizeof comm->peers[peer].host_id, "%s", host_id);
+  return COLL_SUCCESS;
+}
+
 const char *coll_comm_last_error(const coll_comm_t *comm) { return comm->err; }
 int coll_comm_is_broken(const coll_comm_t *comm) { return comm->broken; }
 
@@ -116,11 +123,6 @@ void coll_comm_break(coll_comm_t *comm, coll_result_t code) {
   comm->broken = 1;
   comm->broken_code = code;
   coll_links_close_all(comm);
-  for (int i = 0; i < comm->size; i++)
-    if (comm->peers[i].accepted_fd >= 0) {
-      close(comm->peers[i].accepted_fd);
-      comm->peers[i].accepted_fd = -1;
-    }
 }
 
 /* ---- argument checks (before any byte is sent; never break the comm) ---- */
@@ -371,8 +373,6 @@ void coll_comm_destroy(coll_comm_t *comm) {
   pthread_mutex_unlock(&comm->mu);
   if (started) pthread_join(comm->thread, NULL);
   coll_links_close_all(comm);
-  for (int i = 0; i < comm->size; i++)
-    if (comm->peers[i].accepted_fd >= 0) close(comm->peers[i].accepted_fd);
   coll_tcp_shutdown(comm);
   pthread_mutex_destroy(&comm->mu);
   pthread_cond_destroy(&comm->cv);

@@ -18,8 +18,8 @@
 typedef struct {
   char host[256];
   int port;
-  coll_link_t *link;  /* NULL until an algorithm first needs this peer */
-  int accepted_fd;    /* a connection from this peer accepted early, or -1 */
+  coll_link_t *link;  /* NULL until an algorithm first needs this peer (or it connected) */
+  char host_id[160];  /* equal for ranks that share a host (and its /dev/shm) */
 } coll_peer_t;
 
 struct coll_request {
@@ -36,7 +36,7 @@ struct coll_comm {
   int listen_fd, port;
   coll_peer_t *peers;
   /* Accepted connections whose hello has not fully arrived (transport_tcp.c). */
-  struct { int fd, got; unsigned char buf[32]; } pending[COLL_MAX_PENDING];
+  struct { int fd, got; unsigned char buf[COLL_OPENING_BYTES]; } pending[COLL_MAX_PENDING];
   int npending;
   uint32_t seq;          /* collective calls so far; carried in every header */
   int broken;

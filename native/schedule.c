@@ -194,6 +194,70 @@ static coll_result_t progress_send(exec_t *x, peer_state_t *ps, int *moved) {
   return COLL_SUCCESS;
 }
 
+/* The header of the head receive, when it has not fully arrived: reads only
+ * the header, so that the payload can be peeked where it lies. */
+static coll_result_t recv_header(exec_t *x, peer_state_t *ps, coll_step_t *st, int *moved) {
+  struct iovec iov = {ps->rhdr + ps->rhdr_got, COLL_WIRE_HDR_BYTES - ps->rhdr_got};
+  size_t n = 0;
+  COLL_CHECK(ps->link->tp->recv(ps->link, &iov, 1, &n));
+  if (n) *moved = 1;
+  ps->rhdr_got += n;
+  if (ps->rhdr_got == COLL_WIRE_HDR_BYTES) {
+    coll_wire_hdr_t e = x->s->hdr;
+    e.nbytes = (uint32_t)st->nbytes;
+    e.offset = st->offset;
+    COLL_CHECK(coll_wire_check(x->s->comm, ps->peer, ps->rhdr, &e));
+    ps->rhdr_checked = 1;
+  }
+  return COLL_SUCCESS;
+}
+
+/* Receive+reduce straight out of the transport's memory (shm). Returns with
+ * *done set when the step's payload is complete. */
+static coll_result_t reduce_in_place(exec_t *x, peer_state_t *ps, coll_step_t *st, int *moved,
+                                     int *done) {
+  coll_sched_t *s = x->s;
+  coll_link_t *link = ps->link;
+  *done = 0;
+  while (ps->rdone < st->nbytes) {
+    const void *p;
+    size_t avail;
+    COLL_CHECK(link->tp->recv_peek(link, &p, &avail));
+    size_t left = st->nbytes - ps->rdone;
+    size_t take = avail < left ? avail : left;
+    take -= take % s->elem;
+    if (take == 0) {
+      if (avail == 0) return COLL_SUCCESS;
+      /* An element split by the ring's wrap: copy just that one. */
+      struct iovec iov = {link->stage, s->elem};
+      size_t n = 0;
+      COLL_CHECK(link->tp->recv(link, &iov, 1, &n));
+      if (n < s->elem) {
+        /* Partial: the bytes are consumed, finish through the copy path. */
+        ps->fill = n;
+        return COLL_SUCCESS;
+      }
+      s->reduce((char *)st->dst + ps->rdone, (const char *)st->src + ps->rdone, link->stage, 1, NULL);
+      ps->rdone += s->elem;
+      *moved = 1;
+      continue;
+    }
+    s->reduce((char *)st->dst + ps->rdone, (const char *)st->src + ps->rdone, p, take / s->elem, NULL);
+    link->tp->recv_consume(link, take);
+    ps->rdone += take;
+    *moved = 1;
+  }
+  *done = 1;
+  return COLL_SUCCESS;
+}
+
+static void recv_finish(exec_t *x, peer_state_t *ps, int id) {
+  ps->rhdr_got = ps->rdone = ps->fill = 0;
+  ps->rhdr_checked = 0;
+  ps->rh++;
+  complete(x, id);
+}
+
 static coll_result_t progress_recv(exec_t *x, peer_state_t *ps, int *moved) {
   coll_sched_t *s = x->s;
   coll_comm_t *comm = s->comm;
@@ -202,6 +266,16 @@ static coll_result_t progress_recv(exec_t *x, peer_state_t *ps, int *moved) {
     coll_step_t *st = &s->steps[id];
     if (st->npred > 0) return COLL_SUCCESS;
     int reducing = st->kind == COLL_STEP_RECV_REDUCE;
+    if (reducing && ps->link->tp->recv_peek && ps->fill == 0) {
+      if (ps->rhdr_got < COLL_WIRE_HDR_BYTES) {
+        COLL_CHECK(recv_header(x, ps, st, moved));
+        if (ps->rhdr_got < COLL_WIRE_HDR_BYTES) return COLL_SUCCESS;
+      }
+      int done = 0;
+      COLL_CHECK(reduce_in_place(x, ps, st, moved, &done));
+      if (done) { recv_finish(x, ps, id); continue; }
+      if (ps->fill == 0) return COLL_SUCCESS; /* nothing more has arrived */
+    }
     struct iovec iov[2];
     int k = 0;
     if (ps->rhdr_got < COLL_WIRE_HDR_BYTES) {
@@ -221,9 +295,9 @@ static coll_result_t progress_recv(exec_t *x, peer_state_t *ps, int *moved) {
     }
     size_t want = 0, n = 0;
     for (int i = 0; i < k; i++) want += iov[i].iov_len;
-    COLL_CHECK(ps->link->tp->recv(ps->link, iov, k, &n));
-    if (n == 0) return COLL_SUCCESS;
-    *moved = 1;
+    if (want > 0) COLL_CHECK(ps->link->tp->recv(ps->link, iov, k, &n));
+    if (n == 0 && want > 0) return COLL_SUCCESS;
+    if (n) *moved = 1;
     size_t h = COLL_WIRE_HDR_BYTES - ps->rhdr_got;
     if (n < h) h = n;
     ps->rhdr_got += h;
@@ -253,10 +327,7 @@ static coll_result_t progress_recv(exec_t *x, peer_state_t *ps, int *moved) {
       if (n < want) return COLL_SUCCESS; /* nothing more buffered */
       continue;
     }
-    ps->rhdr_got = ps->rdone = ps->fill = 0;
-    ps->rhdr_checked = 0;
-    ps->rh++;
-    complete(x, id);
+    recv_finish(x, ps, id);
   }
   return COLL_SUCCESS;
 }
@@ -362,20 +433,25 @@ coll_result_t coll_sched_run(coll_sched_t *s, double deadline) {
     }
     if (moved || x.remaining == 0) continue;
 
-    int npf = 0;
+    int npf = 0, retry = 0;
     for (int i = 0; i < nps; i++) {
       peer_state_t *p = &ps[i];
-      short ev = 0;
-      if (head_ready(s, p->sq, p->nsq, p->sh)) ev |= POLLOUT;
-      if (head_ready(s, p->rq, p->nrq, p->rh)) ev |= POLLIN;
-      /* Watch for a hang-up on links we still need, once. */
-      if (!ev && !p->hup && (p->sh < p->nsq || p->rh < p->nrq)) ev = POLLRDHUP;
+      int sending = head_ready(s, p->sq, p->nsq, p->sh);
+      int receiving = head_ready(s, p->rq, p->nrq, p->rh);
+      int ev = 0;
+      if (sending || receiving) {
+        ev = p->link->tp->wait_events(p->link, sending, receiving);
+        if (ev < 0) { retry = 1; break; } /* the transport can move now */
+      } else if (!p->hup && (p->sh < p->nsq || p->rh < p->nrq)) {
+        ev = POLLRDHUP; /* watch for a hang-up on a link we still need, once */
+      }
       if (!ev) continue;
       pfs[npf].fd = p->link->fd;
-      pfs[npf].events = ev;
+      pfs[npf].events = (short)ev;
       pfs[npf].revents = 0;
       npf++;
     }
+    if (retry) continue;
     if (npf == 0 && x.nready == 0) {
       res = coll_error(comm, COLL_INTERNAL_ERROR, "rank %d: %s #%u schedule stalled with %d steps left",
                        comm->rank, coll_kind_name(s->hdr.coll), s->hdr.seq, x.remaining);
@@ -390,10 +466,14 @@ coll_result_t coll_sched_run(coll_sched_t *s, double deadline) {
       goto out;
     }
     if (r == 0 && coll_now() >= deadline) { res = timeout_error(s, ps, nps, deadline, start); goto out; }
-    for (int j = 0, i = 0; j < npf; j++) {
-      if (!(pfs[j].revents & (POLLRDHUP | POLLHUP | POLLERR))) continue;
-      for (i = 0; i < nps; i++)
-        if (ps[i].link->fd == pfs[j].fd) ps[i].hup = 1;
+    for (int j = 0; j < npf; j++) {
+      if (!pfs[j].revents) continue;
+      for (int i = 0; i < nps; i++) {
+        coll_link_t *link = ps[i].link;
+        if (link->fd != pfs[j].fd) continue;
+        if (link->tp->after_poll) COLL_CHECK_GOTO(link->tp->after_poll(link, pfs[j].revents), res, out);
+        if (pfs[j].revents & (POLLRDHUP | POLLHUP | POLLERR)) ps[i].hup = 1;
+      }
     }
   }
 out:

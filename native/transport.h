@@ -1,13 +1,22 @@
 /*
  * transport.h -- a link to one peer, and the small vtable behind it.
  *
- * Per peer, the first transport in priority order whose can_connect says yes
- * wins (transport_select.c); today that is tcp for every peer, and the choice
- * is logged at INFO/NET. A link is a reliable, ordered byte stream: the
- * schedule executor (schedule.c) frames messages with the wire header and drives
- * the link with non-blocking partial send/recv, waiting in poll() on the fd
- * the link exposes. A memory-semantics transport (CUDA IPC) will add its own
- * entry points beside these; an algorithm never sees either.
+ * Every link starts as a TCP connection (the lower rank connects, opening
+ * with a hello). Then the two ends negotiate over it (transport_select.c):
+ * the connecting side offers the first transport in priority order whose
+ * can_connect says yes (shm between ranks on one host, else tcp), the other
+ * side accepts it or answers tcp, and the choice is logged at INFO/NET. So
+ * ranks with different settings still agree, and the TCP socket stays as the
+ * link's doorbell and death detector.
+ *
+ * A link is a reliable, ordered byte stream: the schedule executor
+ * (schedule.c) frames messages with the wire header and drives the link with
+ * non-blocking partial send/recv, and sleeps in poll() on the fd and events
+ * the link asks for. A transport that holds received bytes in memory the
+ * executor can read (shm) also offers peek/consume, so receive+reduce reads
+ * the peer's bytes where they are instead of copying them first. A
+ * memory-semantics transport (CUDA IPC) will add its own entry points beside
+ * these; an algorithm never sees any of it.
  */
 #ifndef COLL_TRANSPORT_H
 #define COLL_TRANSPORT_H
@@ -16,6 +25,7 @@
 #include <sys/uio.h>
 
 #include "coll.h"
+#include "wire.h"
 
 typedef struct coll_transport coll_transport_t;
 
@@ -25,25 +35,43 @@ typedef struct coll_link {
   int peer;
   int fd;           /* pollable descriptor; -1 once closed */
   unsigned char *stage; /* receive staging for fused recv+reduce (COLL_STAGE_BYTES) */
+  void *priv;       /* the transport's own state */
 } coll_link_t;
 
 struct coll_transport {
   const char *name;
   /* Nonzero if this transport can reach `peer` from this rank. */
   int (*can_connect)(coll_comm_t *comm, int peer);
-  /* Establishes the link (the lower rank connects, the higher accepts) by
-   * `deadline` (coll_now() seconds). Never waits on the peer's progress other
-   * than its listening socket, so any order of connects is deadlock-free. */
-  coll_result_t (*connect)(coll_comm_t *comm, int peer, double deadline, coll_link_t *link);
   /* Non-blocking: moves as many bytes as possible, *n = bytes moved (0 when
    * the call would block). A closed or reset connection is COLL_REMOTE_ERROR
    * naming the peer. */
   coll_result_t (*send)(coll_link_t *link, const struct iovec *iov, int iovcnt, size_t *n);
   coll_result_t (*recv)(coll_link_t *link, const struct iovec *iov, int iovcnt, size_t *n);
   void (*close)(coll_link_t *link);
+  /* The poll events to sleep on for link->fd when the executor wants to send
+   * and/or receive and the last calls moved nothing; -1 means "progress is
+   * possible now, do not sleep". */
+  int (*wait_events)(coll_link_t *link, int sending, int receiving);
+  /* Called with the revents poll reported for link->fd (may be NULL). */
+  coll_result_t (*after_poll)(coll_link_t *link, short revents);
+  /* Optional zero-copy receive: the next contiguous received bytes, and
+   * releasing them. NULL where the transport has no such memory. */
+  coll_result_t (*recv_peek)(coll_link_t *link, const void **p, size_t *n);
+  void (*recv_consume)(coll_link_t *link, size_t n);
 };
 
 extern const coll_transport_t coll_transport_tcp;
+extern const coll_transport_t coll_transport_shm;
+
+/* shm negotiation (transport_shm.c), run over the link's TCP socket right
+ * after the hello. The offer is COLL_SHM_OFFER_BYTES; the connecting side
+ * builds it (shm or tcp), the accepting side answers with one u32. */
+#define COLL_SHM_OFFER_BYTES 96
+coll_result_t coll_shm_make_offer(coll_link_t *link, int want_shm, unsigned char *offer);
+/* Accepting side: maps the offered segment if it can; *ok = 1 then. */
+coll_result_t coll_shm_take_offer(coll_link_t *link, const unsigned char *offer, int allowed, int *ok);
+/* Connecting side, after the answer: keep the segment (ok) or drop it. */
+void coll_shm_settle(coll_link_t *link, int ok);
 
 /* Bytes of the staging buffer each link keeps for fused receive+reduce: small
  * enough to stay in L2 while it is reduced, large enough that one recv call
@@ -54,6 +82,19 @@ extern const coll_transport_t coll_transport_tcp;
 coll_result_t coll_link_get(coll_comm_t *comm, int peer, double deadline, coll_link_t **out);
 /* Closes every link (after an error, so peers fail fast, and at destroy). */
 void coll_links_close_all(coll_comm_t *comm);
+
+/* Every link opens with a hello and a transport offer, read as one block. */
+#define COLL_OPENING_BYTES (COLL_HELLO_BYTES + COLL_SHM_OFFER_BYTES)
+
+/* Connecting side: connect to peer's listener and send the opening. */
+coll_result_t coll_tcp_dial(coll_comm_t *comm, int peer, double deadline, const void *opening,
+                            size_t n, int *fd);
+/* Accepting side: serve the listener (answering every complete opening, from
+ * any peer, through coll_link_adopt) until peer's link exists. */
+coll_result_t coll_tcp_accept_until(coll_comm_t *comm, int peer, double deadline);
+/* Builds the link for an accepted connection from `peer` and answers its
+ * offer (transport_select.c). */
+void coll_link_adopt(coll_comm_t *comm, int peer, int fd, const unsigned char *offer);
 
 /* The TCP listener every rank opens at creation (transport_tcp.c). */
 coll_result_t coll_tcp_listen(coll_comm_t *comm, const char *bind_host);

@@ -99,7 +99,7 @@ static int tcp_can_connect(coll_comm_t *comm, int peer) {
   return comm->peers[peer].port > 0;
 }
 
-/* Writes all of buf on a non-blocking fd by the deadline (hello only). */
+/* Writes all of buf on a non-blocking fd by the deadline (link opening only). */
 static coll_result_t write_all(coll_comm_t *comm, int fd, int peer, const void *buf, size_t n,
                                double deadline) {
   size_t done = 0;
@@ -117,7 +117,9 @@ static coll_result_t write_all(coll_comm_t *comm, int fd, int peer, const void *
   return COLL_SUCCESS;
 }
 
-static coll_result_t tcp_connect_to(coll_comm_t *comm, int peer, double deadline, int *out) {
+/* Connects to peer's listener and sends `opening` (hello + offer). */
+coll_result_t coll_tcp_dial(coll_comm_t *comm, int peer, double deadline, const void *opening,
+                            size_t n, int *out) {
   coll_peer_t *p = &comm->peers[peer];
   char port[16];
   snprintf(port, sizeof port, "%d", p->port);
@@ -155,9 +157,7 @@ static coll_result_t tcp_connect_to(coll_comm_t *comm, int peer, double deadline
                       "rank %d: cannot connect to rank %d at %s:%d: %s (has rank %d exited?)",
                       comm->rank, peer, p->host, p->port, strerror(err), peer);
   set_nodelay(fd);
-  uint8_t hello[COLL_HELLO_BYTES];
-  coll_hello_encode(hello, comm->id, comm->rank, peer);
-  coll_result_t res2 = write_all(comm, fd, peer, hello, sizeof hello, deadline);
+  coll_result_t res2 = write_all(comm, fd, peer, opening, n, deadline);
   if (res2 != COLL_SUCCESS) { close(fd); return res2; }
   *out = fd;
   return COLL_SUCCESS;
@@ -171,7 +171,7 @@ static void drop_pending(coll_comm_t *comm, int i) {
  * sender. Returns nothing: bad connections are dropped with a warning. */
 static void service_pending(coll_comm_t *comm, int i) {
   typeof(comm->pending[0]) *pd = &comm->pending[i];
-  ssize_t r = recv(pd->fd, pd->buf + pd->got, COLL_HELLO_BYTES - pd->got, MSG_DONTWAIT);
+  ssize_t r = recv(pd->fd, pd->buf + pd->got, COLL_OPENING_BYTES - pd->got, MSG_DONTWAIT);
   if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
   if (r <= 0) {
     close(pd->fd);
@@ -179,25 +179,33 @@ static void service_pending(coll_comm_t *comm, int i) {
     return;
   }
   pd->got += (int)r;
-  if (pd->got < COLL_HELLO_BYTES) return;
+  if (pd->got < COLL_OPENING_BYTES) return;
   int from = coll_hello_decode(pd->buf, comm->id, comm->rank);
+  unsigned char pd_copy_offer[COLL_SHM_OFFER_BYTES];
+  memcpy(pd_copy_offer, pd->buf + COLL_HELLO_BYTES, sizeof pd_copy_offer);
   if (from < 0 || from >= comm->rank) {
     COLL_WARN("rank %d: dropped a connection on port %d that did not open with a valid hello "
               "for this job", comm->rank, comm->port);
     close(pd->fd);
+  } else if (comm->peers[from].link) {
+    COLL_WARN("rank %d: rank %d connected twice; keeping the first link", comm->rank, from);
+    close(pd->fd);
   } else {
-    if (comm->peers[from].accepted_fd >= 0 || comm->peers[from].link) {
-      COLL_WARN("rank %d: rank %d connected twice; keeping the newer connection", comm->rank, from);
-      if (comm->peers[from].accepted_fd >= 0) close(comm->peers[from].accepted_fd);
-    }
-    comm->peers[from].accepted_fd = pd->fd;
+    /* Answer at once, whichever peer we are waiting for: a connecting rank
+     * waits for this answer, and answering everyone keeps that wait from
+     * ever depending on the order in which ranks accept. */
+    int fd = pd->fd;
+    drop_pending(comm, i);
+    set_nodelay(fd);
+    coll_link_adopt(comm, from, fd, pd_copy_offer);
+    return;
   }
   drop_pending(comm, i);
 }
 
-static coll_result_t tcp_accept_from(coll_comm_t *comm, int peer, double deadline, int *out) {
+coll_result_t coll_tcp_accept_until(coll_comm_t *comm, int peer, double deadline) {
   struct pollfd pfs[COLL_MAX_PENDING + 1];
-  while (comm->peers[peer].accepted_fd < 0) {
+  while (!comm->peers[peer].link) {
     pfs[0].fd = comm->listen_fd;
     pfs[0].events = POLLIN;
     for (int i = 0; i < comm->npending; i++) {
@@ -229,17 +237,6 @@ static coll_result_t tcp_accept_from(coll_comm_t *comm, int peer, double deadlin
       }
     }
   }
-  *out = comm->peers[peer].accepted_fd;
-  comm->peers[peer].accepted_fd = -1;
-  set_nodelay(*out);
-  return COLL_SUCCESS;
-}
-
-static coll_result_t tcp_connect(coll_comm_t *comm, int peer, double deadline, coll_link_t *link) {
-  int fd = -1;
-  if (comm->rank < peer) COLL_CHECK(tcp_connect_to(comm, peer, deadline, &fd));
-  else COLL_CHECK(tcp_accept_from(comm, peer, deadline, &fd));
-  link->fd = fd;
   return COLL_SUCCESS;
 }
 
@@ -280,11 +277,16 @@ static void tcp_close(coll_link_t *link) {
   link->fd = -1;
 }
 
+static int tcp_wait_events(coll_link_t *link, int sending, int receiving) {
+  (void)link;
+  return (sending ? POLLOUT : 0) | (receiving ? POLLIN : 0);
+}
+
 const coll_transport_t coll_transport_tcp = {
     .name = "tcp",
     .can_connect = tcp_can_connect,
-    .connect = tcp_connect,
     .send = tcp_send,
     .recv = tcp_recv,
     .close = tcp_close,
+    .wait_events = tcp_wait_events,
 };

@@ -1,0 +1,729 @@
+"""collectives-bench: bandwidth tests of the collectives, in the nccl-tests format.
+
+    collectives-bench allreduce -np 4 -b 8 -e 256M -f 4 --compare gloo,mpi
+    collectives-run -np 4 collectives-bench allgather -b 1K -e 64M --check
+
+With ``-np N`` outside a launched world this process is the *driver*: it
+starts the N workers with ``collectives-run`` (and the peers' workers for
+``--compare``), collects their results as JSON and prints the tables. Started
+by ``collectives-run``, ``torchrun``, ``mpirun`` or ``srun`` without ``-np``
+it measures in place and rank 0 prints.
+
+Each size (from -b to -e, times -f each step) is timed out-of-place and
+in-place: warm-up calls, then ``--iters`` calls each after a barrier; the
+time of an iteration is that of the slowest rank, and the reported time is
+the median over the iterations. algbw = size / time; busbw = algbw x
+2(n-1)/n (allreduce), (n-1)/n (allgather, reduce_scatter), 1 (broadcast).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+__all__ = ["Row", "parse_size", "bus_factor", "sweep_sizes", "element_count", "rank_input",
+           "expected_output", "sweep", "print_table", "print_comparison", "tune_table",
+           "write_tune_file", "build_parser", "main"]
+
+COLLS = ("allreduce", "allgather", "broadcast", "reduce_scatter")
+DTYPES = ("int8", "uint8", "int32", "int64", "float16", "float32", "float64")
+OPS = ("sum", "prod", "min", "max")
+ALGOS = ("ring", "tree", "butterfly", "auto")
+PEERS = ("gloo", "mpi", "mpi-shm")
+DEFAULT_TUNE_FILE = "collectives-tune.txt"
+PROGRESS_TAG = "@@collectives-bench-progress"
+_ALL_BYTES = 18446744073709551615  # "every size" in a tune file (SIZE_MAX)
+
+
+# ------------------------------------------------------------------ sizes
+
+
+def parse_size(text: str) -> int:
+    """'8' -> 8, '64K' -> 65536, '256M' -> 268435456, '1G' -> 1073741824 (binary units)."""
+    t = text.strip().upper()
+    if t.endswith("B"):
+        t = t[:-1]
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    try:
+        if t and t[-1] in units:
+            return int(float(t[:-1]) * units[t[-1]])
+        return int(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad size {text!r}: expected e.g. 8, 64K, 256M, 1G") from None
+
+
+def human_size(nbytes: int) -> str:
+    """65536 -> '64K' (for labels)."""
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return str(nbytes)
+
+
+def bus_factor(coll: str, nranks: int) -> float:
+    """busbw / algbw: 2(n-1)/n allreduce, (n-1)/n allgather and reduce_scatter, 1 broadcast."""
+    if coll == "allreduce":
+        return 2.0 * (nranks - 1) / nranks
+    if coll in ("allgather", "reduce_scatter"):
+        return (nranks - 1) / nranks
+    return 1.0
+
+
+def sweep_sizes(begin: int, end: int, factor: int) -> list[int]:
+    """begin, begin*factor, ... up to end (inclusive)."""
+    if begin < 1 or end < begin or factor < 2:
+        raise ValueError(f"bad sweep -b {begin} -e {end} -f {factor}: need 1 <= b <= e and f >= 2")
+    out, size = [], begin
+    while size <= end:
+        out.append(size)
+        size *= factor
+    return out
+
+
+def element_count(coll: str, nbytes: int, itemsize: int, nranks: int) -> int:
+    """Elements for a message of nbytes: allgather/reduce_scatter round down to a multiple of n (>= n)."""
+    count = max(1, nbytes // itemsize)
+    if coll in ("allgather", "reduce_scatter"):
+        count = max(nranks, count - count % nranks)
+    return count
+
+
+# ------------------------------------------------------------------- data
+# Inputs are small rank-derived integers, so every result is exact in every
+# dtype: sums stay below 4n, products are 2 (one rank holds a 2, the others 1).
+
+
+def _reduce_pattern(op: str, rank: int, nranks: int, length: int) -> np.ndarray:
+    idx = np.arange(length, dtype=np.int64) + rank
+    if op == "prod":
+        return np.where(idx % nranks == 0, 2, 1)
+    return idx % 4 + 1
+
+
+def rank_input(coll: str, op: str, dtype: str, rank: int, nranks: int, count: int) -> np.ndarray:
+    """What `rank` contributes: count elements (allgather: its block of count/n)."""
+    if coll == "allgather":
+        block = count // nranks
+        return (((np.arange(block) + 3 * rank) % 16) + 1).astype(dtype)
+    if coll == "broadcast":
+        return ((np.arange(count) % 16) + 1).astype(dtype)
+    period = 4 * nranks
+    return np.resize(_reduce_pattern(op, rank, nranks, period).astype(dtype), count)
+
+
+def expected_output(coll: str, op: str, dtype: str, rank: int, nranks: int, count: int) -> np.ndarray:
+    """What `rank` must hold after the collective (reduce_scatter: its block), computed in dtype."""
+    if coll == "allgather":
+        return np.concatenate([rank_input(coll, op, dtype, r, nranks, count) for r in range(nranks)])
+    if coll == "broadcast":
+        return rank_input(coll, op, dtype, 0, nranks, count)
+    period = 4 * nranks
+    ufunc = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}[op]
+    acc = _reduce_pattern(op, 0, nranks, period).astype(dtype)
+    for r in range(1, nranks):
+        acc = ufunc(acc, _reduce_pattern(op, r, nranks, period).astype(dtype))
+    full = np.resize(acc, count)
+    if coll == "reduce_scatter":
+        block = count // nranks
+        return full[rank * block:(rank + 1) * block]
+    return full
+
+
+def make_buffers(coll: str, inp: np.ndarray, rank: int, nranks: int, count: int,
+                 inplace: bool, root: int) -> tuple[Optional[np.ndarray], np.ndarray, Callable[[], None]]:
+    """(sendbuf or None when in place, recvbuf, refill): the buffers of one case.
+
+    In place, recvbuf holds the input: allgather's own block at rank*block,
+    reduce_scatter's whole input. refill() restores the input.
+    """
+    dtype = inp.dtype
+    if coll == "broadcast":
+        buf = np.zeros(count, dtype)
+
+        def refill_b() -> None:
+            if rank == root:
+                np.copyto(buf, inp)
+            else:
+                buf.fill(0)
+        refill_b()
+        return None, buf, refill_b
+    if coll == "allgather":
+        block = count // nranks
+        recv = np.zeros(count, dtype)
+        if inplace:
+            def refill_g() -> None:
+                recv.fill(0)
+                np.copyto(recv[rank * block:(rank + 1) * block], inp)
+            refill_g()
+            return None, recv, refill_g
+        return inp.copy(), recv, lambda: recv.fill(0)
+    if inplace:  # allreduce, reduce_scatter
+        buf = inp.copy()
+        return None, buf, lambda: np.copyto(buf, inp)
+    out_count = count // nranks if coll == "reduce_scatter" else count
+    recv = np.zeros(out_count, dtype)
+    return inp.copy(), recv, lambda: recv.fill(0)
+
+
+# ----------------------------------------------------------------- sweep
+
+
+@dataclass
+class Row:
+    """One measured (implementation, size, placement); time_us None = not supported."""
+
+    coll: str
+    impl: str
+    nranks: int
+    size: int
+    count: int
+    dtype: str
+    op: str
+    root: int
+    time_us: Optional[float]
+    algbw: Optional[float]
+    busbw: Optional[float]
+    wrong: Optional[int]
+    inplace: bool
+    host: str
+
+
+class Backend:
+    """What a sweep needs from a communication library (ours, gloo, MPI)."""
+
+    name = "?"
+    rank = 0
+    size = 1
+    tolerate_errors = True  # a peer's error on a case marks it unsupported; ours fails the run
+
+    def impls(self, algos: Sequence[str]) -> list[tuple[str, str]]:
+        """(impl name, algorithm) pairs to measure."""
+        return [(self.name, "")]
+
+    def barrier(self) -> None:
+        """Block until every rank arrives."""
+        raise NotImplementedError
+
+    def allreduce_f64(self, arr: np.ndarray, op: str) -> None:
+        """In-place allreduce of a float64 array with op "max" or "sum"."""
+        raise NotImplementedError
+
+    def call(self, coll: str, algo: str, op: str, send: Optional[np.ndarray], recv: np.ndarray,
+             root: int) -> tuple[Optional[Callable[[], None]], np.ndarray]:
+        """(the call to time, or None if unsupported; the view where the result lands)."""
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        """Release the library."""
+
+
+class CollectivesBackend(Backend):
+    """This library, through collectives.MPI."""
+
+    name = "collectives"
+    tolerate_errors = False
+
+    def __init__(self) -> None:
+        from . import MPI
+
+        self.MPI = MPI
+        self.comm = MPI.COMM_WORLD
+        self.rank, self.size = self.comm.rank, self.comm.size
+        self.ops = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
+
+    def impls(self, algos: Sequence[str]) -> list[tuple[str, str]]:
+        return [(f"collectives-{a}", a) for a in algos]
+
+    def barrier(self) -> None:
+        self.comm.Barrier()
+
+    def allreduce_f64(self, arr: np.ndarray, op: str) -> None:
+        self.comm.Allreduce(self.MPI.IN_PLACE, arr, op=self.ops[op])
+
+    def call(self, coll: str, algo: str, op: str, send: Optional[np.ndarray], recv: np.ndarray,
+             root: int) -> tuple[Optional[Callable[[], None]], np.ndarray]:
+        c, mop = self.comm, self.ops[op]
+        s = self.MPI.IN_PLACE if send is None else send
+        if coll == "allreduce":
+            return (lambda: c.Allreduce(s, recv, op=mop, algorithm=algo or "auto")), recv
+        if coll == "allgather":
+            return (lambda: c.Allgather(s, recv)), recv
+        if coll == "broadcast":
+            return (lambda: c.Bcast(recv, root)), recv
+        result = recv if send is not None else recv[:recv.size // self.size]
+        return (lambda: c.Reduce_scatter_block(s, recv, op=mop)), result
+
+
+def _progress(done: int, total: int, label: str, tagged: bool) -> None:
+    if tagged:  # a worker: the driver draws the bar
+        sys.stderr.write(f"{PROGRESS_TAG} {done} {total} {label}\n")
+        sys.stderr.flush()
+    else:
+        draw_progress(done, total, label)
+
+
+def draw_progress(done: int, total: int, label: str) -> None:
+    """Draw (or, when done == total, erase) a progress bar on stderr."""
+    width = 30
+    filled = int(width * done / max(total, 1))
+    if done >= total:
+        sys.stderr.write("\r" + " " * (width + 50) + "\r")
+    else:
+        sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label[:40]:<40}")
+    sys.stderr.flush()
+
+
+def sweep(backend: Backend, coll: str, algos: Sequence[str], dtype: str, op: str,
+          sizes: Sequence[int], iters: int, warmup: int, check: bool, root: int = 0,
+          progress: Optional[bool] = None, host: Optional[str] = None) -> tuple[list[Row], list[str]]:
+    """Measure every (size, placement, implementation); collective on all ranks.
+
+    Returns:
+        (rows, notes): rows in (impl, size, inplace) order; notes name
+        cases the library does not support.
+    """
+    n, rank = backend.size, backend.rank
+    host = host or socket.gethostname()
+    itemsize = np.dtype(dtype).itemsize
+    impls = backend.impls(algos)
+    rows: dict[tuple[str, int, bool], Row] = {}
+    notes: list[str] = []
+    total, done = len(sizes) * 2 * len(impls), 0
+    show = rank == 0 and (progress if progress is not None else sys.stderr.isatty())
+    tagged = bool(progress) and not sys.stderr.isatty()
+    r = root if coll == "broadcast" else -1
+    for nbytes in sizes:
+        count = element_count(coll, nbytes, itemsize, n)
+        inp = rank_input(coll, op, dtype, rank, n, count)
+        want = expected_output(coll, op, dtype, rank, n, count) if check else None
+        size = count * itemsize
+        for inplace in (False, True):
+            send, recv, refill = make_buffers(coll, inp, rank, n, count, inplace, root)
+            for impl, algo in impls:
+                if show:
+                    _progress(done, total, f"{impl} {human_size(size)}{' in-place' if inplace else ''}", tagged)
+                done += 1
+                row = Row(coll, impl, n, size, count, dtype, op, r, None, None, None, None, inplace, host)
+                rows[(impl, size, inplace)] = row
+                refill()
+                fn, result = backend.call(coll, algo, op, send, recv, root)
+                if fn is None:
+                    continue
+                try:
+                    fn()
+                except Exception as exc:  # the peer lacks this dtype/op/collective
+                    if not backend.tolerate_errors:
+                        raise
+                    what = f"{coll} {dtype}" + (f" {op}" if coll in ("allreduce", "reduce_scatter") else "")
+                    notes.append(f"{impl}: {what} not supported: {str(exc).splitlines()[0][:160]}")
+                    continue
+                for _ in range(max(0, warmup - 1)):
+                    fn()
+                times = np.zeros(iters)
+                for i in range(iters):
+                    backend.barrier()
+                    t0 = time.perf_counter()
+                    fn()
+                    times[i] = time.perf_counter() - t0
+                backend.allreduce_f64(times, "max")
+                t = float(np.median(times))
+                row.time_us = t * 1e6
+                row.algbw = size / t / 1e9
+                row.busbw = row.algbw * bus_factor(coll, n)
+                if check:
+                    refill()
+                    backend.barrier()
+                    fn()
+                    bad = np.array([float(np.count_nonzero(result != want))])
+                    backend.allreduce_f64(bad, "sum")
+                    row.wrong = int(bad[0])
+    if show:
+        _progress(total, total, "", tagged)
+    order = {impl: i for i, (impl, _) in enumerate(impls)}
+    out = sorted(rows.values(), key=lambda x: (order[x.impl], x.size, x.inplace))
+    return out, notes
+
+
+# ---------------------------------------------------------------- output
+
+
+def _num(value: Optional[float], fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def print_table(rows: Sequence[Row], out: Any = None) -> None:
+    """Print one nccl-tests table per implementation, each ending with its average busbw."""
+    out = out or sys.stdout
+    by_impl: dict[str, list[Row]] = {}
+    for row in rows:
+        by_impl.setdefault(row.impl, []).append(row)
+    for impl, group in by_impl.items():
+        first = group[0]
+        print(f"#\n# {first.coll}: {impl}, {first.nranks} ranks on {first.host}, dtype {first.dtype}, "
+              f"op {first.op}", file=out)
+        print("#" + " " * 54 + "out-of-place" + " " * 24 + "in-place", file=out)
+        head = ("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong",
+                "time", "algbw", "busbw", "#wrong")
+        units = ("(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "",
+                 "(us)", "(GB/s)", "(GB/s)", "")
+        widths = (11, 13, 9, 7, 6, 10, 8, 8, 7, 10, 8, 8, 7)
+        for cells in (head, units):
+            text = "".join(f"{c:>{w}}" for c, w in zip(cells, widths))
+            print("#" + text[1:], file=out)
+        cells_by_size: dict[int, dict[bool, Row]] = {}
+        for row in group:
+            cells_by_size.setdefault(row.size, {})[row.inplace] = row
+        busbws = []
+        for size, pair in cells_by_size.items():
+            any_row = next(iter(pair.values()))
+            cells = [str(size), str(any_row.count), any_row.dtype,
+                     any_row.op if any_row.coll in ("allreduce", "reduce_scatter") else "none",
+                     str(any_row.root)]
+            for inplace in (False, True):
+                row = pair.get(inplace)
+                if row is None or row.time_us is None:
+                    cells += ["-", "-", "-", "-"]
+                    continue
+                busbws.append(row.busbw)
+                cells += [f"{row.time_us:.1f}", f"{row.algbw:.3f}", f"{row.busbw:.3f}",
+                          "N/A" if row.wrong is None else str(row.wrong)]
+            print("".join(f"{c:>{w}}" for c, w in zip(cells, widths)), file=out)
+        avg = f"{sum(busbws) / len(busbws):.3f} GB/s" if busbws else "N/A"
+        print(f"# Avg bus bandwidth    : {avg} ({impl})", file=out)
+
+
+def print_comparison(rows: Sequence[Row], out: Any = None) -> None:
+    """Per size, every implementation's in-place busbw and the ratios ours / each peer."""
+    out = out or sys.stdout
+    impls = list(dict.fromkeys(r.impl for r in rows))
+    ours = [i for i in impls if i.startswith("collectives")]
+    peers = [i for i in impls if not i.startswith("collectives")]
+    if not ours or not peers:
+        return
+    ref = "collectives-auto" if "collectives-auto" in ours else ours[-1]
+    cell = {(r.impl, r.size): r for r in rows if r.inplace}
+    sizes = sorted({r.size for r in rows})
+    cols = ours + peers + [f"{ref.split('-', 1)[1] if '-' in ref else 'ours'}/{p}" for p in peers]
+    w = max(11, max(len(c) for c in cols) + 2)
+    print(f"#\n# Comparison: in-place busbw (GB/s), {rows[0].coll} on {rows[0].nranks} ranks; "
+          f"ratio = {ref} / peer (>1: ours faster)", file=out)
+    print("#" + f"{'size':>10}" + "".join(f"{c:>{w}}" for c in cols), file=out)
+    for size in sizes:
+        vals = [cell.get((i, size)) for i in ours + peers]
+        text = [_num(v.busbw if v else None, ".3f") for v in vals]
+        base = cell.get((ref, size))
+        for p in peers:
+            theirs = cell.get((p, size))
+            ok = base and theirs and base.busbw and theirs.busbw
+            text.append(f"{base.busbw / theirs.busbw:.2f}x" if ok else "-")
+        print(f"{size:>11}" + "".join(f"{t:>{w}}" for t in text), file=out)
+    small = sizes[0]
+    lat = "  ".join(f"{i} {_num(cell[(i, small)].time_us if (i, small) in cell else None, '.1f')}"
+                    for i in ours + peers)
+    print(f"# latency at {small} B (in-place time, us): {lat}", file=out)
+
+
+def write_csv(rows: Sequence[Row], path: str) -> None:
+    """All rows as CSV with a header line."""
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, [f.name for f in fields(Row)])
+        writer.writeheader()
+        for row in rows:
+            writer.writerow(asdict(row))
+
+
+def write_json(rows: Sequence[Row], path: str) -> None:
+    """All rows as a JSON list of objects."""
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump([asdict(r) for r in rows], fh, indent=1)
+
+
+def write_plot(rows: Sequence[Row], path: str) -> None:
+    """busbw against message size (log2 x axis), one line per implementation."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("collectives-bench: --plot needs matplotlib "
+                         "(pip install 'collectives[bench]' or pip install matplotlib)") from None
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for impl in dict.fromkeys(r.impl for r in rows):
+        pts = [(r.size, r.busbw) for r in rows if r.impl == impl and r.busbw is not None
+               and (r.inplace or impl.startswith("collectives"))]
+        pts = sorted({s: b for s, b in pts}.items())  # one point a size (in-place wins)
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    first = rows[0]
+    ax.set_title(f"{first.coll}: {first.nranks} ranks on {first.host} ({first.dtype}, {first.op})")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+# ------------------------------------------------------------------ tune
+
+
+def tune_table(rows: Sequence[Row]) -> list[tuple[int, int, str]]:
+    """Rows (nranks, max_bytes, algorithm) choosing per size the fastest measured algorithm.
+
+    The time of an algorithm at a size is the mean of its out-of-place and
+    in-place times. Consecutive sizes with the same winner merge into one
+    row; the last row covers every larger size.
+    """
+    best: dict[int, tuple[float, str]] = {}
+    per: dict[tuple[int, str], list[float]] = {}
+    for r in rows:
+        if r.impl.startswith("collectives-") and r.time_us is not None and not r.impl.endswith("auto"):
+            per.setdefault((r.size, r.impl.split("-", 1)[1]), []).append(r.time_us)
+    for (size, algo), ts in per.items():
+        t = sum(ts) / len(ts)
+        if size not in best or t < best[size][0]:
+            best[size] = (t, algo)
+    if not best:
+        return []
+    n = rows[0].nranks
+    out: list[tuple[int, int, str]] = []
+    sizes = sorted(best)
+    for i, size in enumerate(sizes):
+        algo = best[size][1]
+        if i + 1 < len(sizes) and best[sizes[i + 1]][1] == algo:
+            continue
+        out.append((n, size if i + 1 < len(sizes) else _ALL_BYTES, algo))
+    return out
+
+
+def write_tune_file(table: Sequence[tuple[int, int, str]], path: str) -> None:
+    """Merge table into the tune file at path: rows of other rank counts are kept, ours replaced."""
+    ours = {n for n, _, _ in table}
+    kept: list[tuple[int, int, str]] = []
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                parts = line.split()
+                if len(parts) == 3 and not line.startswith("#") and parts[0].isdigit() \
+                        and parts[1].isdigit() and int(parts[0]) not in ours:
+                    kept.append((int(parts[0]), int(parts[1]), parts[2]))
+    merged = sorted(kept + list(table), key=lambda t: t[0])  # stable: sizes stay in order
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(f"# allreduce algorithm table written by collectives-bench --tune on "
+                 f"{socket.gethostname()}, {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+                 "# <nranks> <max_bytes> <algorithm>: first matching line for the nearest "
+                 "rank count not above ours wins\n")
+        for n, max_bytes, algo in merged:
+            fh.write(f"{n} {max_bytes} {algo}\n")
+
+
+# ------------------------------------------------------------------- cli
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line parser (shared by the driver, the workers and the peers' workers)."""
+    p = argparse.ArgumentParser(prog="collectives-bench",
+                                description="Bandwidth tests in the nccl-tests format.")
+    p.add_argument("coll", choices=COLLS)
+    p.add_argument("-np", "-n", dest="np", type=int, default=None,
+                   help="launch N ranks (driver mode); without it, run inside the current world")
+    p.add_argument("--algo", default=",".join(ALGOS),
+                   help="allreduce algorithms, comma-separated (default: all)")
+    p.add_argument("--dtype", "-d", default="float32", choices=DTYPES)
+    p.add_argument("--op", "-o", default="sum", choices=OPS)
+    p.add_argument("--root", "-r", type=int, default=0, help="broadcast root")
+    p.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("8"))
+    p.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("256M"))
+    p.add_argument("-f", "--stepfactor", type=int, default=4)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--warmup", "-w", type=int, default=5)
+    p.add_argument("--check", "-c", action="store_true",
+                   help="verify every result exactly; exit non-zero if any value is wrong")
+    p.add_argument("--compare", default="", help=f"peers to run the same sweep: {','.join(PEERS)}")
+    p.add_argument("--csv", default=None, metavar="FILE")
+    p.add_argument("--json", default=None, metavar="FILE")
+    p.add_argument("--plot", default=None, metavar="FILE.png")
+    p.add_argument("--tune", nargs="?", const=DEFAULT_TUNE_FILE, default=None, metavar="FILE",
+                   help=f"allreduce: write the table auto reads (default {DEFAULT_TUNE_FILE})")
+    p.add_argument("--worker-json", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--progress", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    args.algos = [a.strip() for a in args.algo.split(",") if a.strip()]
+    bad = [a for a in args.algos if a not in ALGOS]
+    if bad or not args.algos:
+        p.error(f"--algo {args.algo}: choose from {','.join(ALGOS)}")
+    if args.coll != "allreduce":
+        args.algos = ["auto"]
+    args.peers = [x.strip() for x in args.compare.split(",") if x.strip()]
+    bad = [x for x in args.peers if x not in PEERS]
+    if bad:
+        p.error(f"--compare {args.compare}: unknown peer {bad[0]!r}; choose from {','.join(PEERS)}")
+    if args.tune and args.coll != "allreduce":
+        p.error("--tune applies to allreduce only")
+    if args.tune:
+        args.algos = ["ring", "tree", "butterfly"]
+    if args.iters < 1 or args.warmup < 0:
+        p.error("--iters must be >= 1 and --warmup >= 0")
+    try:
+        args.sizes = sweep_sizes(args.minbytes, args.maxbytes, args.stepfactor)
+    except ValueError as exc:
+        p.error(str(exc))
+
+
+def worker_args(args: argparse.Namespace) -> list[str]:
+    """The sweep options to pass on to a worker (never -np, --compare or outputs)."""
+    out = [args.coll, "--algo", ",".join(args.algos), "--dtype", args.dtype, "--op", args.op,
+           "--root", str(args.root), "-b", str(args.minbytes), "-e", str(args.maxbytes),
+           "-f", str(args.stepfactor), "--iters", str(args.iters), "--warmup", str(args.warmup)]
+    return out + (["--check"] if args.check else [])
+
+
+def run_worker(args: argparse.Namespace, backend: Backend) -> int:
+    """Sweep on this rank; rank 0 writes --worker-json or prints. Returns the exit code."""
+    if args.coll == "broadcast" and not 0 <= args.root < backend.size:
+        raise SystemExit(f"collectives-bench: --root {args.root} is not a rank of {backend.size}")
+    rows, notes = sweep(backend, args.coll, args.algos, args.dtype, args.op, args.sizes,
+                        args.iters, args.warmup, args.check, args.root,
+                        progress=True if args.progress else None)
+    backend.finish()
+    if backend.rank == 0:
+        if args.worker_json:
+            with open(args.worker_json, "w", encoding="utf-8") as fh:
+                json.dump({"rows": [asdict(r) for r in rows], "notes": notes}, fh)
+        else:
+            report(args, rows, notes)
+    return 1 if any(r.wrong for r in rows) else 0
+
+
+def report(args: argparse.Namespace, rows: list[Row], notes: Sequence[str]) -> None:
+    """Print the tables and write --csv/--json/--plot/--tune (on the driver or rank 0)."""
+    seen = set()
+    for note in notes:
+        if note not in seen:
+            print(f"# note: {note}")
+            seen.add(note)
+    print_table(rows)
+    if args.check:
+        wrong = sum(r.wrong or 0 for r in rows)
+        print(f"# Wrong values total   : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
+    print_comparison(rows)
+    if args.csv:
+        write_csv(rows, args.csv)
+    if args.json:
+        write_json(rows, args.json)
+    if args.plot:
+        write_plot(rows, args.plot)
+    if args.tune:
+        table = tune_table(rows)
+        write_tune_file(table, args.tune)
+        print(f"# wrote the allreduce table for {rows[0].nranks} ranks to {os.path.abspath(args.tune)} "
+              f"({len(table)} rows); use it with COLLECTIVES_TUNE_FILE={os.path.abspath(args.tune)}")
+    sys.stdout.flush()
+
+
+def _run_child(cmd: Sequence[str], env: dict[str, str], show_progress: bool, label: str) -> int:
+    """Run a worker job; draws its progress lines as a bar, passes other stderr through."""
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, errors="replace")
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        at = line.find(PROGRESS_TAG)
+        if at >= 0:
+            parts = line[at + len(PROGRESS_TAG):].split(None, 2)
+            if show_progress and len(parts) >= 2:
+                draw_progress(int(parts[0]), int(parts[1]), f"{label}: {parts[2].strip() if len(parts) > 2 else ''}")
+            continue
+        sys.stderr.write(line)
+    return proc.wait()
+
+
+def drive(args: argparse.Namespace) -> int:
+    """Driver mode: launch our workers and the peers', collect the JSON, report."""
+    from . import _bench_peers
+
+    env = dict(os.environ)
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    show = sys.stderr.isatty()
+    extra = ["--progress"] if show else []
+    rows: list[Row] = []
+    notes: list[str] = []
+    rc = 0
+    with tempfile.TemporaryDirectory(prefix="collectives-bench-") as tmp:
+        jobs: list[tuple[str, list[str]]] = []
+        out = os.path.join(tmp, "collectives.json")
+        jobs.append(("collectives", [sys.executable, "-m", "collectives.run", "-np", str(args.np),
+                                     sys.executable, "-m", "collectives.bench", *worker_args(args),
+                                     *extra, "--worker-json", out]))
+        for peer in args.peers:
+            why = _bench_peers.missing(peer)
+            if why:
+                print(f"# skipping {peer}: {why}", flush=True)
+                continue
+            path = os.path.join(tmp, f"{peer}.json")
+            jobs.append((peer, _bench_peers.command(peer, args.np, worker_args(args) + extra, path)))
+        for name, cmd in jobs:
+            path = cmd[-1]
+            code = _run_child(cmd, env, show, name)
+            if not os.path.exists(path):
+                print(f"# {name}: the run failed (exit code {code}) and left no results", flush=True)
+                rc = rc or (code or 1)
+                continue
+            with open(path, encoding="utf-8") as fh:
+                data = json.load(fh)
+            rows += [Row(**r) for r in data["rows"]]
+            notes += data["notes"]
+            if code and name == "collectives":
+                rc = code
+    if rows:
+        report(args, rows, notes)
+    if any(r.wrong for r in rows):
+        rc = rc or 1
+    return rc
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of collectives-bench; returns the exit code."""
+    p = build_parser()
+    args = p.parse_args(argv)
+    _check_args(p, args)
+    if args.plot and not args.worker_json:  # fail before measuring, not after
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            p.error("--plot needs matplotlib (pip install 'collectives[bench]' or pip install matplotlib)")
+    from ._env import detect
+
+    info = detect()
+    in_world = info.size > 1 or "COLLECTIVES_RANK" in os.environ
+    if args.np is not None and not in_world and not args.worker_json:
+        if args.np < 1:
+            p.error("-np must be at least 1")
+        return drive(args)
+    if args.np is not None and args.np != info.size:
+        print(f"# note: -np {args.np} ignored: already inside a world of {info.size} ranks",
+              file=sys.stderr)
+    if args.peers and not args.worker_json:
+        print("# --compare runs only in driver mode (collectives-bench ... -np N); ignored",
+              file=sys.stderr)
+    return run_worker(args, CollectivesBackend())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,409 @@
+"""The ``torch.distributed`` backend ``"collectives"``: a Python ProcessGroup over the core.
+
+``import collectives.torch`` registers it; then
+``torch.distributed.init_process_group(backend="collectives")`` (rank and
+world size from the usual arguments or env) gives a process group that
+DistributedDataParallel and ordinary training code can use: all_reduce
+(sum, avg, min, max, product), broadcast, all_gather,
+all_gather_into_tensor, reduce_scatter_tensor, reduce, all_to_all_single,
+barrier.
+
+The communicator: the ``collectives`` world when this process was started by
+``collectives-run`` (or ``collectives.init()`` already ran) and the group is
+that world; otherwise one built through the torch store given to the backend
+(every rank publishes its listening address there), which also serves
+sub-groups and torchrun.
+
+allreduce is non-blocking (a core request; a completion thread per group
+waits for requests in order and completes the torch Future, which is what
+DDP's reducer waits on). The other collectives run synchronously and return
+completed work; the core orders them after the queued allreduces.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from datetime import timedelta
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.futures import Future
+
+from ._context import as_buffer, check_tensor, wire_dtype
+
+__all__ = ["ProcessGroupCollectives", "register_backend", "BACKEND_NAME"]
+
+BACKEND_NAME = "collectives"
+
+_OPS = (("SUM", "sum"), ("AVG", "avg"), ("MIN", "min"), ("MAX", "max"), ("PRODUCT", "prod"))
+
+
+def _core_op(op: Any) -> str:
+    """The core's op name for a torch ReduceOp."""
+    for attr, name in _OPS:
+        if op == getattr(dist.ReduceOp, attr):
+            return name
+    raise ValueError(f"collectives backend: unsupported reduce op {op}; supported: SUM, AVG, MIN, "
+                     "MAX, PRODUCT")
+
+
+class _Work(dist._Work):
+    """A collective's completion: a torch Future, completed by the group's completion thread."""
+
+    def __init__(self, future: Future) -> None:
+        super().__init__()
+        self._future = future
+
+    def wait(self, timeout: Any = None) -> bool:
+        """Block until the collective completes; raise its error if it failed."""
+        self._future.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        """True once the collective has completed."""
+        return self._future.done()
+
+    def is_success(self) -> bool:
+        """True if it completed without error."""
+        if not self._future.done():
+            return False
+        try:
+            self._future.value()
+        except Exception:
+            return False
+        return True
+
+    def exception(self) -> Any:
+        """The error, if it failed (None otherwise)."""
+        try:
+            self._future.value()
+        except Exception as exc:
+            return exc
+        return None
+
+    def get_future(self) -> Future:
+        """The Future that completes with the output tensors."""
+        return self._future
+
+    def result(self) -> list:
+        """The output tensors."""
+        return self._future.value()
+
+
+def _completed(value: Any) -> _Work:
+    fut: Future = Future()
+    fut.set_result(value)
+    return _Work(fut)
+
+
+class _Completer:
+    """One thread that waits for queued core requests in order and completes their Futures."""
+
+    def __init__(self) -> None:
+        self._queue: "queue.Queue" = queue.Queue()
+        self._thread: Optional[threading.Thread] = None
+        self._lock = threading.Lock()
+
+    def submit(self, request: Any, finish: Callable[[], Any], keep: Any) -> Future:
+        """Complete a new Future with finish() once request is done."""
+        fut: Future = Future()
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="collectives-torch-pg",
+                                                daemon=True)
+                self._thread.start()
+        self._queue.put((request, finish, keep, fut))
+        return fut
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            request, finish, keep, fut = item
+            try:
+                request.Wait()
+                value = finish()
+            except BaseException as exc:  # delivered to whoever waits on the Future
+                fut.set_exception(exc)
+            else:
+                fut.set_result(value)
+            del item, request, finish, keep, fut
+
+    def stop(self) -> None:
+        """Let the thread end after the queued requests."""
+        with self._lock:
+            if self._thread is not None:
+                self._queue.put(None)
+                self._thread = None
+
+
+class _Staged:
+    """A tensor as the core sees it: itself when contiguous and of a core dtype, else a copy."""
+
+    def __init__(self, tensor: torch.Tensor, what: str, copy_in: bool = True) -> None:
+        check_tensor(tensor, what)
+        self.tensor = tensor
+        wdt = wire_dtype(tensor.dtype)
+        self.direct = wdt == tensor.dtype and tensor.is_contiguous()
+        if self.direct:
+            self.buf = tensor.detach()
+        else:
+            self.buf = torch.empty(tensor.shape, dtype=wdt)
+            if copy_in:
+                self.buf.copy_(tensor.detach())
+        self.view, self.dtype = as_buffer(self.buf)
+
+    def copy_out(self) -> None:
+        """Write the staged result back into the caller's tensor."""
+        if not self.direct:
+            self.tensor.detach().copy_(self.buf)
+
+
+class ProcessGroupCollectives(dist.ProcessGroup):
+    """A torch.distributed process group whose collectives run in the collectives core.
+
+    Args:
+        core: a ``collectives._core.Communicator`` for this group.
+        rank: this process's rank in the group.
+        size: the group size.
+        owns_core: close the communicator when the group shuts down.
+    """
+
+    def __init__(self, core: Any, rank: int, size: int, owns_core: bool = False) -> None:
+        super().__init__(rank, size)
+        self._core = core
+        self._rank = rank
+        self._size = size
+        self._owns_core = owns_core
+        self._completer = _Completer()
+
+    # -- identity ----------------------------------------------------------------
+    def getBackendName(self) -> str:
+        """The backend's name, "collectives"."""
+        return BACKEND_NAME
+
+    def size(self) -> int:
+        """The group size."""
+        return self._size
+
+    def rank(self) -> int:
+        """This process's rank in the group."""
+        return self._rank
+
+    def __repr__(self) -> str:
+        return f"<ProcessGroupCollectives rank {self._rank} of {self._size}>"
+
+    # -- allreduce -------------------------------------------------------------------
+    def allreduce(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> _Work:
+        """Reduce each tensor in place across ranks (non-blocking)."""
+        op = _core_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        tensors = list(tensors)
+        if len(tensors) != 1:
+            return self.allreduce_coalesced(tensors, opts)
+        staged = _Staged(tensors[0], "allreduce tensor")
+        request = self._core.iallreduce(None, staged.view, op=op, dtype=staged.dtype)
+
+        def finish() -> list:
+            staged.copy_out()
+            return tensors
+
+        return _Work(self._completer.submit(request, finish, staged))
+
+    def allreduce_coalesced(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> _Work:
+        """Reduce a list of tensors in place with one fused allreduce per dtype."""
+        op = _core_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        tensors = list(tensors)
+        groups: dict = {}
+        for t in tensors:
+            check_tensor(t, "allreduce tensor")
+            groups.setdefault(wire_dtype(t.dtype), []).append(t)
+        requests = []
+        for wdt, ts in groups.items():
+            flat = torch.cat([t.detach().reshape(-1).to(wdt) for t in ts])
+            view, dt = as_buffer(flat)
+            requests.append((self._core.iallreduce(None, view, op=op, dtype=dt), flat, ts))
+        last = None
+        for i, (request, flat, ts) in enumerate(requests):
+            def finish(flat: torch.Tensor = flat, ts: list = ts) -> list:
+                pos = 0
+                for t in ts:
+                    t.detach().copy_(flat[pos:pos + t.numel()].view(t.shape))
+                    pos += t.numel()
+                return tensors
+            last = self._completer.submit(request, finish, flat)
+        return _Work(last) if last is not None else _completed(tensors)
+
+    # -- synchronous collectives -------------------------------------------------------
+    def broadcast(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> _Work:
+        """Copy root's tensor(s) into every rank's."""
+        root = opts.rootRank if opts is not None else 0
+        for t in tensors:
+            staged = _Staged(t, "broadcast tensor", copy_in=self._rank == root)
+            if self._size > 1:
+                self._core.broadcast(staged.view, root, None, staged.dtype)
+            staged.copy_out()
+        return _completed(list(tensors))
+
+    def _gather_flat(self, output: torch.Tensor, input: torch.Tensor) -> None:
+        """output (n * input.numel() elements, contiguous in rank order) = every rank's input."""
+        if output.numel() != input.numel() * self._size:
+            raise ValueError(f"all_gather: output has {output.numel()} elements, expected "
+                             f"{self._size} x {input.numel()}")
+        if output.dtype != input.dtype:
+            raise TypeError(f"all_gather: output is {output.dtype} but input is {input.dtype}")
+        src = _Staged(input, "all_gather input")
+        dst = _Staged(output, "all_gather output", copy_in=False)
+        self._core.allgatherv(src.view, dst.view, [input.numel()] * self._size, None, None,
+                              dst.dtype)
+        dst.copy_out()
+
+    def allgather(self, output_lists: Sequence[Sequence[torch.Tensor]],
+                  inputs: Sequence[torch.Tensor], opts: Any = None) -> _Work:
+        """output_lists[0][i] = rank i's inputs[0]."""
+        for outs, inp in zip(output_lists, inputs):
+            if len(outs) != self._size:
+                raise ValueError(f"all_gather: {len(outs)} output tensors for {self._size} ranks")
+            flat = torch.empty((self._size,) + tuple(inp.shape), dtype=inp.dtype)
+            self._gather_flat(flat, inp)
+            for i, o in enumerate(outs):
+                o.detach().copy_(flat[i])
+        return _completed([list(o) for o in output_lists])
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+                          ) -> _Work:
+        """output = every rank's input concatenated along dim 0 (all_gather_into_tensor)."""
+        self._gather_flat(output, input)
+        return _completed([output])
+
+    _allgather_base = all_gather_single
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+                              ) -> _Work:
+        """output = this rank's block of op over every rank's input (reduce_scatter_tensor)."""
+        op = _core_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        if input.numel() != output.numel() * self._size:
+            raise ValueError(f"reduce_scatter: input has {input.numel()} elements, expected "
+                             f"{self._size} x {output.numel()}")
+        src = _Staged(input, "reduce_scatter input")
+        dst = _Staged(output, "reduce_scatter output", copy_in=False)
+        if self._size > 1:
+            self._core.reduce_scatter_block(src.view, dst.view, op, None, dst.dtype)
+        else:
+            dst.buf.copy_(src.buf.reshape(dst.buf.shape))
+        dst.copy_out()
+        return _completed([output])
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter(self, outputs: Sequence[torch.Tensor],
+                       input_lists: Sequence[Sequence[torch.Tensor]], opts: Any = None) -> _Work:
+        """outputs[0] = op over ranks of input_lists[0][rank]."""
+        for out, ins in zip(outputs, input_lists):
+            flat = torch.cat([t.detach().reshape(-1) for t in ins])
+            self.reduce_scatter_single(out, flat, opts)
+        return _completed(list(outputs))
+
+    def reduce(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> _Work:
+        """Root's tensor = op over ranks; other ranks' tensors are left unchanged."""
+        op = _core_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        root = opts.rootRank if opts is not None else 0
+        for t in tensors:
+            staged = _Staged(t, "reduce tensor")
+            out = staged.buf if self._rank == root else torch.empty_like(staged.buf)
+            view, dt = as_buffer(out)
+            if self._size > 1:
+                self._core.allreduce(staged.view, view, op=op, dtype=dt) if out is not staged.buf \
+                    else self._core.allreduce(None, view, op=op, dtype=dt)
+            if self._rank == root:
+                staged.copy_out()
+        return _completed(list(tensors))
+
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor,
+                      output_split_sizes: Sequence[int], input_split_sizes: Sequence[int],
+                      opts: Any = None) -> _Work:
+        """all_to_all_single: rows of input go to ranks by input_split_sizes (via allgatherv)."""
+        n = self._size
+        d0 = input.shape[0] if input.dim() else 1
+        sizes = list(input_split_sizes) or [d0 // n] * n
+        table = np.zeros(n * n, dtype=np.int64)
+        self._core.allgatherv(np.array(sizes, dtype=np.int64), table, [n] * n)
+        table = table.reshape(n, n)
+        dims = table.sum(axis=1)
+        row = input[0].numel() if input.dim() else 1
+        src = _Staged(input, "all_to_all input")
+        every = torch.empty((int(dims.sum()),) + tuple(input.shape[1:]), dtype=src.buf.dtype)
+        view, dt = as_buffer(every)
+        self._core.allgatherv(src.view, view, [int(d) * row for d in dims], None, None, dt)
+        parts, base = [], 0
+        for i in range(n):
+            off = base + int(table[i, :self._rank].sum())
+            parts.append(every[off:off + int(table[i, self._rank])])
+            base += int(dims[i])
+        result = torch.cat(parts)
+        if result.numel() != output.numel():
+            raise ValueError(f"all_to_all: received {result.numel()} elements, output has "
+                             f"{output.numel()}")
+        output.detach().copy_(result.view(output.shape))
+        return _completed([output])
+
+    def barrier(self, opts: Any = None) -> _Work:
+        """Return once every rank has entered the barrier."""
+        if self._size > 1:
+            self._core.barrier()
+        return _completed([])
+
+    def shutdown(self) -> None:
+        """Stop the completion thread; close the communicator if this group created it."""
+        self._completer.stop()
+        if self._owns_core:
+            self._core.close()
+
+    def abort(self) -> None:
+        """Same as shutdown."""
+        self.shutdown()
+
+
+def _communicator(store: Any, rank: int, size: int, timeout: timedelta) -> tuple[Any, bool]:
+    """(core communicator, owned): the collectives world if it is this group, else via the store."""
+    import collectives
+    from collectives import _env, _world
+    from collectives._core import Communicator
+
+    if _world.is_initialized() or os.environ.get("COLLECTIVES_STORE_ADDR") or \
+            os.environ.get("COLLECTIVES_RANK") is not None:
+        world = collectives.init()
+        if world.rank == rank and world.size == size:
+            return world._core, False
+    if size == 1:
+        return Communicator(0, 1), True
+    if rank == 0:
+        store.set("collectives/comm_id", os.urandom(16).hex())
+    comm_id = bytes.fromhex(store.get("collectives/comm_id").decode())
+    master = os.environ.get("MASTER_ADDR") or None
+    port = int(os.environ.get("MASTER_PORT", "0") or 0) or None
+    host = _env.advertise_address(master, port)
+    core = Communicator(rank, size, host, comm_id)
+    store.set(f"collectives/addr/{rank}", f"{host}\n{core.port}")
+    for peer in range(size):
+        addr, peer_port = store.get(f"collectives/addr/{peer}").decode().split("\n")
+        core.set_peer(peer, addr, int(peer_port))
+    return core, True
+
+
+def _create(store: Any, rank: int, size: int, timeout: timedelta) -> ProcessGroupCollectives:
+    """The creator torch calls for init_process_group / new_group with this backend."""
+    core, owned = _communicator(store, rank, size, timeout)
+    return ProcessGroupCollectives(core, rank, size, owns_core=owned)
+
+
+def register_backend() -> None:
+    """Register "collectives" with torch.distributed (idempotent; CPU devices)."""
+    if not dist.is_available():
+        return
+    if BACKEND_NAME.upper() in getattr(dist.Backend, "_plugins", {}):
+        return
+    dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu"])

@@ -1,0 +1,898 @@
+"""Horovod's tensor operations (``horovod.torch.mpi_ops``) over the collectives core.
+
+Each operation is: check and coerce the tensor -> (autograd Function) ->
+a ``Handle`` that owns the core request and every buffer it uses -> the
+core. Only allreduce has a non-blocking form in the core: ``allreduce_async``
+and ``grouped_allreduce_async`` queue on the core's progress thread and return
+at once. The other ``*_async`` functions (allgather, broadcast, alltoall,
+reducescatter) run the collective synchronously and return a completed
+handle; every rank still issues collectives in the same program order, and a
+blocking collective waits for the queued allreduces first, so mixing them is
+safe.
+
+Ranks that submit different names, shapes or dtypes under the same call get
+a ``LayoutMismatch`` (a ValueError) on every rank: the first time a (name,
+shape, dtype) is used, a tiny allreduce compares a hash of it across ranks.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Optional, Sequence, Union
+
+import numpy as np
+import torch
+
+import collectives
+
+from ._context import (CORE_DTYPES, HOLDER, LayoutCheck, LayoutMismatch, TorchContext, as_buffer,
+                       check_tensor, current, wire_dtype)
+from .compression import Compression, Compressor
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
+    "cross_size", "cross_rank", "mpi_threads_supported", "mpi_enabled", "mpi_built",
+    "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built",
+    "rocm_built", "ReduceOp", "Average", "Sum", "Adasum", "Min", "Max", "Product", "Handle",
+    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "grouped_allreduce",
+    "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_", "allgather",
+    "allgather_async", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
+    "alltoall", "alltoall_async", "reducescatter", "reducescatter_async", "barrier", "join",
+    "poll", "synchronize", "LayoutMismatch",
+]
+
+
+# ----------------------------------------------------------------- lifecycle
+
+def init(comm: Any = None, process_sets: Any = None) -> None:
+    """Join the world (``collectives.init()``) and set up the Horovod state.
+
+    Args:
+        comm: None (the launcher's world); a ``collectives.MPI.Comm`` to use
+            instead. Lists of ranks (Horovod's sub-communicators) are not supported.
+        process_sets: must be None (process sets are not supported).
+    """
+    if process_sets not in (None, [], ()):
+        raise NotImplementedError("collectives.torch: process sets are not supported")
+    if comm is not None and not hasattr(comm, "_core"):
+        raise NotImplementedError("collectives.torch.init: comm must be a collectives.MPI.Comm")
+    with HOLDER.lock:
+        if HOLDER.context is not None and (comm is None or HOLDER.context.comm is comm):
+            return
+        world = comm if comm is not None else collectives.init()
+        HOLDER.context = TorchContext(world)
+
+
+def shutdown() -> None:
+    """Wait for nothing more, close the world communicator and forget the state."""
+    with HOLDER.lock:
+        HOLDER.context = None
+    collectives.finalize()
+
+
+def is_initialized() -> bool:
+    """True between init() and shutdown()."""
+    return HOLDER.context is not None
+
+
+def size() -> int:
+    """Number of ranks."""
+    return current().size
+
+
+def rank() -> int:
+    """This process's rank."""
+    return current().rank
+
+
+def local_size() -> int:
+    """Number of ranks on this host."""
+    return current().local_size
+
+
+def local_rank() -> int:
+    """This process's rank among the ranks on this host."""
+    return current().local_rank
+
+
+def cross_size() -> int:
+    """Number of hosts."""
+    return current().cross_size
+
+
+def cross_rank() -> int:
+    """Index of this host (hosts numbered in order of their lowest rank)."""
+    return current().cross_rank
+
+
+def mpi_threads_supported() -> bool:
+    """False: there is no MPI underneath."""
+    return False
+
+
+def mpi_enabled() -> bool:
+    """False: there is no MPI underneath."""
+    return False
+
+
+def mpi_built() -> bool:
+    """False: there is no MPI underneath."""
+    return False
+
+
+def gloo_enabled() -> bool:
+    """False: the core is not Gloo."""
+    return False
+
+
+def gloo_built() -> bool:
+    """False: the core is not Gloo."""
+    return False
+
+
+def nccl_built() -> bool:
+    """False: no NCCL (GPU buffers are not supported yet)."""
+    return False
+
+
+def ddl_built() -> bool:
+    """False."""
+    return False
+
+
+def ccl_built() -> bool:
+    """False."""
+    return False
+
+
+def cuda_built() -> bool:
+    """True if the core was built with CUDA (see collectives.cuda_built)."""
+    return collectives.cuda_built()
+
+
+def rocm_built() -> bool:
+    """False."""
+    return False
+
+
+# ---------------------------------------------------------------------- ops
+
+class ReduceOp:
+    """A reduction: Average, Sum, Min, Max, Product (Adasum is not supported)."""
+
+    def __init__(self, name: str, core: Optional[str]) -> None:
+        self.name = name
+        self.core = core
+
+    def __repr__(self) -> str:
+        return f"<collectives.torch.{self.name}>"
+
+
+Average = ReduceOp("Average", "avg")
+Sum = ReduceOp("Sum", "sum")
+Adasum = ReduceOp("Adasum", None)
+Min = ReduceOp("Min", "min")
+Max = ReduceOp("Max", "max")
+Product = ReduceOp("Product", "prod")
+
+
+def resolve_op(average: Optional[bool], op: Optional[ReduceOp], default: ReduceOp = Average
+               ) -> ReduceOp:
+    """Horovod's rule: `average` (deprecated) or `op`, not both; default Average."""
+    if average is not None and op is not None:
+        raise ValueError("specify either op or the deprecated average, not both")
+    if op is None:
+        op = default if average is None else (Average if average else Sum)
+    if not isinstance(op, ReduceOp):
+        raise TypeError(f"op must be one of Average, Sum, Min, Max, Product; got {op!r}")
+    if op.core is None:
+        raise NotImplementedError(f"collectives.torch: {op.name} is not supported")
+    return op
+
+
+def _check_process_set(process_set: Any) -> None:
+    if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
+        raise NotImplementedError("collectives.torch: process sets are not supported")
+
+
+# ------------------------------------------------------------------ handles
+
+class Handle:
+    """An operation in flight: owns its core requests and every buffer they use.
+
+    ``poll(handle)`` tests it, ``synchronize(handle)`` waits and returns the
+    output. The inputs stay referenced here until the operation completes.
+    """
+
+    def __init__(self, requests: Sequence[Any], output: Any,
+                 finish: Optional[Callable[[], Any]] = None, keep: Any = None,
+                 checks: Sequence[LayoutCheck] = ()) -> None:
+        self._requests = list(requests)
+        self._checks = [c for c in checks if c is not None]
+        self._output = output
+        self._finish = finish
+        self._keep = keep
+        self._done = False
+
+    def poll(self) -> bool:
+        """True once every part has completed (synchronize then returns at once)."""
+        if self._done:
+            return True
+        return all(c.test() for c in self._checks) and all(r.Test() for r in self._requests)
+
+    def wait(self) -> Any:
+        """Wait for completion, run the finishing step once, return the output."""
+        if self._done:
+            return self._output
+        try:
+            for c in self._checks:
+                c.wait()
+            for r in self._requests:
+                r.Wait()
+        except BaseException:
+            for r in self._requests:  # keep the buffers until the core is done with them
+                try:
+                    r.Wait()
+                except Exception:
+                    pass
+            self._done = True
+            self._keep = None
+            raise
+        self._done = True
+        if self._finish is not None:
+            out = self._finish()
+            if out is not None:
+                self._output = out
+        self._keep = None
+        self._requests = []
+        return self._output
+
+
+def poll(handle: Handle) -> bool:
+    """Whether an asynchronous operation has completed.
+
+    Args:
+        handle: returned by an ``*_async`` function.
+
+    Returns:
+        True if ``synchronize(handle)`` will not block.
+    """
+    return handle.poll()
+
+
+def synchronize(handle: Handle) -> Any:
+    """Wait for an asynchronous operation and return its output.
+
+    Args:
+        handle: returned by an ``*_async`` function.
+
+    Returns:
+        The output tensor (a list for grouped operations, a pair for alltoall with splits).
+    """
+    if handle is None:
+        return None
+    return handle.wait()
+
+
+def _done(output: Any) -> Handle:
+    return Handle((), output)
+
+
+# ----------------------------------------------------------------- allreduce
+
+def _scale(t: torch.Tensor, factor: float) -> None:
+    """t *= factor in place (integers: computed in float64, truncated back)."""
+    if factor == 1.0:
+        return
+    if t.is_floating_point():
+        t.mul_(factor)
+    else:
+        t.copy_(t.to(torch.float64).mul_(factor))
+
+
+def _allreduce_start(tensor: torch.Tensor, output: torch.Tensor, op: ReduceOp, prescale: float,
+                     postscale: float, name: Optional[str], what: str) -> Handle:
+    """Queue out = op over ranks of tensor (output may be tensor itself: in place)."""
+    ctx = current()
+    check_tensor(tensor)
+    wdt = wire_dtype(tensor.dtype)
+    in_place = output is tensor
+    src = tensor.detach()
+    direct = wdt == tensor.dtype and output.is_contiguous()
+    # recv: the contiguous wire-dtype buffer the core writes; send: what it reads (None: recv)
+    recv = output.detach() if direct else torch.empty(tensor.shape, dtype=wdt)
+    if direct and not in_place and prescale == 1.0 and src.is_contiguous():
+        send = src  # the zero-copy path
+    else:
+        if not (direct and in_place):
+            recv.copy_(src)
+        _scale(recv, prescale)
+        send = None
+    check = ctx.start_check((what, name, tuple(tensor.shape), str(tensor.dtype), op.name), what)
+    rbuf, dt = as_buffer(recv)
+    sbuf = None if send is None else as_buffer(send)[0]
+    req = ctx.core.iallreduce(sbuf, rbuf, op=op.core, dtype=dt)
+
+    def finish() -> torch.Tensor:
+        _scale(recv, postscale)
+        if not direct:
+            output.detach().copy_(recv)
+        return output
+
+    return Handle([req], output, finish, keep=(tensor, send, recv), checks=[check])
+
+
+def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
+                    op: Optional[ReduceOp] = None, prescale_factor: float = 1.0,
+                    postscale_factor: float = 1.0, process_set: Any = None) -> Handle:
+    """Start an allreduce of `tensor` into a new tensor; the input is not modified.
+
+    Args:
+        tensor: a CPU tensor, same shape and dtype on every rank.
+        average: deprecated; use op.
+        name: a name; ranks must use the same name for the same tensor.
+        op: Average (default), Sum, Min, Max or Product.
+        prescale_factor: multiply the input by this before reducing.
+        postscale_factor: multiply the result by this after reducing.
+        process_set: only the global set is supported.
+
+    Returns:
+        A Handle for ``poll()`` / ``synchronize()``.
+    """
+    _check_process_set(process_set)
+    op = resolve_op(average, op)
+    check_tensor(tensor)
+    output = torch.empty(tensor.shape, dtype=tensor.dtype)
+    return _allreduce_start(tensor, output, op, prescale_factor, postscale_factor, name, "allreduce")
+
+
+def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None,
+                     name: Optional[str] = None, op: Optional[ReduceOp] = None,
+                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                     process_set: Any = None) -> Handle:
+    """Start an in-place allreduce of `tensor` (arguments as allreduce_async).
+
+    Returns:
+        A Handle; ``synchronize()`` returns `tensor` holding the result.
+    """
+    _check_process_set(process_set)
+    op = resolve_op(average, op)
+    return _allreduce_start(tensor, tensor, op, prescale_factor, postscale_factor, name, "allreduce")
+
+
+class _AllreduceFunction(torch.autograd.Function):
+    """Differentiable allreduce: the gradient is the allreduce of the gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, op: ReduceOp, prescale: float, postscale: float,
+                name: Optional[str]) -> torch.Tensor:
+        ctx.op, ctx.prescale, ctx.postscale = op, prescale, postscale
+        output = torch.empty(tensor.shape, dtype=tensor.dtype)
+        return synchronize(_allreduce_start(tensor, output, op, prescale, postscale, name,
+                                            "allreduce"))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        g = allreduce(grad.contiguous(), op=ctx.op, prescale_factor=ctx.prescale,
+                      postscale_factor=ctx.postscale)
+        return g, None, None, None, None
+
+
+def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
+              compression: type = Compression.none, op: Optional[ReduceOp] = None,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              process_set: Any = None) -> torch.Tensor:
+    """Allreduce `tensor` into a new tensor (differentiable); the input is not modified.
+
+    Args:
+        tensor: a CPU tensor, same shape and dtype on every rank.
+        average: deprecated; use op.
+        name: a name; ranks must use the same name for the same tensor.
+        compression: Compression.none or Compression.fp16 (applied around the wire).
+        op: Average (default), Sum, Min, Max or Product.
+        prescale_factor: multiply the input by this before reducing.
+        postscale_factor: multiply the result by this after reducing.
+        process_set: only the global set is supported.
+
+    Returns:
+        A tensor of the same shape and dtype as `tensor` holding the result.
+    """
+    _check_process_set(process_set)
+    op = resolve_op(average, op)
+    check_tensor(tensor)
+    compressed, cctx = compression.compress(tensor)
+    if compressed.requires_grad and torch.is_grad_enabled():
+        out = _AllreduceFunction.apply(compressed, op, prescale_factor, postscale_factor, name)
+    else:
+        out = synchronize(allreduce_async(compressed, name=name, op=op,
+                                          prescale_factor=prescale_factor,
+                                          postscale_factor=postscale_factor))
+    return compression.decompress(out, cctx)
+
+
+def allreduce_(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
+               op: Optional[ReduceOp] = None, prescale_factor: float = 1.0,
+               postscale_factor: float = 1.0, process_set: Any = None) -> torch.Tensor:
+    """Allreduce `tensor` in place (arguments as allreduce).
+
+    Returns:
+        `tensor`, holding the result.
+    """
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
+                                        postscale_factor, process_set))
+
+
+# ------------------------------------------------------------ grouped allreduce
+
+def _grouped_start(tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], op: ReduceOp,
+                   prescale: float, postscale: float, name: Optional[str]) -> Handle:
+    """One fused allreduce per wire dtype over all tensors; results land in outputs."""
+    ctx = current()
+    tensors = list(tensors)
+    for i, t in enumerate(tensors):
+        check_tensor(t, f"tensors[{i}]")
+    key = ("grouped_allreduce", name, op.name,
+           tuple((tuple(t.shape), str(t.dtype)) for t in tensors))
+    check = ctx.start_check(key, "grouped_allreduce")
+    by_dtype: dict = {}
+    for i, t in enumerate(tensors):
+        by_dtype.setdefault(wire_dtype(t.dtype), []).append(i)
+    requests, fused = [], []
+    for wdt, idx in by_dtype.items():
+        flat = torch.empty(sum(tensors[i].numel() for i in idx), dtype=wdt)
+        pos = 0
+        for i in idx:
+            n = tensors[i].numel()
+            flat[pos:pos + n].copy_(tensors[i].detach().reshape(-1))
+            pos += n
+        _scale(flat, prescale)
+        buf, dt = as_buffer(flat)
+        requests.append(ctx.core.iallreduce(None, buf, op=op.core, dtype=dt))
+        fused.append((flat, idx))
+
+    def finish() -> list:
+        for flat, idx in fused:
+            _scale(flat, postscale)
+            pos = 0
+            for i in idx:
+                n = tensors[i].numel()
+                outputs[i].detach().copy_(flat[pos:pos + n].view(tensors[i].shape))
+                pos += n
+        return list(outputs)
+
+    return Handle(requests, list(outputs), finish, keep=(tensors, fused), checks=[check])
+
+
+def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
+                            name: Optional[str] = None, op: Optional[ReduceOp] = None,
+                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                            process_set: Any = None) -> Handle:
+    """Start one fused allreduce of a list of tensors into new tensors.
+
+    Args:
+        tensors: CPU tensors; the list must match on every rank.
+        average: deprecated; use op.
+        name: a name for the group.
+        op: Average (default), Sum, Min, Max or Product.
+        prescale_factor: multiply the inputs by this before reducing.
+        postscale_factor: multiply the results by this after reducing.
+        process_set: only the global set is supported.
+
+    Returns:
+        A Handle; ``synchronize()`` returns the list of results.
+    """
+    _check_process_set(process_set)
+    op = resolve_op(average, op)
+    outputs = [torch.empty(t.shape, dtype=t.dtype) for t in tensors]
+    return _grouped_start(tensors, outputs, op, prescale_factor, postscale_factor, name)
+
+
+def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
+                             name: Optional[str] = None, op: Optional[ReduceOp] = None,
+                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                             process_set: Any = None) -> Handle:
+    """Start one fused in-place allreduce of a list of tensors (arguments as grouped_allreduce_async).
+
+    Returns:
+        A Handle; ``synchronize()`` returns the same tensors, holding the results.
+    """
+    _check_process_set(process_set)
+    op = resolve_op(average, op)
+    return _grouped_start(tensors, list(tensors), op, prescale_factor, postscale_factor, name)
+
+
+def grouped_allreduce(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
+                      name: Optional[str] = None, compression: type = Compression.none,
+                      op: Optional[ReduceOp] = None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0, process_set: Any = None) -> list:
+    """Allreduce a list of tensors in one fused operation; inputs are not modified.
+
+    Args:
+        tensors: CPU tensors; the list must match on every rank.
+        average: deprecated; use op.
+        name: a name for the group.
+        compression: Compression.none or Compression.fp16.
+        op: Average (default), Sum, Min, Max or Product.
+        prescale_factor: multiply the inputs by this before reducing.
+        postscale_factor: multiply the results by this after reducing.
+        process_set: only the global set is supported.
+
+    Returns:
+        A list of result tensors, one per input.
+    """
+    pairs = [compression.compress(t) for t in tensors]
+    outs = synchronize(grouped_allreduce_async([p[0] for p in pairs], average, name, op,
+                                               prescale_factor, postscale_factor, process_set))
+    return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
+
+
+def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
+                       name: Optional[str] = None, op: Optional[ReduceOp] = None,
+                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                       process_set: Any = None) -> list:
+    """Allreduce a list of tensors in place in one fused operation.
+
+    Returns:
+        The same tensors, holding the results.
+    """
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                postscale_factor, process_set))
+
+
+# ----------------------------------------------------------------- allgather
+
+_META = 5  # per rank: ndim, dtype code, dim 0, elements per row, hash of the trailing shape
+
+
+def _gather_meta(ctx: TorchContext, tensor: torch.Tensor, what: str) -> np.ndarray:
+    """Every rank's (ndim, dtype, dim0, row elements, trailing hash); ValueError on mismatch."""
+    from ._context import layout_hash
+
+    shape = tuple(tensor.shape) if tensor.dim() else (1,)
+    row = int(np.prod(shape[1:], dtype=np.int64))
+    mine = np.array([len(shape), list(CORE_DTYPES).index(tensor.dtype) if tensor.dtype in
+                     CORE_DTYPES else 100 + int(tensor.dtype.itemsize), shape[0], row,
+                     layout_hash(shape[1:])], dtype=np.int64)
+    meta = np.zeros(ctx.size * _META, dtype=np.int64)
+    ctx.core.allgatherv(mine, meta, [_META] * ctx.size)
+    meta = meta.reshape(ctx.size, _META)
+    bad = [r for r in range(ctx.size) if (meta[r, [0, 1, 3, 4]] != meta[0, [0, 1, 3, 4]]).any()]
+    if bad:
+        raise LayoutMismatch(f"{what}: tensors must have the same dtype and shape except in "
+                             f"dimension 0; rank {bad[0]} differs from rank 0 (this rank "
+                             f"{ctx.rank} has shape {tuple(tensor.shape)}, {tensor.dtype})")
+    return meta
+
+
+def _allgather_now(tensor: torch.Tensor, what: str = "allgather") -> tuple[torch.Tensor, np.ndarray]:
+    """Concatenate every rank's tensor along dim 0 (different dim 0 allowed); also the dim-0 sizes."""
+    ctx = current()
+    check_tensor(tensor)
+    src = tensor.detach().reshape(tuple(tensor.shape) if tensor.dim() else (1,))
+    if ctx.size == 1:
+        return src.clone(), np.array([src.shape[0]])
+    meta = _gather_meta(ctx, src, what)
+    dims = [int(d) for d in meta[:, 2]]
+    row = int(meta[0, 3])
+    wdt = wire_dtype(src.dtype)
+    send = src if (wdt == src.dtype and src.is_contiguous()) else src.to(wdt).contiguous()
+    out = torch.empty((sum(dims),) + tuple(src.shape[1:]), dtype=wdt)
+    rbuf, dt = as_buffer(out)
+    ctx.core.allgatherv(as_buffer(send)[0], rbuf, [d * row for d in dims], None, None, dt)
+    if wdt != src.dtype:
+        out = out.to(src.dtype)
+    return out, np.array(dims)
+
+
+class _AllgatherFunction(torch.autograd.Function):
+    """Differentiable allgather: the gradient is this rank's slice of the summed gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, name: Optional[str]) -> torch.Tensor:
+        out, dims = _allgather_now(tensor)
+        r = current().rank
+        ctx.offset, ctx.dim = int(dims[:r].sum()), int(dims[r])
+        ctx.shape = tensor.shape
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        g = allreduce(grad.contiguous(), op=Sum)
+        return g.narrow(0, ctx.offset, ctx.dim).reshape(ctx.shape), None
+
+
+def allgather(tensor: torch.Tensor, name: Optional[str] = None, process_set: Any = None
+              ) -> torch.Tensor:
+    """Concatenate every rank's tensor along dimension 0 (differentiable).
+
+    Args:
+        tensor: a CPU tensor; dtype and all dimensions but the first must match across ranks.
+        name: a name for the operation.
+        process_set: only the global set is supported.
+
+    Returns:
+        A tensor whose dimension 0 is the sum of every rank's dimension 0, in rank order.
+    """
+    _check_process_set(process_set)
+    check_tensor(tensor)
+    if tensor.requires_grad and torch.is_grad_enabled():
+        return _AllgatherFunction.apply(tensor, name)
+    return _allgather_now(tensor)[0]
+
+
+def allgather_async(tensor: torch.Tensor, name: Optional[str] = None, process_set: Any = None
+                    ) -> Handle:
+    """Allgather `tensor` (see allgather); runs synchronously, returns a completed handle.
+
+    Returns:
+        A completed Handle; ``synchronize()`` returns the gathered tensor.
+    """
+    _check_process_set(process_set)
+    return _done(_allgather_now(tensor)[0])
+
+
+# ----------------------------------------------------------------- broadcast
+
+def _broadcast_into(tensor: torch.Tensor, output: torch.Tensor, root_rank: int,
+                    name: Optional[str]) -> torch.Tensor:
+    """output = root's tensor on every rank (output may be tensor itself)."""
+    ctx = current()
+    check_tensor(tensor)
+    if not 0 <= root_rank < ctx.size:
+        raise ValueError(f"root_rank {root_rank} out of range for {ctx.size} ranks")
+    ctx.check_now(("broadcast", name, tuple(tensor.shape), str(tensor.dtype), root_rank),
+                  "broadcast")
+    wdt = wire_dtype(tensor.dtype)
+    direct = wdt == tensor.dtype and output.is_contiguous()
+    buf = output if direct else tensor.detach().to(wdt).contiguous()
+    if direct and output is not tensor:
+        output.detach().copy_(tensor.detach())
+    b, dt = as_buffer(buf)
+    if ctx.size > 1:
+        ctx.core.broadcast(b, root_rank, None, dt)
+    if buf is not output:
+        output.detach().copy_(buf)
+    return output
+
+
+class _BroadcastFunction(torch.autograd.Function):
+    """Differentiable broadcast: the root gets the sum of the gradients, others zero."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, name: Optional[str]
+                ) -> torch.Tensor:
+        ctx.root_rank = root_rank
+        return _broadcast_into(tensor, torch.empty(tensor.shape, dtype=tensor.dtype), root_rank,
+                               name)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        g = allreduce(grad.contiguous(), op=Sum)
+        if current().rank != ctx.root_rank:
+            g = g * 0
+        return g, None, None
+
+
+def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
+              process_set: Any = None) -> torch.Tensor:
+    """Root's tensor on every rank, in a new tensor (differentiable); the input is not modified.
+
+    Args:
+        tensor: a CPU tensor, same shape and dtype on every rank.
+        root_rank: the rank whose value is sent.
+        name: a name for the operation.
+        process_set: only the global set is supported.
+
+    Returns:
+        A tensor holding root's value.
+    """
+    _check_process_set(process_set)
+    check_tensor(tensor)
+    if tensor.requires_grad and torch.is_grad_enabled():
+        return _BroadcastFunction.apply(tensor, root_rank, name)
+    return _broadcast_into(tensor, torch.empty(tensor.shape, dtype=tensor.dtype), root_rank, name)
+
+
+def broadcast_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
+               process_set: Any = None) -> torch.Tensor:
+    """Overwrite `tensor` with root's value on every rank.
+
+    Args:
+        tensor: a CPU tensor, same shape and dtype on every rank.
+        root_rank: the rank whose value is sent.
+        name: a name for the operation.
+        process_set: only the global set is supported.
+
+    Returns:
+        `tensor`, holding root's value.
+    """
+    _check_process_set(process_set)
+    with torch.no_grad():
+        return _broadcast_into(tensor, tensor, root_rank, name)
+
+
+def broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
+                    process_set: Any = None) -> Handle:
+    """Broadcast into a new tensor; runs synchronously, returns a completed handle.
+
+    Returns:
+        A completed Handle; ``synchronize()`` returns the new tensor.
+    """
+    _check_process_set(process_set)
+    return _done(_broadcast_into(tensor, torch.empty(tensor.shape, dtype=tensor.dtype),
+                                 root_rank, name))
+
+
+def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
+                     process_set: Any = None) -> Handle:
+    """Broadcast in place; runs synchronously, returns a completed handle.
+
+    Returns:
+        A completed Handle; ``synchronize()`` returns `tensor`.
+    """
+    return _done(broadcast_(tensor, root_rank, name, process_set))
+
+
+# -------------------------------------------------------- alltoall, reducescatter
+
+def alltoall(tensor: torch.Tensor, splits: Union[None, Sequence[int], torch.Tensor] = None,
+             name: Optional[str] = None, process_set: Any = None) -> Any:
+    """Send row block j of `tensor` to rank j; receive one block from every rank.
+
+    Built from allgatherv (every rank receives all data and keeps its blocks):
+    correct for any splits, not bandwidth-optimal.
+
+    Args:
+        tensor: a CPU tensor; dims after the first must match across ranks.
+        splits: rows for each destination rank (sum = dim 0); None: dim 0 split evenly.
+        name: a name for the operation.
+        process_set: only the global set is supported.
+
+    Returns:
+        The received blocks concatenated in rank order; with `splits` given, the pair
+        (output, received_splits) where received_splits[i] is the rows from rank i.
+    """
+    _check_process_set(process_set)
+    ctx = current()
+    check_tensor(tensor)
+    src = tensor.detach().reshape(tuple(tensor.shape) if tensor.dim() else (1,))
+    n = ctx.size
+    if splits is None:
+        if src.shape[0] % n:
+            raise ValueError(f"alltoall: dim 0 ({src.shape[0]}) is not divisible by {n} ranks; "
+                             "pass splits")
+        mine = [src.shape[0] // n] * n
+    else:
+        mine = [int(s) for s in (splits.tolist() if isinstance(splits, torch.Tensor) else splits)]
+        if len(mine) != n or any(s < 0 for s in mine) or sum(mine) != src.shape[0]:
+            raise ValueError(f"alltoall: splits {mine} must be {n} non-negative row counts "
+                             f"summing to dim 0 ({src.shape[0]})")
+    table = np.zeros(n * n, dtype=np.int64)
+    if n > 1:
+        ctx.core.allgatherv(np.array(mine, dtype=np.int64), table, [n] * n)
+    else:
+        table[:] = mine
+    table = table.reshape(n, n)  # table[i][j]: rows rank i sends to rank j
+    gathered, dims = _allgather_now(src, "alltoall")
+    parts, base = [], 0
+    for i in range(n):
+        off = base + int(table[i, :ctx.rank].sum())
+        parts.append(gathered[off:off + int(table[i, ctx.rank])])
+        base += int(dims[i])
+    out = torch.cat(parts) if parts else gathered[:0]
+    if splits is None:
+        return out
+    return out, torch.tensor(table[:, ctx.rank].copy(), dtype=torch.int32)
+
+
+def alltoall_async(tensor: torch.Tensor, splits: Union[None, Sequence[int], torch.Tensor] = None,
+                   name: Optional[str] = None, process_set: Any = None) -> Handle:
+    """alltoall run synchronously; returns a completed handle.
+
+    Returns:
+        A completed Handle; ``synchronize()`` returns what alltoall returns.
+    """
+    return _done(alltoall(tensor, splits, name, process_set))
+
+
+def reducescatter(tensor: torch.Tensor, name: Optional[str] = None,
+                  compression: type = Compression.none, op: Optional[ReduceOp] = None,
+                  process_set: Any = None, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0) -> torch.Tensor:
+    """Reduce `tensor` over ranks and give rank i the i-th block of rows of the result.
+
+    Dimension 0 is split as evenly as possible; the first (dim0 % size) ranks
+    get one row more.
+
+    Args:
+        tensor: a CPU tensor, same shape and dtype on every rank.
+        name: a name for the operation.
+        compression: Compression.none or Compression.fp16.
+        op: Average (default) or Sum (Min, Max, Product also work).
+        process_set: only the global set is supported.
+        prescale_factor: multiply the input by this before reducing.
+        postscale_factor: multiply the result by this after reducing.
+
+    Returns:
+        This rank's block of the reduced tensor.
+    """
+    _check_process_set(process_set)
+    op = resolve_op(None, op)
+    ctx = current()
+    check_tensor(tensor)
+    ctx.check_now(("reducescatter", name, tuple(tensor.shape), str(tensor.dtype), op.name),
+                  "reducescatter")
+    compressed, cctx = compression.compress(tensor.detach())
+    src = compressed.reshape(tuple(compressed.shape) if compressed.dim() else (1,))
+    n, d0 = ctx.size, src.shape[0]
+    rows = [d0 // n + (1 if i < d0 % n else 0) for i in range(n)]
+    block = rows[0]
+    wdt = wire_dtype(src.dtype)
+    if rows.count(block) == n and wdt == src.dtype and src.is_contiguous() and prescale_factor == 1:
+        send = src
+    else:
+        send = torch.zeros((n * block,) + tuple(src.shape[1:]), dtype=wdt)
+        off = 0
+        for i in range(n):
+            send[i * block:i * block + rows[i]].copy_(src[off:off + rows[i]])
+            off += rows[i]
+        _scale(send, prescale_factor)
+    recv = torch.empty((block,) + tuple(src.shape[1:]), dtype=wdt)
+    rbuf, dt = as_buffer(recv)
+    if n > 1:
+        ctx.core.reduce_scatter_block(as_buffer(send)[0], rbuf, op.core, None, dt)
+    else:
+        recv.copy_(send)
+    out = recv[:rows[ctx.rank]]
+    _scale(out, postscale_factor)
+    if wdt != src.dtype:
+        out = out.to(src.dtype)
+    return compression.decompress(out, cctx)
+
+
+def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None,
+                        op: Optional[ReduceOp] = None, process_set: Any = None,
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
+    """reducescatter run synchronously; returns a completed handle.
+
+    Returns:
+        A completed Handle; ``synchronize()`` returns this rank's block.
+    """
+    return _done(reducescatter(tensor, name, Compression.none, op, process_set,
+                               prescale_factor, postscale_factor))
+
+
+# ------------------------------------------------------------ barrier, join
+
+def barrier(process_set: Any = None) -> None:
+    """Return once every rank has called barrier (queued allreduces finish first)."""
+    _check_process_set(process_set)
+    current().core.barrier()
+
+
+def join(device: int = -1) -> int:
+    """Wait until every rank has joined; return the rank that joined last.
+
+    Unlike Horovod, ranks that joined early do not serve other ranks'
+    allreduces with zeros: every rank must reach join() after issuing the same
+    collectives (join is a barrier that also reports the last arrival, judged
+    by this host's wall clock).
+
+    Args:
+        device: ignored (CPU only).
+
+    Returns:
+        The rank that called join() last.
+    """
+    ctx = current()
+    if ctx.size == 1:
+        return 0
+    stamp = np.array([time.time()], dtype=np.float64)
+    stamps = np.zeros(ctx.size, dtype=np.float64)
+    ctx.core.allgatherv(stamp, stamps, [1] * ctx.size)
+    return int(np.argmax(stamps))
+
+
+def _compressor_type_check(compression: Any) -> None:
+    if not (isinstance(compression, type) and issubclass(compression, Compressor)) and \
+            not isinstance(compression, Compressor):
+        raise TypeError("compression must be Compression.none, Compression.fp16 or a Compressor")
