@@ -35,9 +35,21 @@ class _World:
         self.core = core
         self.server = server
         self.client = client
+        self.failed = False
+        self.cause = ""
 
     def close(self) -> None:
         self.core.close()
+        if self.server is not None and self.failed:
+            # The store lives in rank 0: after a failure, give the other ranks
+            # a moment to read each other's reports before it goes.
+            keys = [f"explained/{r}" for r in range(self.comm.size)]
+            deadline = time.monotonic() + 2.0
+            try:
+                while time.monotonic() < deadline and not self.client.check(keys):
+                    time.sleep(0.05)
+            except (OSError, TimeoutError, ConnectionError):
+                pass
         if self.client is not None:
             self.client.close()
         if self.server is not None:
@@ -159,31 +171,36 @@ _ECHOES = ("closed the connection", "connection to rank", "timed out", "is broke
 def explain_failure(rank: int, message: str) -> str:
     """Report this rank's failure to the store and add the cause others saw.
 
-    Best effort, bounded to about a second: the store may be gone with rank 0.
+    Only the first failure of the world is reported and explained; later
+    calls on the broken communicator repeat the cause found then. Best
+    effort, bounded to about a second: the store may be gone with rank 0.
     """
     state = _state
     if state is None or state.client is None:
         return message
+    if state.failed:
+        return message + (f"; {state.cause}" if state.cause else "")
+    state.failed = True
     client = state.client
+    causes: list = []
     try:
         client.set(f"failed/{rank}", message.encode())
-        if not any(echo in message for echo in _ECHOES):
-            return message
-        deadline = time.monotonic() + 1.0
-        while True:
-            causes = []
-            for peer in range(state.comm.size):
-                if peer == rank or not client.check([f"failed/{peer}"]):
-                    continue
-                text = client.get(f"failed/{peer}", timeout=0.5).decode()
-                if not any(echo in text for echo in _ECHOES):
-                    causes.append(f"rank {peer} reported: {text}")
-            if causes or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
+        if any(echo in message for echo in _ECHOES):
+            deadline = time.monotonic() + 1.0
+            while not causes and time.monotonic() < deadline:
+                for peer in range(state.comm.size):
+                    if peer == rank or not client.check([f"failed/{peer}"]):
+                        continue
+                    text = client.get(f"failed/{peer}", timeout=0.5).decode()
+                    if not any(echo in text for echo in _ECHOES):
+                        causes.append(f"rank {peer} reported: {text}")
+                if not causes:
+                    time.sleep(0.05)
+        client.set(f"explained/{rank}", b"")
     except (OSError, TimeoutError, ConnectionError, ValueError):
         return message
-    return message + ("; " + "; ".join(causes) if causes else "")
+    state.cause = "; ".join(causes)
+    return message + (f"; {state.cause}" if state.cause else "")
 
 
 atexit.register(finalize)
