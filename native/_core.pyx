@@ -137,6 +137,12 @@ cdef class Communicator:
         return coll_comm_port(self._live())
 
     @property
+    def handle(self) -> int:
+        """The native coll_comm_t* as an integer, for native adapters (JAX FFI) that
+        call the C API through api_table(); valid until close()."""
+        return <size_t>self._live()
+
+    @property
     def closed(self) -> bool:
         """True after close()."""
         return self.comm == NULL
@@ -335,6 +341,34 @@ cdef class Communicator:
         with nogil:
             res = coll_barrier(c, t)
         CHKERR(res, c)
+
+
+cdef extern from *:
+    """
+    typedef struct {
+      int version;
+      coll_result_t (*allreduce)(coll_comm_t *, const coll_args_t *);
+      coll_result_t (*allgatherv)(coll_comm_t *, const coll_args_t *);
+      coll_result_t (*broadcast)(coll_comm_t *, const coll_args_t *);
+      coll_result_t (*reduce_scatter_block)(coll_comm_t *, const coll_args_t *);
+      coll_result_t (*barrier)(coll_comm_t *, double);
+      const char *(*last_error)(const coll_comm_t *);
+    } coll_api_t;
+    static const coll_api_t coll_api_table = {
+      1, coll_allreduce, coll_allgatherv, coll_broadcast, coll_reduce_scatter_block,
+      coll_barrier, coll_comm_last_error};
+    """
+    ctypedef struct coll_api_t:
+        int version
+    const coll_api_t coll_api_table
+
+
+def api_table() -> int:
+    """Address of the core's C function table (see coll_api_t in _core.pyx): version 1 =
+    {int version; allreduce; allgatherv; broadcast; reduce_scatter_block; barrier;
+    last_error}, each with the coll.h signature. For native adapters that are
+    compiled separately (the JAX FFI handler) and must call the same core."""
+    return <size_t>&coll_api_table
 
 
 def reduce_local(out, in1, in2, op="sum", dtype=None) -> None:
