@@ -412,16 +412,17 @@ def print_comparison(rows: Sequence[Row], out: Any = None) -> None:
     if not ours or not peers:
         return
     ref = "collectives-auto" if "collectives-auto" in ours else ours[-1]
+    short = {i: i.split("-", 1)[1] if i.startswith("collectives-") else i for i in impls}
     cell = {(r.impl, r.size): r for r in rows if r.inplace}
     sizes = sorted({r.size for r in rows})
-    cols = ours + peers + [f"{ref.split('-', 1)[1] if '-' in ref else 'ours'}/{p}" for p in peers]
-    w = max(11, max(len(c) for c in cols) + 2)
+    cols = [short[i] for i in ours + peers] + [f"{short[ref]}/{p}" for p in peers]
+    w = max(10, max(len(c) for c in cols) + 2)
     print(f"#\n# Comparison: in-place busbw (GB/s), {rows[0].coll} on {rows[0].nranks} ranks; "
           f"ratio = {ref} / peer (>1: ours faster)", file=out)
     print("#" + f"{'size':>10}" + "".join(f"{c:>{w}}" for c in cols), file=out)
     for size in sizes:
         vals = [cell.get((i, size)) for i in ours + peers]
-        text = [_num(v.busbw if v else None, ".3f") for v in vals]
+        text = [_num(v.busbw if v else None, ".4g") for v in vals]
         base = cell.get((ref, size))
         for p in peers:
             theirs = cell.get((p, size))

@@ -1,0 +1,176 @@
+"""Tests of collectives-bench (collectives/bench.py) in CI-sized form: real sweeps on loopback."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from collectives import _bench_peers, bench
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _env(extra: dict | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("COLLECTIVES_", "OMPI_", "SLURM_", "PMI_"))
+           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def _run(args: list, extra_env: dict | None = None, module: str = "collectives.bench",
+         timeout: float = 100) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True,
+                          text=True, env=_env(extra_env), cwd=REPO, timeout=timeout)
+
+
+def _tables(stdout: str) -> dict:
+    """{impl: [data row tokens]} from the nccl-tests style output."""
+    tables: dict = {}
+    impl = None
+    for line in stdout.splitlines():
+        m = re.match(r"# (\w+): (\S+), \d+ ranks on", line)
+        if m:
+            impl = m.group(2).rstrip(",")
+            tables[impl] = []
+        elif line.startswith("# Avg bus bandwidth"):
+            impl = None
+        elif impl and line.strip() and not line.startswith("#"):
+            tables[impl].append(line.split())
+    return tables
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("coll,nranks", [("allreduce", 2), ("allgather", 3),
+                                         ("broadcast", 3), ("reduce_scatter", 3)])
+def test_sweep_check(coll: str, nranks: int, tmp_path: Path) -> None:
+    out = tmp_path / "rows.json"
+    res = _run([coll, "-np", nranks, "-b", "8", "-e", "64K", "-f", "8", "--iters", "2",
+                "--warmup", "1", "--check", "--json", out])
+    assert res.returncode == 0, res.stdout + res.stderr
+    tables = _tables(res.stdout)
+    want_impls = ([f"collectives-{a}" for a in bench.ALGOS] if coll == "allreduce"
+                  else ["collectives-auto"])
+    assert list(tables) == want_impls, res.stdout
+    sizes = bench.sweep_sizes(8, 64 * 1024, 8)
+    factor = bench.bus_factor(coll, nranks)
+    for impl, rows in tables.items():
+        assert len(rows) == len(sizes), (impl, rows)
+        for cells, nominal in zip(rows, sizes):
+            assert len(cells) == 13, cells
+            size, count = int(cells[0]), int(cells[1])
+            assert cells[2] == "float32"
+            itemsize = 4
+            assert size == count * itemsize
+            assert count == bench.element_count(coll, nominal, itemsize, nranks)
+            for base in (5, 9):  # out-of-place, in-place
+                t, algbw, busbw, wrong = cells[base:base + 4]
+                assert float(t) > 0
+                assert float(algbw) == pytest.approx(size / float(t) / 1e3, rel=0.02, abs=2e-3)
+                assert float(busbw) == pytest.approx(float(algbw) * factor, abs=1.5e-3)
+                assert wrong == "0"
+    assert f"# Avg bus bandwidth" in res.stdout and "Wrong values total   : 0 OK" in res.stdout
+    data = json.loads(out.read_text())
+    assert len(data) == 2 * len(sizes) * len(want_impls)
+    for row in data:
+        assert row["coll"] == coll and row["nranks"] == nranks and row["wrong"] == 0
+        assert row["busbw"] == pytest.approx(row["algbw"] * factor)
+        assert row["algbw"] == pytest.approx(row["size"] / (row["time_us"] * 1e-6) / 1e9)
+    assert {r["inplace"] for r in data} == {False, True}
+
+
+@pytest.mark.timeout(120)
+def test_tune_writes_a_table_auto_reads(tmp_path: Path) -> None:
+    tune = tmp_path / "tune.txt"
+    tune.write_text("# an older table\n5 1024 tree\n5 18446744073709551615 ring\n")
+    res = _run(["allreduce", "-np", "2", "-b", "8", "-e", "4K", "-f", "8", "--iters", "1",
+                "--warmup", "0", "--tune", tune])
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"COLLECTIVES_TUNE_FILE={tune}" in res.stdout
+    rows = [line.split() for line in tune.read_text().splitlines() if not line.startswith("#")]
+    assert [r for r in rows if r[0] == "5"] == [["5", "1024", "tree"], ["5", "18446744073709551615", "ring"]]
+    ours = [r for r in rows if r[0] == "2"]
+    assert ours and ours[-1][1] == "18446744073709551615"
+    assert all(r[2] in ("ring", "tree", "butterfly") for r in ours)
+    want = next(r[2] for r in ours if 8 <= int(r[1]))
+    script = ("import numpy as np\nfrom collectives import MPI\nc = MPI.COMM_WORLD\n"
+              "x = np.ones(2, np.float32)\nc.Allreduce(MPI.IN_PLACE, x, algorithm='auto')\n"
+              "assert x[0] == 2\n")
+    res = _run(["-np", "2", sys.executable, "-c", script], module="collectives.run",
+               extra_env={"COLLECTIVES_TUNE_FILE": str(tune), "COLLECTIVES_DEBUG": "INFO",
+                          "COLLECTIVES_DEBUG_SUBSYS": "TUNE"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"read {len(rows)} rows from {tune}" in res.stderr, res.stderr
+    assert re.search(rf"allreduce #\d+ 8 bytes on 2 ranks: {want}\b", res.stderr), res.stderr
+
+
+@pytest.mark.timeout(120)
+def test_compare_skips_a_missing_peer(monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.setitem(_bench_peers.REQUIREMENTS, "gloo", ("collectives_no_such_module", None))
+    for name in [k for k in os.environ if k.startswith("COLLECTIVES_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    rc = bench.main(["allreduce", "-np", "2", "-b", "8", "-e", "8", "--iters", "1", "--warmup", "0",
+                     "--algo", "ring", "--compare", "gloo"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "# skipping gloo: Python module 'collectives_no_such_module' is not installed" in out
+    assert list(_tables(out)) == ["collectives-ring"]
+
+
+class _WrongBackend(bench.Backend):
+    """A one-rank 'library' whose collective writes 7 everywhere (the inputs are 1..4)."""
+
+    name = "wrong"
+
+    def barrier(self) -> None:
+        pass
+
+    def allreduce_f64(self, arr: np.ndarray, op: str) -> None:
+        pass
+
+    def call(self, coll, algo, op, send, recv, root):
+        return (lambda: recv.fill(7)), recv
+
+
+@pytest.mark.timeout(120)
+def test_check_counts_wrong_values_and_fails(capsys: pytest.CaptureFixture) -> None:
+    p = bench.build_parser()
+    args = p.parse_args(["allreduce", "-b", "64", "-e", "64", "--iters", "1", "--warmup", "0",
+                         "--check", "--dtype", "int8"])
+    bench._check_args(p, args)
+    assert bench.run_worker(args, _WrongBackend()) == 1
+    out = capsys.readouterr().out
+    cells = _tables(out)["wrong"][0]
+    assert cells[8] == "64" and cells[12] == "64"
+    assert "FAILED" in out
+
+
+def test_expected_values_are_exact() -> None:
+    for op in bench.OPS:
+        for dtype in bench.DTYPES:
+            n, count = 5, 40
+            got = bench.expected_output("allreduce", op, dtype, 0, n, count)
+            ins = np.stack([bench.rank_input("allreduce", op, "int64", r, n, count) for r in range(n)])
+            ref = {"sum": ins.sum(0), "prod": ins.prod(0), "min": ins.min(0), "max": ins.max(0)}[op]
+            assert got.dtype == np.dtype(dtype) and (got.astype(np.int64) == ref).all(), (op, dtype)
+
+
+def test_sizes_and_tune_table() -> None:
+    assert bench.parse_size("64K") == 65536 and bench.parse_size("256M") == 256 << 20
+    assert bench.sweep_sizes(8, 64 * 1024, 8) == [8, 64, 512, 4096, 32768]
+    assert bench.element_count("allgather", 8, 4, 3) == 3
+    mk = lambda size, algo, t: bench.Row("allreduce", f"collectives-{algo}", 4, size, size // 4,
+                                         "float32", "sum", -1, t, 1.0, 1.0, None, False, "h")
+    rows = [mk(8, "butterfly", 1), mk(8, "ring", 2), mk(64, "butterfly", 1), mk(64, "ring", 2),
+            mk(512, "ring", 1), mk(512, "butterfly", 2), mk(512, "auto", 0.1)]
+    assert bench.tune_table(rows) == [(4, 64, "butterfly"), (4, 18446744073709551615, "ring")]
