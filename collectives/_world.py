@@ -80,6 +80,17 @@ def _start_store(host: str, port: int):
         return _store.StoreServer("::" if family == socket.AF_INET6 else "0.0.0.0", port)
 
 
+def spin_us(local_size: int) -> float:
+    """COLLECTIVES_SPIN_US, where "auto" spins 50 us only if each local rank has a core."""
+    text = os.environ.get("COLLECTIVES_SPIN_US", "auto").strip().lower()
+    if text in ("", "auto"):
+        return 50.0 if local_size <= (os.cpu_count() or 1) else 0.0
+    try:
+        return max(0.0, float(text))
+    except ValueError:
+        raise ValueError(f"COLLECTIVES_SPIN_US={text!r} is not a number of microseconds or 'auto'") from None
+
+
 def host_id() -> str:
     """Equal for processes that share a host and its /dev/shm: hostname + boot id."""
     try:
@@ -145,6 +156,7 @@ def init(timeout: Optional[float] = None):
             local_rank, local_size = 0, 1
         else:
             core, server, client, local_rank, local_size = _rendezvous(info, t)
+        core.set_spin_us(spin_us(local_size))
         comm = Comm._from_core(core, local_rank, local_size)
         _state = _World(comm, core, server, client)
         return comm

@@ -162,6 +162,10 @@ cdef class Communicator:
         cdef bytes h = host.encode()
         CHKERR(coll_comm_set_peer(self._live(), peer, h, port), self.comm)
 
+    def set_spin_us(self, double us) -> None:
+        """Microseconds a waiting rank retries before sleeping in poll() (0: never spin)."""
+        coll_comm_set_spin_us(self._live(), us)
+
     def set_peer_host(self, int peer, str host_id) -> None:
         """Mark which peers share this host (equal ids): they may use shared memory."""
         cdef bytes h = host_id.encode()

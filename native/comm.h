@@ -46,6 +46,7 @@ struct coll_comm {
   double timeout;        /* default deadline, seconds */
   size_t segment_bytes;
   int sockbuf;
+  double spin;           /* seconds to keep retrying before poll() */
 
   /* Progress thread: runs queued requests in order; blocking calls made
    * meanwhile wait for the queue to drain (coll_comm_enter). */

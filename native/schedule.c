@@ -418,6 +418,7 @@ coll_result_t coll_sched_run(coll_sched_t *s, double deadline) {
       if ((ps[i].peer > comm->rank) == (pass == 0))
         COLL_CHECK_GOTO(coll_link_get(comm, ps[i].peer, deadline, &ps[i].link), res, out);
 
+  double idle_since = 0;
   while (x.remaining > 0) {
     int moved = 0;
     while (x.nready > 0) {
@@ -431,7 +432,18 @@ coll_result_t coll_sched_run(coll_sched_t *s, double deadline) {
       COLL_CHECK_GOTO(progress_send(&x, &ps[i], &moved), res, out);
       COLL_CHECK_GOTO(progress_recv(&x, &ps[i], &moved), res, out);
     }
-    if (moved || x.remaining == 0) continue;
+    if (moved || x.remaining == 0) {
+      idle_since = 0;
+      continue;
+    }
+    /* A short bounded spin before sleeping, when the host has a core per
+     * rank (comm->spin is 0 otherwise): a wake-up from poll() costs more
+     * than a small message takes to arrive. */
+    if (comm->spin > 0) {
+      double now = coll_now();
+      if (idle_since == 0) idle_since = now;
+      if (now - idle_since < comm->spin) continue;
+    }
 
     int npf = 0, retry = 0;
     for (int i = 0; i < nps; i++) {

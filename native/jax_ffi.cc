@@ -1,0 +1,225 @@
+// jax_ffi.cc -- XLA FFI handlers (CPU) that run collectives-core calls inside a
+// JAX program; the Python side is collectives/jax.py.
+//
+// Not built by setup.py (it globs native/*.c): collectives/jax.py compiles this
+// file on first use against the headers of the installed jaxlib
+// (jax.ffi.include_dir()) and registers each handler as a custom-call target.
+//
+// Handlers (custom-call targets; every one takes and returns the ordered-effect
+// token last, which is what keeps XLA from reordering or dropping them):
+//   collectives_allreduce   (x, token) -> (y, token)   attrs comm, api, op, algo
+//   collectives_allgather   (x, token) -> (y, token)   attrs comm, api, size
+//                            y = every rank's x stacked along a new axis 0
+//   collectives_broadcast   (x, token) -> (y, token)   attrs comm, api, root
+//                            x and y are aliased by the lowering (in place)
+//   collectives_barrier     (token)    -> (token)      attrs comm, api
+//
+// `comm` is the native coll_comm_t* and `api` the address of the core's
+// coll_api_t table (collectives._core.api_table()), both as int64: this library
+// links nothing of the core, so it calls exactly the core the Python process
+// loaded. A failed call returns ffi::Error carrying the core's message (rank,
+// peer, seq, both sides' values); it never aborts the process.
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "coll.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+// Mirrors coll_api_t in native/_core.pyx (version 1); checked at every call.
+struct coll_api_t {
+  int version;
+  coll_result_t (*allreduce)(coll_comm_t *, const coll_args_t *);
+  coll_result_t (*allgatherv)(coll_comm_t *, const coll_args_t *);
+  coll_result_t (*broadcast)(coll_comm_t *, const coll_args_t *);
+  coll_result_t (*reduce_scatter_block)(coll_comm_t *, const coll_args_t *);
+  coll_result_t (*barrier)(coll_comm_t *, double);
+  const char *(*last_error)(const coll_comm_t *);
+};
+
+constexpr int kApiVersion = 1;
+
+// XLA element type -> core dtype; false for types the core cannot reduce.
+bool to_coll_dtype(ffi::DataType t, coll_dtype_t *out) {
+  switch (t) {
+    case ffi::DataType::S8: *out = COLL_INT8; return true;
+    case ffi::DataType::U8: *out = COLL_UINT8; return true;
+    case ffi::DataType::S32: *out = COLL_INT32; return true;
+    case ffi::DataType::S64: *out = COLL_INT64; return true;
+    case ffi::DataType::F16: *out = COLL_FLOAT16; return true;
+    case ffi::DataType::BF16: *out = COLL_BFLOAT16; return true;
+    case ffi::DataType::F32: *out = COLL_FLOAT32; return true;
+    case ffi::DataType::F64: *out = COLL_FLOAT64; return true;
+    default: return false;
+  }
+}
+
+// For collectives that only move bytes (allgather, broadcast): the element
+// type when the core knows it (so its header check compares dtypes), else the
+// raw bytes as uint8 (uint32, int16, complex, ...).
+void data_view(const ffi::AnyBuffer &b, coll_dtype_t *dtype, size_t *count) {
+  if (to_coll_dtype(b.element_type(), dtype)) {
+    *count = b.element_count();
+  } else {
+    *dtype = COLL_UINT8;
+    *count = b.size_bytes();
+  }
+}
+
+ffi::Error resolve(int64_t comm_attr, int64_t api_attr, const char *what, coll_comm_t **comm,
+                   const coll_api_t **api) {
+  *comm = reinterpret_cast<coll_comm_t *>(static_cast<intptr_t>(comm_attr));
+  *api = reinterpret_cast<const coll_api_t *>(static_cast<intptr_t>(api_attr));
+  if (*comm == nullptr || *api == nullptr)
+    return ffi::Error::InvalidArgument(std::string("collectives ") + what +
+                                       ": null communicator or api table");
+  if ((*api)->version != kApiVersion)
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition, 
+        std::string("collectives ") + what + ": core api table version " +
+        std::to_string((*api)->version) + ", this handler was built for " +
+        std::to_string(kApiVersion) + " (rebuild the JAX FFI cache)");
+  return ffi::Error::Success();
+}
+
+// The core already wrote the full message (rank, peer, seq, values) where the
+// error was born; only the collective's name is added here.
+ffi::Error core_error(coll_result_t res, const coll_api_t *api, coll_comm_t *comm,
+                      const char *what) {
+  const char *text = api->last_error(comm);
+  std::string msg = std::string("collectives ") + what + " failed (code " +
+                    std::to_string(static_cast<int>(res)) + "): " +
+                    (text && *text ? text : "no message");
+  switch (res) {
+    case COLL_INVALID_ARGUMENT: return ffi::Error::InvalidArgument(msg);
+    case COLL_INVALID_USAGE: return ffi::Error(ffi::ErrorCode::kFailedPrecondition, msg);
+    case COLL_TIMEOUT: return ffi::Error(ffi::ErrorCode::kDeadlineExceeded, msg);
+    case COLL_REMOTE_ERROR: return ffi::Error(ffi::ErrorCode::kUnavailable, msg);
+    default: return ffi::Error::Internal(msg);
+  }
+}
+
+ffi::Error AllreduceImpl(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y,
+                         ffi::Result<ffi::Token>, int64_t comm_attr, int64_t api_attr,
+                         int32_t op, int32_t algo) {
+  coll_comm_t *comm;
+  const coll_api_t *api;
+  if (ffi::Error e = resolve(comm_attr, api_attr, "allreduce", &comm, &api); e.failure()) return e;
+  coll_args_t a;
+  std::memset(&a, 0, sizeof(a));
+  if (!to_coll_dtype(x.element_type(), &a.dtype) || x.element_type() != y->element_type())
+    return ffi::Error::InvalidArgument("collectives allreduce: unsupported element type");
+  if (op < 0 || op >= COLL_NUM_OPS || algo < 0 || algo >= COLL_NUM_ALGOS)
+    return ffi::Error::InvalidArgument("collectives allreduce: bad op or algorithm code");
+  a.sendbuf = x.untyped_data();
+  a.recvbuf = y->untyped_data();
+  a.count = x.element_count();
+  a.op = static_cast<coll_op_t>(op);
+  a.algo = static_cast<coll_algo_t>(algo);
+  coll_result_t res = api->allreduce(comm, &a);
+  if (res != COLL_SUCCESS) return core_error(res, api, comm, "allreduce");
+  return ffi::Error::Success();
+}
+
+ffi::Error AllgatherImpl(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y,
+                         ffi::Result<ffi::Token>, int64_t comm_attr, int64_t api_attr,
+                         int64_t size) {
+  coll_comm_t *comm;
+  const coll_api_t *api;
+  if (ffi::Error e = resolve(comm_attr, api_attr, "allgather", &comm, &api); e.failure()) return e;
+  if (size <= 0 || y->size_bytes() != x.size_bytes() * static_cast<size_t>(size))
+    return ffi::Error::InvalidArgument("collectives allgather: output is not size x input");
+  coll_args_t a;
+  std::memset(&a, 0, sizeof(a));
+  data_view(x, &a.dtype, &a.count);
+  // counts then displs, one allocation; equal blocks laid out rank by rank.
+  std::vector<size_t> cd(2 * static_cast<size_t>(size));
+  for (int64_t i = 0; i < size; ++i) {
+    cd[i] = a.count;
+    cd[size + i] = static_cast<size_t>(i) * a.count;
+  }
+  a.sendbuf = x.untyped_data();
+  a.recvbuf = y->untyped_data();
+  a.counts = cd.data();
+  a.displs = cd.data() + size;
+  coll_result_t res = api->allgatherv(comm, &a);
+  if (res != COLL_SUCCESS) return core_error(res, api, comm, "allgather");
+  return ffi::Error::Success();
+}
+
+ffi::Error BroadcastImpl(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y,
+                         ffi::Result<ffi::Token>, int64_t comm_attr, int64_t api_attr,
+                         int32_t root) {
+  coll_comm_t *comm;
+  const coll_api_t *api;
+  if (ffi::Error e = resolve(comm_attr, api_attr, "broadcast", &comm, &api); e.failure()) return e;
+  if (y->size_bytes() != x.size_bytes())
+    return ffi::Error::InvalidArgument("collectives broadcast: output size differs from input");
+  // The lowering aliases y to x, but XLA may still hand us two buffers (when
+  // x stays live): the root's data must then be in y before it is sent.
+  if (y->untyped_data() != x.untyped_data() && x.size_bytes() > 0)
+    std::memcpy(y->untyped_data(), x.untyped_data(), x.size_bytes());
+  coll_args_t a;
+  std::memset(&a, 0, sizeof(a));
+  data_view(x, &a.dtype, &a.count);
+  a.sendbuf = y->untyped_data();
+  a.recvbuf = y->untyped_data();
+  a.root = root;
+  coll_result_t res = api->broadcast(comm, &a);
+  if (res != COLL_SUCCESS) return core_error(res, api, comm, "broadcast");
+  return ffi::Error::Success();
+}
+
+ffi::Error BarrierImpl(ffi::Token, ffi::Result<ffi::Token>, int64_t comm_attr, int64_t api_attr) {
+  coll_comm_t *comm;
+  const coll_api_t *api;
+  if (ffi::Error e = resolve(comm_attr, api_attr, "barrier", &comm, &api); e.failure()) return e;
+  coll_result_t res = api->barrier(comm, 0.0);
+  if (res != COLL_SUCCESS) return core_error(res, api, comm, "barrier");
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CollectivesAllreduce, AllreduceImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Token>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Token>()
+                                  .Attr<int64_t>("comm")
+                                  .Attr<int64_t>("api")
+                                  .Attr<int32_t>("op")
+                                  .Attr<int32_t>("algo"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CollectivesAllgather, AllgatherImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Token>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Token>()
+                                  .Attr<int64_t>("comm")
+                                  .Attr<int64_t>("api")
+                                  .Attr<int64_t>("size"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CollectivesBroadcast, BroadcastImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Token>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Token>()
+                                  .Attr<int64_t>("comm")
+                                  .Attr<int64_t>("api")
+                                  .Attr<int32_t>("root"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CollectivesBarrier, BarrierImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Token>()
+                                  .Ret<ffi::Token>()
+                                  .Attr<int64_t>("comm")
+                                  .Attr<int64_t>("api"));
