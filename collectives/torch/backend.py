@@ -313,13 +313,12 @@ class ProcessGroupCollectives(dist.ProcessGroup):
         root = opts.rootRank if opts is not None else 0
         for t in tensors:
             staged = _Staged(t, "reduce tensor")
-            out = staged.buf if self._rank == root else torch.empty_like(staged.buf)
-            view, dt = as_buffer(out)
-            if self._size > 1:
-                self._core.allreduce(staged.view, view, op=op, dtype=dt) if out is not staged.buf \
-                    else self._core.allreduce(None, view, op=op, dtype=dt)
-            if self._rank == root:
+            if self._size > 1 and self._rank == root:
+                self._core.allreduce(None, staged.view, op=op, dtype=staged.dtype)
                 staged.copy_out()
+            elif self._size > 1:  # an allreduce whose result this rank drops
+                scratch = as_buffer(torch.empty_like(staged.buf))[0]
+                self._core.allreduce(staged.view, scratch, op=op, dtype=staged.dtype)
         return _completed(list(tensors))
 
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor,
@@ -383,8 +382,7 @@ def _communicator(store: Any, rank: int, size: int, timeout: timedelta) -> tuple
     if rank == 0:
         store.set("collectives/comm_id", os.urandom(16).hex())
     comm_id = bytes.fromhex(store.get("collectives/comm_id").decode())
-    master = os.environ.get("MASTER_ADDR") or None
-    port = int(os.environ.get("MASTER_PORT", "0") or 0) or None
+    master, port = _store_address(store)
     host = _env.advertise_address(master, port)
     core = Communicator(rank, size, host, comm_id)
     store.set(f"collectives/addr/{rank}", f"{host}\n{core.port}")
@@ -392,6 +390,24 @@ def _communicator(store: Any, rank: int, size: int, timeout: timedelta) -> tuple
         addr, peer_port = store.get(f"collectives/addr/{peer}").decode().split("\n")
         core.set_peer(peer, addr, int(peer_port))
     return core, True
+
+
+def _store_address(store: Any) -> tuple[Optional[str], Optional[int]]:
+    """Where torch's TCPStore listens (through PrefixStores), else MASTER_ADDR/PORT, else None.
+
+    Used to pick the local interface that routes towards the other ranks.
+    """
+    inner = store
+    for _ in range(8):
+        if hasattr(inner, "host") and hasattr(inner, "port"):
+            return str(inner.host), int(inner.port)
+        nxt = getattr(inner, "underlying_store", None)
+        if nxt is None:
+            break
+        inner = nxt
+    master = os.environ.get("MASTER_ADDR") or None
+    port = int(os.environ.get("MASTER_PORT", "0") or 0) or None
+    return master, port
 
 
 def _create(store: Any, rank: int, size: int, timeout: timedelta) -> ProcessGroupCollectives:

@@ -25,7 +25,8 @@ import torch
 
 from ._context import as_buffer, current, wire_dtype
 from .compression import Compression
-from .mpi_ops import Adasum, Average, ReduceOp, Sum, _scale
+from .basics import Adasum, Average, ReduceOp, Sum
+from .mpi_ops import _scale
 
 __all__ = ["DistributedOptimizer"]
 

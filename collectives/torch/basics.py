@@ -1,0 +1,167 @@
+"""Horovod's basics: init/shutdown, ranks and sizes, build flags, and the reduction ops.
+
+Split from ``mpi_ops`` (which re-exports everything here) to keep files to
+one concept each.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import collectives
+
+from ._context import HOLDER, TorchContext, current
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
+    "cross_size", "cross_rank", "mpi_threads_supported", "mpi_enabled", "mpi_built",
+    "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built",
+    "rocm_built", "ReduceOp", "Average", "Sum", "Adasum", "Min", "Max", "Product", "resolve_op",
+]
+
+
+# ----------------------------------------------------------------- lifecycle
+
+def init(comm: Any = None, process_sets: Any = None) -> None:
+    """Join the world (``collectives.init()``) and set up the Horovod state.
+
+    Args:
+        comm: None (the launcher's world); a ``collectives.MPI.Comm`` to use
+            instead. Lists of ranks (Horovod's sub-communicators) are not supported.
+        process_sets: must be None (process sets are not supported).
+    """
+    if process_sets not in (None, [], ()):
+        raise NotImplementedError("collectives.torch: process sets are not supported")
+    if comm is not None and not hasattr(comm, "_core"):
+        raise NotImplementedError("collectives.torch.init: comm must be a collectives.MPI.Comm")
+    with HOLDER.lock:
+        if HOLDER.context is not None and (comm is None or HOLDER.context.comm is comm):
+            return
+        world = comm if comm is not None else collectives.init()
+        HOLDER.context = TorchContext(world)
+
+
+def shutdown() -> None:
+    """Wait for nothing more, close the world communicator and forget the state."""
+    with HOLDER.lock:
+        HOLDER.context = None
+    collectives.finalize()
+
+
+def is_initialized() -> bool:
+    """True between init() and shutdown()."""
+    return HOLDER.context is not None
+
+
+def size() -> int:
+    """Number of ranks."""
+    return current().size
+
+
+def rank() -> int:
+    """This process's rank."""
+    return current().rank
+
+
+def local_size() -> int:
+    """Number of ranks on this host."""
+    return current().local_size
+
+
+def local_rank() -> int:
+    """This process's rank among the ranks on this host."""
+    return current().local_rank
+
+
+def cross_size() -> int:
+    """Number of hosts."""
+    return current().cross_size
+
+
+def cross_rank() -> int:
+    """Index of this host (hosts numbered in order of their lowest rank)."""
+    return current().cross_rank
+
+
+def mpi_threads_supported() -> bool:
+    """False: there is no MPI underneath."""
+    return False
+
+
+def mpi_enabled() -> bool:
+    """False: there is no MPI underneath."""
+    return False
+
+
+def mpi_built() -> bool:
+    """False: there is no MPI underneath."""
+    return False
+
+
+def gloo_enabled() -> bool:
+    """False: the core is not Gloo."""
+    return False
+
+
+def gloo_built() -> bool:
+    """False: the core is not Gloo."""
+    return False
+
+
+def nccl_built() -> bool:
+    """False: no NCCL (GPU buffers are not supported yet)."""
+    return False
+
+
+def ddl_built() -> bool:
+    """False."""
+    return False
+
+
+def ccl_built() -> bool:
+    """False."""
+    return False
+
+
+def cuda_built() -> bool:
+    """True if the core was built with CUDA (see collectives.cuda_built)."""
+    return collectives.cuda_built()
+
+
+def rocm_built() -> bool:
+    """False."""
+    return False
+
+
+# ---------------------------------------------------------------------- ops
+
+class ReduceOp:
+    """A reduction: Average, Sum, Min, Max, Product (Adasum is not supported)."""
+
+    def __init__(self, name: str, core: Optional[str]) -> None:
+        self.name = name
+        self.core = core
+
+    def __repr__(self) -> str:
+        return f"<collectives.torch.{self.name}>"
+
+
+Average = ReduceOp("Average", "avg")
+Sum = ReduceOp("Sum", "sum")
+Adasum = ReduceOp("Adasum", None)
+Min = ReduceOp("Min", "min")
+Max = ReduceOp("Max", "max")
+Product = ReduceOp("Product", "prod")
+
+
+def resolve_op(average: Optional[bool], op: Optional[ReduceOp], default: ReduceOp = Average
+               ) -> ReduceOp:
+    """Horovod's rule: `average` (deprecated) or `op`, not both; default Average."""
+    if average is not None and op is not None:
+        raise ValueError("specify either op or the deprecated average, not both")
+    if op is None:
+        op = default if average is None else (Average if average else Sum)
+    if not isinstance(op, ReduceOp):
+        raise TypeError(f"op must be one of Average, Sum, Min, Max, Product; got {op!r}")
+    if op.core is None:
+        raise NotImplementedError(f"collectives.torch: {op.name} is not supported")
+    return op
