@@ -122,6 +122,13 @@ def _vbuf(spec: Any, size: int) -> tuple[Any, list[int], Optional[list[int]], Op
     return buf, counts, displs, dtype
 
 
+def _op(op: Any) -> str:
+    """The core's name of an MPI.Op (TypeError for anything else, as mpi4py)."""
+    if not isinstance(op, Op):
+        raise TypeError(f"op must be an MPI.Op such as MPI.SUM, not {type(op).__name__}")
+    return op.name
+
+
 def _dtype_name(a: Optional[str], b: Optional[str]) -> Optional[str]:
     if a and b and a != b:
         raise TypeError(f"send datatype {a} differs from receive datatype {b}")
@@ -213,7 +220,7 @@ class Comm:
         """recvbuf = op over all ranks of sendbuf (sendbuf may be IN_PLACE)."""
         rbuf, rtype = _buf(recvbuf)
         sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf)
-        self._call(self._core.allreduce, sbuf, rbuf, op.name, algorithm, timeout,
+        self._call(self._core.allreduce, sbuf, rbuf, _op(op), algorithm, timeout,
                    _dtype_name(stype, rtype))
 
     def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, *, algorithm: str = "auto",
@@ -221,7 +228,7 @@ class Comm:
         """Start an Allreduce; returns a Request (buffers stay in use until Wait)."""
         rbuf, rtype = _buf(recvbuf)
         sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf)
-        req = self._call(self._core.iallreduce, sbuf, rbuf, op.name, algorithm, timeout,
+        req = self._call(self._core.iallreduce, sbuf, rbuf, _op(op), algorithm, timeout,
                          _dtype_name(stype, rtype))
         return Request(req, self)
 
@@ -254,7 +261,7 @@ class Comm:
         """recvbuf = this rank's block of op over all ranks of sendbuf (size blocks)."""
         rbuf, rtype = _buf(recvbuf)
         sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf)
-        self._call(self._core.reduce_scatter_block, sbuf, rbuf, op.name, timeout,
+        self._call(self._core.reduce_scatter_block, sbuf, rbuf, _op(op), timeout,
                    _dtype_name(stype, rtype))
 
     def Barrier(self, *, timeout: Optional[float] = None) -> None:

@@ -199,15 +199,25 @@ def explain_failure(rank: int, message: str) -> str:
         client.set(f"failed/{rank}", message.encode())
         if any(echo in message for echo in _ECHOES):
             deadline = time.monotonic() + 1.0
+            silent: list = []
             while not causes and time.monotonic() < deadline:
+                silent = []
                 for peer in range(state.comm.size):
-                    if peer == rank or not client.check([f"failed/{peer}"]):
+                    if peer == rank:
+                        continue
+                    if not client.check([f"failed/{peer}"]):
+                        silent.append(peer)
                         continue
                     text = client.get(f"failed/{peer}", timeout=0.5).decode()
                     if not any(echo in text for echo in _ECHOES):
                         causes.append(f"rank {peer} reported: {text}")
                 if not causes:
                     time.sleep(0.05)
+            if not causes and silent:
+                # Everyone who is alive has reported an echo by now; the
+                # ranks that said nothing are the ones that died or hung.
+                names = ", ".join(str(p) for p in silent)
+                causes.append(f"rank {names} reported nothing: it exited, was killed or is stuck")
         client.set(f"explained/{rank}", b"")
     except (OSError, TimeoutError, ConnectionError, ValueError):
         return message

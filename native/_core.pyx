@@ -96,16 +96,16 @@ cdef class Communicator:
         comm_id: 16 bytes equal on every rank of this communicator.
     """
     cdef coll_comm_t *comm
-    cdef readonly int rank
-    cdef readonly int size
+    cdef int _rank
+    cdef int _size
 
     def __cinit__(self, int rank, int size, str bind_host="", bytes comm_id=bytes(16)):
         if size < 1 or not (0 <= rank < size):
             raise ValueError(f"rank {rank} out of range for size {size}")
         if len(comm_id) != 16:
             raise ValueError("comm_id must be 16 bytes")
-        self.rank = rank
-        self.size = size
+        self._rank = rank
+        self._size = size
         cdef bytes host = bind_host.encode()
         cdef const char *chost = host
         cdef const uint8_t *cid = comm_id
@@ -135,6 +135,16 @@ cdef class Communicator:
     def port(self) -> int:
         """The TCP port this rank listens on."""
         return coll_comm_port(self._live())
+
+    @property
+    def rank(self) -> int:
+        """This process's rank."""
+        return self._rank
+
+    @property
+    def size(self) -> int:
+        """Number of ranks."""
+        return self._size
 
     @property
     def handle(self) -> int:
@@ -228,7 +238,7 @@ cdef class Communicator:
         sendbuf None means in place: this rank's block is already in recvbuf.
         """
         self._live()
-        cdef int n = self.size
+        cdef int n = self._size
         counts = [int(c) for c in counts]
         if len(counts) != n:
             raise ValueError(f"counts has {len(counts)} entries for {n} ranks")
@@ -250,9 +260,9 @@ cdef class Communicator:
             sv = as_view(sendbuf, "sendbuf", False, dtype)
             if sv.dtype != rv.dtype:
                 raise TypeError("sendbuf and recvbuf have different dtypes")
-            if sv.count != <size_t>counts[self.rank]:
-                raise ValueError(f"mismatch in send count {sv.count} and counts[{self.rank}] = "
-                                 f"{counts[self.rank]}")
+            if sv.count != <size_t>counts[self._rank]:
+                raise ValueError(f"mismatch in send count {sv.count} and counts[{self._rank}] = "
+                                 f"{counts[self._rank]}")
             check_overlap(sv, rv, "allgatherv")
         for i in range(n):
             if <size_t>(displs[i] + counts[i]) > rv.count:
@@ -270,8 +280,8 @@ cdef class Communicator:
                 cc[n + i] = displs[i]
             memset(&a, 0, sizeof(a))
             a.recvbuf = rv.ptr
-            a.sendbuf = sv.ptr if sv is not None else <void *>(<char *>rv.ptr + cc[n + self.rank] * esize)
-            a.count = cc[self.rank]
+            a.sendbuf = sv.ptr if sv is not None else <void *>(<char *>rv.ptr + cc[n + self._rank] * esize)
+            a.count = cc[self._rank]
             a.counts = cc
             a.displs = cc + n
             a.dtype = <coll_dtype_t>rv.dtype
@@ -285,9 +295,9 @@ cdef class Communicator:
     def broadcast(self, buf, int root=0, timeout=None, dtype=None) -> None:
         """Copy root's buf into buf on every rank."""
         self._live()
-        if not (0 <= root < self.size):
-            raise ValueError(f"root {root} out of range for {self.size} ranks")
-        cdef _View v = as_view(buf, "buf", self.rank != root, dtype)
+        if not (0 <= root < self._size):
+            raise ValueError(f"root {root} out of range for {self._size} ranks")
+        cdef _View v = as_view(buf, "buf", self._rank != root, dtype)
         cdef coll_args_t a
         memset(&a, 0, sizeof(a))
         a.sendbuf = v.ptr
@@ -312,16 +322,16 @@ cdef class Communicator:
         cdef _View sv = rv if sendbuf is None else as_view(sendbuf, "sendbuf", False, dtype)
         cdef size_t count
         if sendbuf is None:
-            if rv.count % self.size:
+            if rv.count % self._size:
                 raise ValueError(f"in-place reduce_scatter_block: {rv.count} elements is not a "
-                                 f"multiple of {self.size} ranks")
-            count = rv.count // self.size
+                                 f"multiple of {self._size} ranks")
+            count = rv.count // self._size
         else:
             if sv.dtype != rv.dtype:
                 raise TypeError("sendbuf and recvbuf have different dtypes")
-            if sv.count != rv.count * self.size:
+            if sv.count != rv.count * self._size:
                 raise ValueError(f"mismatch in send count {sv.count} and receive count "
-                                 f"{rv.count} x {self.size} ranks")
+                                 f"{rv.count} x {self._size} ranks")
             check_overlap(sv, rv, "reduce_scatter_block")
             count = rv.count
         cdef coll_args_t a

@@ -1,0 +1,56 @@
+"""Every public name of the public modules has a docstring (functions, classes, and the
+public methods and properties of public classes)."""
+import importlib
+import inspect
+
+import pytest
+
+pytestmark = pytest.mark.timeout(60)
+
+MODULES = ["collectives", "collectives.MPI", "collectives._core", "collectives.run",
+           "collectives._env", "collectives._store"]
+
+
+def _defined_here(mod, obj):
+    owner = getattr(obj, "__module__", None)
+    if owner is None:
+        return False
+    # Cython classes/functions report the extension module's name
+    return owner == mod.__name__
+
+
+def _missing(modname):
+    mod = importlib.import_module(modname)
+    missing = []
+    if not (mod.__doc__ or "").strip():
+        missing.append(modname)
+    for name, obj in sorted(vars(mod).items()):
+        if name.startswith("_"):
+            continue
+        if not (inspect.isclass(obj) or inspect.isroutine(obj)):
+            continue
+        if not _defined_here(mod, obj):
+            continue
+        if not (inspect.getdoc(obj) or "").strip():
+            missing.append(f"{modname}.{name}")
+        if inspect.isclass(obj):
+            for attr, val in vars(obj).items():
+                if attr.startswith("_"):
+                    continue
+                target = val.fget if isinstance(val, property) else val
+                if isinstance(target, (staticmethod, classmethod)):
+                    target = target.__func__
+                if not (inspect.isroutine(target) or isinstance(val, property)
+                        or type(val).__name__ in ("getset_descriptor", "member_descriptor")):
+                    continue
+                doc = getattr(val, "__doc__", None) if not isinstance(val, property) else \
+                    (val.__doc__ or getattr(val.fget, "__doc__", None))
+                if not (doc or "").strip():
+                    missing.append(f"{modname}.{name}.{attr}")
+    return missing
+
+
+@pytest.mark.parametrize("modname", MODULES)
+def test_public_names_have_docstrings(modname):
+    missing = _missing(modname)
+    assert not missing, "public names without a docstring:\n  " + "\n  ".join(missing)
