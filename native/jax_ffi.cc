@@ -8,6 +8,8 @@
 // Handlers (custom-call targets; every one takes and returns the ordered-effect
 // token last, which is what keeps XLA from reordering or dropping them):
 //   collectives_allreduce   (x, token) -> (y, token)   attrs comm, api, op, algo
+//                            x and y are aliased by the lowering: when XLA
+//                            gives one buffer, this is the core's in-place form
 //   collectives_allgather   (x, token) -> (y, token)   attrs comm, api, size
 //                            y = every rank's x stacked along a new axis 0
 //   collectives_broadcast   (x, token) -> (y, token)   attrs comm, api, root
@@ -80,7 +82,8 @@ ffi::Error resolve(int64_t comm_attr, int64_t api_attr, const char *what, coll_c
     return ffi::Error::InvalidArgument(std::string("collectives ") + what +
                                        ": null communicator or api table");
   if ((*api)->version != kApiVersion)
-    return ffi::Error(ffi::ErrorCode::kFailedPrecondition, 
+    return ffi::Error(
+        ffi::ErrorCode::kFailedPrecondition,
         std::string("collectives ") + what + ": core api table version " +
         std::to_string((*api)->version) + ", this handler was built for " +
         std::to_string(kApiVersion) + " (rebuild the JAX FFI cache)");

@@ -1,0 +1,488 @@
+"""Collectives on JAX arrays and pytrees, eager and under ``jax.jit``.
+
+The JAX counterpart of mpi4jax, over the collectives core instead of MPI::
+
+    import collectives.jax as cj
+
+    @jax.jit
+    def step(params, batch):
+        grads = jax.grad(loss)(params, batch)
+        grads = cj.allreduce(grads, op="mean")      # average over the ranks
+        return jax.tree.map(lambda p, g: p - lr * g, params, grads)
+
+started with ``collectives-run -np N python train.py``. ``allreduce``,
+``allgather``, ``broadcast`` and ``barrier`` take a JAX array (or anything
+``jnp.asarray`` takes) or a pytree of them, return the same structure, and
+run on ``comm=`` (a ``collectives.MPI.Comm``; default: the world,
+``collectives.init()``). Every leaf is one collective, in the tree's
+flattening order, so every rank must pass the same structure, shapes and
+dtypes.
+
+Ordering: an ordered effect
+    Each collective is a JAX primitive whose abstract evaluation declares
+    ``CollectiveEffect``, registered as an *ordered* effect. JAX then threads
+    one token through every such primitive of a program in program order,
+    the custom call takes that token as an operand and returns the next one,
+    and XLA can neither reorder two collectives (each depends on the token
+    of the one before) nor drop one whose result is unused (effects are never
+    dead code). Across calls of jitted functions JAX keeps a runtime token,
+    so executions with collectives also run in dispatch order. We chose this
+    over mpi4jax's explicit ``token=`` arguments: programs stay plain JAX and
+    no caller can forget to chain a token. The price: the order is the
+    order of the traced program, so ranks must trace the same program.
+
+Native side
+    The custom calls are typed XLA FFI handlers (``native/jax_ffi.cc``) that
+    call the core through its function table (``_core.api_table()``); the
+    communicator handle and the table address travel as int64 attributes,
+    with op / algorithm / root / size. A failed collective comes back as an
+    ``XlaRuntimeError`` carrying the core's message (rank, peer, values); the
+    process is never aborted.
+
+Building the handler
+    The package build has no jax, so the handler is compiled on first use
+    (the first collective called, not the import) with the system C++
+    compiler (``$CXX``, else ``c++``/``g++``/``clang++``)::
+
+        c++ -O2 -shared -fPIC -std=c++17 -isystem <jax.ffi.include_dir()> -I native
+
+    into ``$COLLECTIVES_CACHE_DIR`` (default ``$XDG_CACHE_HOME/collectives``
+    or ``~/.cache/collectives``), named by a hash of the source, ``coll.h``,
+    the jaxlib and Python versions and the compiler. Ranks that start together
+    take a file lock; one compiles (to a temporary name, then ``os.replace``)
+    and the others load its result. The library is loaded with ctypes and its
+    handlers registered with ``jax.ffi.register_ffi_target(platform="cpu")``.
+    No compiler: a ``RuntimeError`` says so and how to set ``CXX``.
+
+Differentiation and vmap
+    ``allreduce`` with ``op="sum"`` or ``"mean"`` is linear: its JVP is the
+    same allreduce of the tangent, and its transpose is the same allreduce of
+    the cotangent (rank j's input reaches every rank's output, so its
+    cotangent is the sum, or mean, of all ranks' cotangents). This differs
+    from mpi4jax, whose transpose is the identity. ``min``/``max``/``prod``
+    are not differentiable here; ``allgather`` and ``broadcast`` have JVPs
+    but no transpose yet (``jax.grad`` through them raises). Under ``vmap``
+    the collective runs once on the whole batched array: every rank must then
+    batch the same way.
+
+Devices
+    CPU arrays only; GPU arrays raise ``NotImplementedError`` until the GPU
+    path exists. Host dtypes: allreduce takes int8, uint8, int32, int64,
+    float16, bfloat16, float32, float64 (float64 needs ``jax_enable_x64``);
+    allgather and broadcast move any dtype.
+
+A jitted function captures the communicator's native handle: do not call it
+after ``collectives.finalize()``.
+"""
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from functools import partial
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+from jax.extend.core import Effect, Primitive
+from jax.interpreters import ad, batching, mlir
+
+# JAX has no public way to declare an ordered effect or name the token aval;
+# these two private modules are the only ones this file touches.
+from jax._src import core as _jax_core
+from jax._src import effects as _jax_effects
+
+__all__ = ["allreduce", "allgather", "broadcast", "barrier", "CollectiveEffect"]
+
+# coll_op_t / coll_algo_t codes (native/coll.h)
+_OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "mean": 4, "avg": 4}
+_ALGORITHMS = {"auto": 0, "ring": 1, "tree": 2, "butterfly": 3}
+_SUM, _MEAN = 0, 4
+# dtypes the core reduces (allreduce); allgather/broadcast move any dtype as bytes
+_REDUCIBLE = {np.dtype(d) for d in ("int8", "uint8", "int32", "int64", "float16",
+                                    "float32", "float64")} | {np.dtype(jnp.bfloat16)}
+
+
+# ------------------------------------------------------------------ the effect
+
+class CollectiveEffect(Effect):
+    """The ordered effect of every collective: keeps them in program order, never dropped."""
+
+    def __str__(self) -> str:
+        return "collectives"
+
+
+_effect = CollectiveEffect()
+_jax_effects.lowerable_effects.add_type(CollectiveEffect)
+_jax_effects.ordered_effects.add_type(CollectiveEffect)
+_jax_effects.control_flow_allowed_effects.add_type(CollectiveEffect)
+_jax_effects.custom_derivatives_allowed_effects.add_type(CollectiveEffect)
+_jax_effects.remat_allowed_effects.add_type(CollectiveEffect)
+
+
+# ------------------------------------------------------- building the handler
+
+_TARGETS = {  # custom-call target -> exported handler symbol in jax_ffi.cc
+    "collectives_allreduce": "CollectivesAllreduce",
+    "collectives_allgather": "CollectivesAllgather",
+    "collectives_broadcast": "CollectivesBroadcast",
+    "collectives_barrier": "CollectivesBarrier",
+}
+_load_lock = threading.Lock()
+_library: Optional[ctypes.CDLL] = None  # kept referenced: XLA calls into it
+
+
+def _native_dir() -> Path:
+    """The directory with jax_ffi.cc and coll.h: shipped in the package, or the source tree."""
+    pkg = Path(__file__).resolve().parent
+    for d in (pkg / "_native", pkg.parent / "native"):
+        if (d / "jax_ffi.cc").is_file() and (d / "coll.h").is_file():
+            return d
+    raise RuntimeError(f"collectives.jax: jax_ffi.cc and coll.h not found in {pkg / '_native'} "
+                       f"or {pkg.parent / 'native'}; the installation is incomplete")
+
+
+def _cache_dir() -> Path:
+    """$COLLECTIVES_CACHE_DIR, else $XDG_CACHE_HOME/collectives, else ~/.cache/collectives."""
+    d = os.environ.get("COLLECTIVES_CACHE_DIR")
+    if not d:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        d = os.path.join(base, "collectives")
+    return Path(d)
+
+
+def _compiler() -> str:
+    """$CXX, else the first of c++, g++, clang++ on PATH."""
+    cxx = os.environ.get("CXX")
+    if cxx:
+        return cxx
+    for name in ("c++", "g++", "clang++"):
+        path = shutil.which(name)
+        if path:
+            return path
+    raise RuntimeError("collectives.jax needs a C++17 compiler to build its XLA FFI handler on "
+                       "first use, and found none (no $CXX, c++, g++ or clang++ on PATH); "
+                       "install one (e.g. apt-get install g++) or set CXX")
+
+
+def _build_library() -> Path:
+    """Compile native/jax_ffi.cc into the cache (once per source/jaxlib/python) and return it."""
+    import jaxlib
+
+    src_dir = _native_dir()
+    source = src_dir / "jax_ffi.cc"
+    cxx = _compiler()
+    cmd = [*cxx.split(), "-O2", "-shared", "-fPIC", "-std=c++17",
+           "-isystem", jax.ffi.include_dir(), "-I", str(src_dir)]
+    h = hashlib.sha256()
+    for part in (source.read_bytes(), (src_dir / "coll.h").read_bytes(),
+                 jaxlib.__version__.encode(), sys.version.encode(),
+                 platform.machine().encode(), " ".join(cmd[:1]).encode()):
+        h.update(part)
+        h.update(b"\0")
+    cache = _cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    target = cache / f"jax_ffi-{h.hexdigest()[:20]}.so"
+    if target.exists():
+        return target
+    # Ranks started together race here: the lock lets one compile while the
+    # others wait, then find the file; the temp name + os.replace means no one
+    # ever loads a half-written library, even without the lock (e.g. NFS).
+    with open(cache / (target.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if target.exists():
+                return target
+            fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp.so", dir=cache)
+            os.close(fd)
+            try:
+                proc = subprocess.run([*cmd, str(source), "-o", tmp], capture_output=True,
+                                      text=True)
+                if proc.returncode != 0:
+                    raise RuntimeError(
+                        f"collectives.jax: building the XLA FFI handler failed:\n"
+                        f"{' '.join(cmd)} {source} -o {tmp}\n{proc.stdout}{proc.stderr}")
+                os.replace(tmp, target)
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return target
+
+
+def _ensure_registered() -> None:
+    """Build (or find) the handler library, load it, register its targets; once per process."""
+    global _library
+    if _library is not None:
+        return
+    with _load_lock:
+        if _library is not None:
+            return
+        lib = ctypes.CDLL(str(_build_library()))
+        for name, symbol in _TARGETS.items():
+            jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, symbol)),
+                                        platform="cpu")
+        _library = lib
+
+
+# ------------------------------------------------------------------ primitives
+
+def _lowering(target: str, aliases: Optional[dict] = None):
+    """The CPU lowering: the FFI custom call with the effect's token as last operand/result."""
+
+    def rule(ctx, *operands, **params):
+        token = ctx.tokens_in.get(_effect)
+        tok = _jax_core.abstract_token
+        call_ctx = ctx.replace(avals_in=[*ctx.avals_in, tok], avals_out=[*ctx.avals_out, tok])
+        attrs = {k: (np.int64(v) if k in ("comm", "api", "size") else np.int32(v))
+                 for k, v in params.items()}
+        lower = jax.ffi.ffi_lowering(target, has_side_effect=True,
+                                     operand_output_aliases=aliases)
+        *results, token = lower(call_ctx, *operands, token, **attrs)
+        ctx.set_tokens_out(ctx.tokens_in.update_tokens(mlir.TokenSet({_effect: token})))
+        return results
+
+    return rule
+
+
+def _gpu_lowering(ctx, *args, **params):
+    raise NotImplementedError("collectives.jax: GPU arrays are not supported yet (CPU only); "
+                              "move the arrays to the CPU (jax.device_put(x, "
+                              "jax.devices('cpu')[0])) or run JAX with JAX_PLATFORMS=cpu")
+
+
+def _eager_impl(prim: Primitive):
+    """Outside jit a primitive runs as a one-primitive jitted program (cached per params)."""
+
+    @partial(jax.jit, static_argnames=("params",))
+    def run(*args, params):
+        return prim.bind(*args, **dict(params))
+
+    def impl(*args, **params):
+        return run(*args, params=tuple(sorted(params.items())))
+
+    return impl
+
+
+def _define(name: str, target: str, abstract, aliases=None, multiple_results=False) -> Primitive:
+    prim = Primitive(name)
+    prim.multiple_results = multiple_results
+    prim.def_impl(_eager_impl(prim))
+    prim.def_effectful_abstract_eval(lambda *a, **p: (abstract(*a, **p), {_effect}))
+    mlir.register_lowering(prim, _lowering(target, aliases), platform="cpu")
+    for gpu in ("cuda", "rocm"):
+        mlir.register_lowering(prim, _gpu_lowering, platform=gpu)
+    return prim
+
+
+# allreduce and broadcast alias their output to their input: the core works in
+# place, and XLA adds a copy only when the input stays live (not donated).
+allreduce_p = _define("collectives_allreduce", "collectives_allreduce",
+                      lambda x, **_: jax.core.ShapedArray(x.shape, x.dtype), aliases={0: 0})
+allgather_p = _define("collectives_allgather", "collectives_allgather",
+                      lambda x, size, **_: jax.core.ShapedArray((size, *x.shape), x.dtype))
+broadcast_p = _define("collectives_broadcast", "collectives_broadcast",
+                      lambda x, **_: jax.core.ShapedArray(x.shape, x.dtype), aliases={0: 0})
+barrier_p = _define("collectives_barrier", "collectives_barrier", lambda **_: [],
+                    multiple_results=True)
+
+
+def _zero_like(aval) -> ad.Zero:
+    return ad.Zero(aval.to_tangent_aval())
+
+
+# allreduce: JVP and transpose for the linear ops (sum, mean); batching for all.
+def _allreduce_jvp(primals, tangents, **params):
+    (x,), (t,) = primals, tangents
+    if params["op"] not in (_SUM, _MEAN):
+        raise NotImplementedError("collectives.jax.allreduce is differentiable only for "
+                                  "op='sum' and op='mean'")
+    y = allreduce_p.bind(x, **params)
+    if type(t) is ad.Zero:
+        return y, _zero_like(jax.core.get_aval(y))
+    return y, allreduce_p.bind(t, **params)
+
+
+def _allreduce_transpose(ct, x, **params):
+    # y_i = sum_j x_j on every rank i, so x_j's cotangent is sum_i ct_i: the
+    # same allreduce (mean: (1/n) sum_i ct_i, the same mean-allreduce).
+    if params["op"] not in (_SUM, _MEAN):
+        raise NotImplementedError("the transpose of allreduce exists only for op='sum'/'mean'")
+    if type(ct) is ad.Zero:
+        return [ad.Zero(x.aval)]
+    return [allreduce_p.bind(ct, **params)]
+
+
+def _same_dim_batcher(prim):
+    def rule(args, dims, **params):
+        # the whole batched array is one collective; the batch axis stays put
+        return prim.bind(*args, **params), dims[0]
+
+    return rule
+
+
+def _allgather_batcher(args, dims, **params):
+    # the result stacks ranks in front, so the batch axis moves back by one
+    return allgather_p.bind(args[0], **params), dims[0] + 1
+
+
+def _linear_jvp(prim):
+    def rule(primals, tangents, **params):
+        (x,), (t,) = primals, tangents
+        y = prim.bind(x, **params)
+        if type(t) is ad.Zero:
+            return y, _zero_like(jax.core.get_aval(y))
+        return y, prim.bind(t, **params)
+
+    return rule
+
+
+def _no_transpose(what):
+    def rule(ct, x, **params):
+        raise NotImplementedError(f"collectives.jax.{what} has no transpose yet: reverse-mode "
+                                  f"differentiation (jax.grad) through it is not supported")
+
+    return rule
+
+
+ad.primitive_jvps[allreduce_p] = _allreduce_jvp
+ad.primitive_transposes[allreduce_p] = _allreduce_transpose
+batching.primitive_batchers[allreduce_p] = _same_dim_batcher(allreduce_p)
+for _prim, _what in ((allgather_p, "allgather"), (broadcast_p, "broadcast")):
+    ad.primitive_jvps[_prim] = _linear_jvp(_prim)
+    ad.primitive_transposes[_prim] = _no_transpose(_what)
+batching.primitive_batchers[allgather_p] = _allgather_batcher
+batching.primitive_batchers[broadcast_p] = _same_dim_batcher(broadcast_p)
+
+
+# ------------------------------------------------------------------ public API
+
+def _core_of(comm: Any):
+    """The native Communicator behind `comm` (None: the world)."""
+    if comm is None:
+        import collectives
+
+        comm = collectives.init()
+    return getattr(comm, "_core", comm)
+
+
+def _prepare(x: Any, comm: Any):
+    """Flatten a pytree into arrays, check they are on the CPU, load the handler."""
+    core = _core_of(comm)
+    leaves, tree = jax.tree_util.tree_flatten(x)
+    arrays = []
+    for leaf in leaves:
+        if isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer):
+            platforms = {d.platform for d in leaf.devices()}
+            if platforms != {"cpu"}:
+                _gpu_lowering(None)  # raises the GPU error
+        arrays.append(leaf if isinstance(leaf, jax.Array) else jnp.asarray(leaf))
+    _ensure_registered()
+    params = {"comm": core.handle, "api": _api_table()}
+    return core, arrays, tree, params
+
+
+def _api_table() -> int:
+    from . import _core
+
+    return _core.api_table()
+
+
+def allreduce(x: Any, op: Any = "sum", *, comm: Any = None, algorithm: str = "auto") -> Any:
+    """Reduce every leaf of `x` over all ranks; every rank gets the result.
+
+    Args:
+        x: a JAX array (or array-like) or a pytree of them; same structure,
+            shapes and dtypes on every rank.
+        op: "sum", "mean" (alias "avg"), "min", "max" or "prod", or a
+            ``collectives.MPI`` op (``MPI.SUM``...). "mean" needs a floating dtype.
+        comm: a ``collectives.MPI.Comm`` (default: the world).
+        algorithm: "auto", "ring", "tree" or "butterfly".
+
+    Returns:
+        The same structure with the reduced arrays. Differentiable for sum and mean.
+    """
+    op_name = str(getattr(op, "name", op)).lower()
+    if op_name not in _OPS:
+        raise ValueError(f"op must be one of {sorted(_OPS)}, got {op!r}")
+    if algorithm not in _ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {sorted(_ALGORITHMS)}, got {algorithm!r}")
+    core, arrays, tree, params = _prepare(x, comm)
+    for a in arrays:
+        if np.dtype(a.dtype) not in _REDUCIBLE:
+            raise TypeError(f"allreduce: unsupported dtype {a.dtype} (supported: int8, uint8, "
+                            f"int32, int64, float16, bfloat16, float32, float64)")
+        if _OPS[op_name] == _MEAN and not jnp.issubdtype(a.dtype, jnp.floating):
+            raise TypeError(f"allreduce: op='mean' needs a floating dtype, got {a.dtype}")
+    params.update(op=_OPS[op_name], algo=_ALGORITHMS[algorithm])
+    return tree.unflatten([allreduce_p.bind(a, **params) for a in arrays])
+
+
+def allgather(x: Any, *, tiled: bool = False, comm: Any = None) -> Any:
+    """Gather every leaf of `x` from all ranks, in rank order.
+
+    Args:
+        x: a JAX array or a pytree of them; same structure, shapes and dtypes
+            on every rank.
+        tiled: False (default): stack along a new axis 0, shape
+            ``(size, *x.shape)``; True: concatenate along axis 0, shape
+            ``(size * x.shape[0], *x.shape[1:])`` (as ``jax.lax.all_gather``).
+        comm: a ``collectives.MPI.Comm`` (default: the world).
+
+    Returns:
+        The same structure with the gathered arrays.
+    """
+    core, arrays, tree, params = _prepare(x, comm)
+    params["size"] = core.size
+    out = []
+    for a in arrays:
+        if tiled and a.ndim == 0:
+            raise ValueError("allgather(tiled=True) needs arrays with at least one axis")
+        g = allgather_p.bind(a, **params)
+        out.append(g.reshape((core.size * a.shape[0], *a.shape[1:])) if tiled else g)
+    return tree.unflatten(out)
+
+
+def broadcast(x: Any, root: int = 0, *, comm: Any = None) -> Any:
+    """Every rank gets rank `root`'s value of each leaf of `x`.
+
+    Args:
+        x: a JAX array or a pytree of them; same structure, shapes and dtypes
+            on every rank (only root's values matter).
+        root: the rank whose values are sent.
+        comm: a ``collectives.MPI.Comm`` (default: the world).
+
+    Returns:
+        The same structure holding root's arrays.
+    """
+    core = _core_of(comm)
+    root = int(root)
+    if not 0 <= root < core.size:
+        raise ValueError(f"root {root} out of range for {core.size} ranks")
+    core, arrays, tree, params = _prepare(x, core)
+    params["root"] = root
+    return tree.unflatten([broadcast_p.bind(a, **params) for a in arrays])
+
+
+def barrier(*, comm: Any = None) -> None:
+    """Block until every rank reached this barrier (in program order inside jit).
+
+    Args:
+        comm: a ``collectives.MPI.Comm`` (default: the world).
+    """
+    _core, _arrays, _tree, params = _prepare((), comm)
+    barrier_p.bind(**params)
+    if _jax_core.trace_state_clean():
+        # eager: the one-primitive program may still be running asynchronously
+        jax.effects_barrier()
