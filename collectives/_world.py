@@ -81,10 +81,10 @@ def _start_store(host: str, port: int):
 
 
 def spin_us(local_size: int) -> float:
-    """COLLECTIVES_SPIN_US, where "auto" spins 50 us only if each local rank has a core."""
+    """COLLECTIVES_SPIN_US, where "auto" spins 100 us only if each local rank has a core."""
     text = os.environ.get("COLLECTIVES_SPIN_US", "auto").strip().lower()
     if text in ("", "auto"):
-        return 50.0 if local_size <= (os.cpu_count() or 1) else 0.0
+        return 100.0 if local_size <= (os.cpu_count() or 1) else 0.0
     try:
         return max(0.0, float(text))
     except ValueError:
