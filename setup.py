@@ -3,8 +3,11 @@ import glob
 import os
 
 import numpy
+import shutil
+
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 C_SOURCES = sorted(
@@ -26,7 +29,24 @@ ext = Extension(
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
 )
 
+# Sources compiled at run time by an adapter (the JAX FFI handler, built on
+# first use against the installed jaxlib) ship inside the package.
+RUNTIME_SOURCES = ["native/jax_ffi.cc", "native/coll.h"]
+
+
+class BuildPy(build_py):
+    """build_py that also copies the run-time compiled sources into collectives/_native."""
+
+    def run(self):
+        dest = os.path.join(self.build_lib, "collectives", "_native")
+        os.makedirs(dest, exist_ok=True)
+        for src in RUNTIME_SOURCES:
+            shutil.copy(os.path.join(HERE, src), dest)
+        super().run()
+
+
 setup(
+    cmdclass={"build_py": BuildPy},
     ext_modules=cythonize(
         [ext],
         include_path=["native"],

@@ -243,16 +243,20 @@ class CollectivesBackend(Backend):
         self.ops = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
 
     def impls(self, algos: Sequence[str]) -> list[tuple[str, str]]:
+        """One implementation per requested algorithm."""
         return [(f"collectives-{a}", a) for a in algos]
 
     def barrier(self) -> None:
+        """MPI.Barrier."""
         self.comm.Barrier()
 
     def allreduce_f64(self, arr: np.ndarray, op: str) -> None:
+        """In-place Allreduce of float64 timings."""
         self.comm.Allreduce(self.MPI.IN_PLACE, arr, op=self.ops[op])
 
     def call(self, coll: str, algo: str, op: str, send: Optional[np.ndarray], recv: np.ndarray,
              root: int) -> tuple[Optional[Callable[[], None]], np.ndarray]:
+        """The timed call for one case, and the buffer that holds its result."""
         c, mop = self.comm, self.ops[op]
         s = self.MPI.IN_PLACE if send is None else send
         if coll == "allreduce":
