@@ -17,6 +17,7 @@ the median over the iterations. algbw = size / time; busbw = algbw x
 """
 from __future__ import annotations
 
+import abc
 import argparse
 import csv
 import json
@@ -199,7 +200,7 @@ class Row:
     host: str
 
 
-class Backend:
+class Backend(abc.ABC):
     """What a sweep needs from a communication library (ours, gloo, MPI)."""
 
     name = "?"
@@ -211,18 +212,18 @@ class Backend:
         """(impl name, algorithm) pairs to measure."""
         return [(self.name, "")]
 
+    @abc.abstractmethod
     def barrier(self) -> None:
         """Block until every rank arrives."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def allreduce_f64(self, arr: np.ndarray, op: str) -> None:
         """In-place allreduce of a float64 array with op "max" or "sum"."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def call(self, coll: str, algo: str, op: str, send: Optional[np.ndarray], recv: np.ndarray,
              root: int) -> tuple[Optional[Callable[[], None]], np.ndarray]:
         """(the call to time, or None if unsupported; the view where the result lands)."""
-        raise NotImplementedError
 
     def finish(self) -> None:
         """Release the library."""
