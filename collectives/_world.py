@@ -162,12 +162,27 @@ def init(timeout: Optional[float] = None):
         return comm
 
 
+_finalize_hooks: list = []
+
+
+def add_finalize_hook(fn) -> None:
+    """Run fn() before the world communicator closes (adapters that queue work
+    on other threads, as JAX's asynchronous dispatch does, drain it there)."""
+    if fn not in _finalize_hooks:
+        _finalize_hooks.append(fn)
+
+
 def finalize() -> None:
     """Close the world communicator and the store (idempotent)."""
     global _state
     with _lock:
         if _state is None:
             return
+        for fn in list(_finalize_hooks):
+            try:
+                fn()
+            except Exception:  # a failed collective already raised where it ran
+                pass
         state, _state = _state, None
         state.close()
 

@@ -230,6 +230,11 @@ def _ensure_registered() -> None:
         if _library is not None:
             return
         lib = ctypes.CDLL(str(_build_library()))
+        # Dispatch is asynchronous: collectives may still be queued on JAX's
+        # threads when the script calls finalize; let them finish first.
+        from . import _world
+
+        _world.add_finalize_hook(jax.effects_barrier)
         for name, symbol in _TARGETS.items():
             jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, symbol)),
                                         platform="cpu")

@@ -359,18 +359,9 @@ cdef class Communicator:
 
 cdef extern from *:
     """
-    typedef struct {
-      int version;
-      coll_result_t (*allreduce)(coll_comm_t *, const coll_args_t *);
-      coll_result_t (*allgatherv)(coll_comm_t *, const coll_args_t *);
-      coll_result_t (*broadcast)(coll_comm_t *, const coll_args_t *);
-      coll_result_t (*reduce_scatter_block)(coll_comm_t *, const coll_args_t *);
-      coll_result_t (*barrier)(coll_comm_t *, double);
-      const char *(*last_error)(const coll_comm_t *);
-    } coll_api_t;
     static const coll_api_t coll_api_table = {
-      1, coll_allreduce, coll_allgatherv, coll_broadcast, coll_reduce_scatter_block,
-      coll_barrier, coll_comm_last_error};
+      COLL_API_VERSION, coll_allreduce, coll_allgatherv, coll_broadcast,
+      coll_reduce_scatter_block, coll_barrier, coll_comm_last_error};
     """
     ctypedef struct coll_api_t:
         int version
@@ -378,9 +369,8 @@ cdef extern from *:
 
 
 def api_table() -> int:
-    """Address of the core's C function table (see coll_api_t in _core.pyx): version 1 =
-    {int version; allreduce; allgatherv; broadcast; reduce_scatter_block; barrier;
-    last_error}, each with the coll.h signature. For native adapters that are
+    """Address of the core's C function table (coll_api_t in coll.h), each entry with
+    the coll.h signature. For native adapters that are
     compiled separately (the JAX FFI handler) and must call the same core."""
     return <size_t>&coll_api_table
 

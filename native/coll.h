@@ -154,6 +154,20 @@ const char *coll_strerror(coll_result_t res);
 /* Which algorithm AUTO picks for nbytes on size ranks. */
 coll_algo_t coll_tune_choose(int size, size_t nbytes);
 
+/* The core's entry points as a table of function pointers, for adapters that
+ * are compiled separately and must call the same core as the Python module
+ * (the JAX FFI handler): collectives._core.api_table() returns its address. */
+#define COLL_API_VERSION 1
+typedef struct {
+  int version; /* COLL_API_VERSION */
+  coll_result_t (*allreduce)(coll_comm_t *, const coll_args_t *);
+  coll_result_t (*allgatherv)(coll_comm_t *, const coll_args_t *);
+  coll_result_t (*broadcast)(coll_comm_t *, const coll_args_t *);
+  coll_result_t (*reduce_scatter_block)(coll_comm_t *, const coll_args_t *);
+  coll_result_t (*barrier)(coll_comm_t *, double);
+  const char *(*last_error)(const coll_comm_t *);
+} coll_api_t;
+
 /* Declared tunables: index -> name, default text, description, current value. */
 int coll_param_count(void);
 const char *coll_param_name(int i);

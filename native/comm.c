@@ -374,6 +374,11 @@ void coll_comm_destroy(coll_comm_t *comm) {
   int started = comm->thread_started;
   pthread_mutex_unlock(&comm->mu);
   if (started) pthread_join(comm->thread, NULL);
+  /* A blocking collective still running on another thread (an adapter's
+   * worker) ends by its deadline at the latest; free nothing under it. */
+  pthread_mutex_lock(&comm->mu);
+  while (comm->busy) pthread_cond_wait(&comm->cv, &comm->mu);
+  pthread_mutex_unlock(&comm->mu);
   coll_links_close_all(comm);
   coll_tcp_shutdown(comm);
   pthread_mutex_destroy(&comm->mu);

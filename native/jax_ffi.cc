@@ -34,18 +34,7 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-// Mirrors coll_api_t in native/_core.pyx (version 1); checked at every call.
-struct coll_api_t {
-  int version;
-  coll_result_t (*allreduce)(coll_comm_t *, const coll_args_t *);
-  coll_result_t (*allgatherv)(coll_comm_t *, const coll_args_t *);
-  coll_result_t (*broadcast)(coll_comm_t *, const coll_args_t *);
-  coll_result_t (*reduce_scatter_block)(coll_comm_t *, const coll_args_t *);
-  coll_result_t (*barrier)(coll_comm_t *, double);
-  const char *(*last_error)(const coll_comm_t *);
-};
-
-constexpr int kApiVersion = 1;
+constexpr int kApiVersion = COLL_API_VERSION;
 
 // XLA element type -> core dtype; false for types the core cannot reduce.
 bool to_coll_dtype(ffi::DataType t, coll_dtype_t *out) {
