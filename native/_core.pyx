@@ -454,3 +454,75 @@ def pattern(str name, *args):
     if name not in funcs:
         raise ValueError(f"unknown pattern {name!r}")
     return funcs[name](*args)
+
+
+# ---- sparse gradient kernels (sparse.h), used by collectives.torch.dgc ----------------
+
+cdef int _sparse_threshold_ok(double threshold) except -1:
+    if not threshold > 0:
+        raise ValueError(f"threshold must be > 0, got {threshold!r}")
+    return 0
+
+
+def sparse_count_above(x, double threshold) -> int:
+    """Number of entries of float32 `x` with |x[i]| >= threshold (> 0)."""
+    cdef _View xv = as_view(x, "x", False, None)
+    if xv.dtype != COLL_FLOAT32:
+        raise TypeError("x must be float32")
+    _sparse_threshold_ok(threshold)
+    cdef size_t count = 0
+    cdef coll_result_t res
+    with nogil:
+        res = coll_sparse_count_above(<const float *>xv.ptr, xv.count, <float>threshold, &count)
+    CHKERR(res, NULL)
+    return count
+
+
+def sparse_pack(x, double threshold, values, indices) -> int:
+    """Write the first min(len(values), len(indices)) entries of float32 `x` with
+    |x[i]| >= threshold, in index order, into values (float32/float16) and indices
+    (int32/int64); return how many were written. `x` is not modified."""
+    cdef _View xv = as_view(x, "x", False, None)
+    cdef _View vv = as_view(values, "values", True, None)
+    cdef _View iv = as_view(indices, "indices", True, None)
+    if xv.dtype != COLL_FLOAT32:
+        raise TypeError("x must be float32")
+    if vv.dtype not in (COLL_FLOAT32, COLL_FLOAT16):
+        raise TypeError("values must be float32 or float16")
+    if iv.dtype not in (COLL_INT32, COLL_INT64):
+        raise TypeError("indices must be int32 or int64")
+    if iv.dtype == COLL_INT32 and xv.count > 2147483648:
+        raise ValueError(f"x has {xv.count} elements: int32 indices cannot name them all")
+    _sparse_threshold_ok(threshold)
+    cdef size_t cap = min(vv.count, iv.count)
+    cdef size_t count = 0
+    cdef coll_result_t res
+    with nogil:
+        res = coll_sparse_pack(<const float *>xv.ptr, xv.count, <float>threshold, cap, vv.ptr,
+                               <coll_dtype_t>vv.dtype, iv.ptr, <coll_dtype_t>iv.dtype, &count)
+    CHKERR(res, NULL)
+    return count
+
+
+def sparse_scatter_add(out, values, indices) -> None:
+    """out[indices[j]] += values[j] (float32 out; float32/float16 values widened; int32/int64
+    indices); ValueError, with out untouched, if an index is outside [0, len(out))."""
+    cdef _View ov = as_view(out, "out", True, None)
+    cdef _View vv = as_view(values, "values", False, None)
+    cdef _View iv = as_view(indices, "indices", False, None)
+    if ov.dtype != COLL_FLOAT32:
+        raise TypeError("out must be float32")
+    if vv.dtype not in (COLL_FLOAT32, COLL_FLOAT16):
+        raise TypeError("values must be float32 or float16")
+    if iv.dtype not in (COLL_INT32, COLL_INT64):
+        raise TypeError("indices must be int32 or int64")
+    if vv.count != iv.count:
+        raise ValueError(f"mismatch in values count {vv.count} and indices count {iv.count}")
+    check_overlap(ov, vv, "sparse_scatter_add")
+    cdef coll_result_t res
+    with nogil:
+        res = coll_sparse_scatter_add(<float *>ov.ptr, ov.count, vv.ptr, <coll_dtype_t>vv.dtype,
+                                      iv.ptr, <coll_dtype_t>iv.dtype, iv.count)
+    if res == COLL_INVALID_ARGUMENT:
+        raise ValueError(f"sparse_scatter_add: an index is outside [0, {ov.count})")
+    CHKERR(res, NULL)

@@ -108,3 +108,13 @@ cdef extern from "pattern.h" nogil:
     int coll_pow2_floor(int n)
     int coll_bfly_vrank(int r, int n)
     int coll_bfly_real(int v, int n)
+
+cdef extern from "sparse.h" nogil:
+    coll_result_t coll_sparse_count_above(const float *x, size_t n, float threshold,
+                                          size_t *count)
+    coll_result_t coll_sparse_pack(const float *x, size_t n, float threshold, size_t cap,
+                                   void *values, coll_dtype_t value_dtype, void *indices,
+                                   coll_dtype_t index_dtype, size_t *count)
+    coll_result_t coll_sparse_scatter_add(float *out, size_t n, const void *values,
+                                          coll_dtype_t value_dtype, const void *indices,
+                                          coll_dtype_t index_dtype, size_t count)

@@ -46,6 +46,10 @@ static const coll_param_decl_t params[COLL_NUM_PARAMS] = {
                                "processes on this host (set by collectives-run)"},
     [COLL_PARAM_START_TIMEOUT] = {"COLLECTIVES_START_TIMEOUT", "",
                                   "seconds to wait for every rank at start-up (default: COLLECTIVES_TIMEOUT)"},
+    [COLL_PARAM_FUSION_THRESHOLD] = {"COLLECTIVES_FUSION_THRESHOLD", "128M",
+                                     "collectives.torch: bytes per gradient fusion buffer (0: no fusion)"},
+    [COLL_PARAM_CACHE_DIR] = {"COLLECTIVES_CACHE_DIR", "~/.cache/collectives",
+                              "collectives.jax: where the FFI handler compiled on first use is kept"},
 };
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;

@@ -62,3 +62,13 @@ def test_public_names_have_docstrings(modname):
         pytest.importorskip(ADAPTERS[modname])
     missing = _missing(modname)
     assert not missing, "public names without a docstring:\n  " + "\n  ".join(missing)
+
+
+def test_readme_env_table_is_generated_from_the_declarations():
+    """The README's table is `python -m collectives.config`'s output."""
+    import pathlib
+
+    from collectives.config import markdown_table
+
+    readme = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert markdown_table() in readme, "README.md's environment table is stale: regenerate it"
