@@ -237,8 +237,12 @@ class Comm:
         b, dtype = _buf(buf)
         self._call(self._core.broadcast, b, root, timeout, dtype)
 
-    def Allgather(self, sendbuf: Any, recvbuf: Any, *, timeout: Optional[float] = None) -> None:
-        """recvbuf = the ranks' sendbufs, concatenated in rank order (sendbuf may be IN_PLACE)."""
+    def Ibcast(self, buf: Any, root: int = 0, *, timeout: Optional[float] = None) -> Request:
+        """Start a Bcast; returns a Request."""
+        b, dtype = _buf(buf)
+        return Request(self._call(self._core.ibroadcast, b, root, timeout, dtype), self)
+
+    def _allgather_args(self, sendbuf: Any, recvbuf: Any) -> tuple:
         rbuf, rtype = _buf(recvbuf)
         sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf)
         n = self.size
@@ -246,27 +250,61 @@ class Comm:
         total = count_of(rbuf, dtype)
         if total % n:
             raise ValueError(f"Allgather: recvbuf has {total} elements, not a multiple of {n} ranks")
-        block = total // n
-        self._call(self._core.allgatherv, sbuf, rbuf, [block] * n, None, timeout, dtype)
+        return sbuf, rbuf, [total // n] * n, None, dtype
+
+    def Allgather(self, sendbuf: Any, recvbuf: Any, *, timeout: Optional[float] = None) -> None:
+        """recvbuf = the ranks' sendbufs, concatenated in rank order (sendbuf may be IN_PLACE)."""
+        sbuf, rbuf, counts, displs, dtype = self._allgather_args(sendbuf, recvbuf)
+        self._call(self._core.allgatherv, sbuf, rbuf, counts, displs, timeout, dtype)
+
+    def Iallgather(self, sendbuf: Any, recvbuf: Any, *, timeout: Optional[float] = None) -> Request:
+        """Start an Allgather; returns a Request."""
+        sbuf, rbuf, counts, displs, dtype = self._allgather_args(sendbuf, recvbuf)
+        return Request(self._call(self._core.iallgatherv, sbuf, rbuf, counts, displs, timeout,
+                                  dtype), self)
+
+    def _allgatherv_args(self, sendbuf: Any, recvbuf: Any) -> tuple:
+        rbuf, counts, displs, rtype = _vbuf(recvbuf, self.size)
+        sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf)
+        return sbuf, rbuf, counts, displs, _dtype_name(stype, rtype)
 
     def Allgatherv(self, sendbuf: Any, recvbuf: Any, *, timeout: Optional[float] = None) -> None:
         """Gather blocks of different sizes: recvbuf is [buf, counts] or [buf, counts, displs]."""
-        rbuf, counts, displs, rtype = _vbuf(recvbuf, self.size)
+        sbuf, rbuf, counts, displs, dtype = self._allgatherv_args(sendbuf, recvbuf)
+        self._call(self._core.allgatherv, sbuf, rbuf, counts, displs, timeout, dtype)
+
+    def Iallgatherv(self, sendbuf: Any, recvbuf: Any, *,
+                    timeout: Optional[float] = None) -> Request:
+        """Start an Allgatherv; returns a Request."""
+        sbuf, rbuf, counts, displs, dtype = self._allgatherv_args(sendbuf, recvbuf)
+        return Request(self._call(self._core.iallgatherv, sbuf, rbuf, counts, displs, timeout,
+                                  dtype), self)
+
+    def _reduce_scatter_args(self, sendbuf: Any, recvbuf: Any, op: Op) -> tuple:
+        rbuf, rtype = _buf(recvbuf)
         sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf)
-        self._call(self._core.allgatherv, sbuf, rbuf, counts, displs, timeout,
-                   _dtype_name(stype, rtype))
+        return sbuf, rbuf, _op(op), _dtype_name(stype, rtype)
 
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, *,
                              timeout: Optional[float] = None) -> None:
         """recvbuf = this rank's block of op over all ranks of sendbuf (size blocks)."""
-        rbuf, rtype = _buf(recvbuf)
-        sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf)
-        self._call(self._core.reduce_scatter_block, sbuf, rbuf, _op(op), timeout,
-                   _dtype_name(stype, rtype))
+        sbuf, rbuf, name, dtype = self._reduce_scatter_args(sendbuf, recvbuf, op)
+        self._call(self._core.reduce_scatter_block, sbuf, rbuf, name, timeout, dtype)
+
+    def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, *,
+                              timeout: Optional[float] = None) -> Request:
+        """Start a Reduce_scatter_block; returns a Request."""
+        sbuf, rbuf, name, dtype = self._reduce_scatter_args(sendbuf, recvbuf, op)
+        return Request(self._call(self._core.ireduce_scatter_block, sbuf, rbuf, name, timeout,
+                                  dtype), self)
 
     def Barrier(self, *, timeout: Optional[float] = None) -> None:
         """Return once every rank has entered the barrier."""
         self._call(self._core.barrier, timeout)
+
+    def Ibarrier(self, *, timeout: Optional[float] = None) -> Request:
+        """Start a barrier; returns a Request."""
+        return Request(self._call(self._core.ibarrier, timeout), self)
 
     barrier = Barrier
 

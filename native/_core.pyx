@@ -203,10 +203,8 @@ cdef class Communicator:
                    dtype=None) -> Request:
         """Start an allreduce on the progress thread; returns a Request."""
         cdef coll_args_t a
-        views = self._allreduce_args(&a, sendbuf, recvbuf, op, algorithm, timeout, dtype, 0)
-        cdef Request r = Request()
-        r.owner = self
-        r.views = views
+        cdef Request r = self._request(
+            self._allreduce_args(&a, sendbuf, recvbuf, op, algorithm, timeout, dtype, 0))
         CHKERR(coll_iallreduce(self.comm, &a, &r.req), self.comm)
         return r
 
@@ -232,11 +230,15 @@ cdef class Communicator:
         a.segment_bytes = segment_bytes
         return (sv, rv)
 
-    def allgatherv(self, sendbuf, recvbuf, counts, displs=None, timeout=None, dtype=None) -> None:
-        """Gather every rank's sendbuf into recvbuf: rank i's counts[i] elements at displs[i].
+    cdef Request _request(self, object views):
+        cdef Request r = Request()
+        r.owner = self
+        r.views = views
+        return r
 
-        sendbuf None means in place: this rank's block is already in recvbuf.
-        """
+    cdef object _allgatherv_args(self, coll_args_t *a, size_t *cc, sendbuf, recvbuf, counts,
+                                 displs, timeout, dtype):
+        """Checks and fills a; cc has room for 2 * size entries (counts, displs)."""
         self._live()
         cdef int n = self._size
         counts = [int(c) for c in counts]
@@ -253,10 +255,8 @@ cdef class Communicator:
         if len(displs) != n or any(d < 0 for d in displs):
             raise ValueError(f"displs must have {n} non-negative entries")
         cdef _View rv = as_view(recvbuf, "recvbuf", True, dtype)
-        cdef _View sv
-        if sendbuf is None:
-            sv = None
-        else:
+        cdef _View sv = None
+        if sendbuf is not None:
             sv = as_view(sendbuf, "sendbuf", False, dtype)
             if sv.dtype != rv.dtype:
                 raise TypeError("sendbuf and recvbuf have different dtypes")
@@ -268,55 +268,85 @@ cdef class Communicator:
             if <size_t>(displs[i] + counts[i]) > rv.count:
                 raise ValueError(f"recvbuf has {rv.count} elements; block {i} needs "
                                  f"[{displs[i]}, {displs[i] + counts[i]})")
-        cdef size_t *cc = <size_t *>malloc(2 * n * sizeof(size_t) + 1)
+        for i in range(n):
+            cc[i] = counts[i]
+            cc[n + i] = displs[i]
+        cdef size_t esize = coll_dtype_size(<coll_dtype_t>rv.dtype)
+        memset(a, 0, sizeof(coll_args_t))
+        a.recvbuf = rv.ptr
+        a.sendbuf = sv.ptr if sv is not None else <void *>(<char *>rv.ptr + cc[n + self._rank] * esize)
+        a.count = cc[self._rank]
+        a.counts = cc
+        a.displs = cc + n
+        a.dtype = <coll_dtype_t>rv.dtype
+        a.timeout = as_timeout(timeout)
+        return (sv, rv)
+
+    def allgatherv(self, sendbuf, recvbuf, counts, displs=None, timeout=None, dtype=None) -> None:
+        """Gather every rank's sendbuf into recvbuf: rank i's counts[i] elements at displs[i].
+
+        sendbuf None means in place: this rank's block is already in recvbuf.
+        """
+        cdef size_t *cc = <size_t *>malloc(2 * self._size * sizeof(size_t) + 1)
         if cc == NULL:
             raise MemoryError()
         cdef coll_args_t a
         cdef coll_result_t res
-        cdef size_t esize = coll_dtype_size(<coll_dtype_t>rv.dtype)
         try:
-            for i in range(n):
-                cc[i] = counts[i]
-                cc[n + i] = displs[i]
-            memset(&a, 0, sizeof(a))
-            a.recvbuf = rv.ptr
-            a.sendbuf = sv.ptr if sv is not None else <void *>(<char *>rv.ptr + cc[n + self._rank] * esize)
-            a.count = cc[self._rank]
-            a.counts = cc
-            a.displs = cc + n
-            a.dtype = <coll_dtype_t>rv.dtype
-            a.timeout = as_timeout(timeout)
+            views = self._allgatherv_args(&a, cc, sendbuf, recvbuf, counts, displs, timeout, dtype)
             with nogil:
                 res = coll_allgatherv(self.comm, &a)
             CHKERR(res, self.comm)
         finally:
             free(cc)
 
-    def broadcast(self, buf, int root=0, timeout=None, dtype=None) -> None:
-        """Copy root's buf into buf on every rank."""
+    def iallgatherv(self, sendbuf, recvbuf, counts, displs=None, timeout=None,
+                    dtype=None) -> Request:
+        """Start an allgatherv on the progress thread; returns a Request."""
+        cdef size_t *cc = <size_t *>malloc(2 * self._size * sizeof(size_t) + 1)
+        if cc == NULL:
+            raise MemoryError()
+        cdef coll_args_t a
+        cdef Request r
+        try:
+            r = self._request(self._allgatherv_args(&a, cc, sendbuf, recvbuf, counts, displs,
+                                                    timeout, dtype))
+            CHKERR(coll_iallgatherv(self.comm, &a, &r.req), self.comm)  # copies counts
+        finally:
+            free(cc)
+        return r
+
+    cdef object _broadcast_args(self, coll_args_t *a, buf, int root, timeout, dtype):
         self._live()
         if not (0 <= root < self._size):
             raise ValueError(f"root {root} out of range for {self._size} ranks")
         cdef _View v = as_view(buf, "buf", self._rank != root, dtype)
-        cdef coll_args_t a
-        memset(&a, 0, sizeof(a))
+        memset(a, 0, sizeof(coll_args_t))
         a.sendbuf = v.ptr
         a.recvbuf = v.ptr
         a.count = v.count
         a.dtype = <coll_dtype_t>v.dtype
         a.root = root
         a.timeout = as_timeout(timeout)
+        return v
+
+    def broadcast(self, buf, int root=0, timeout=None, dtype=None) -> None:
+        """Copy root's buf into buf on every rank."""
+        cdef coll_args_t a
+        v = self._broadcast_args(&a, buf, root, timeout, dtype)
         cdef coll_result_t res
         with nogil:
             res = coll_broadcast(self.comm, &a)
         CHKERR(res, self.comm)
 
-    def reduce_scatter_block(self, sendbuf, recvbuf, op="sum", timeout=None, dtype=None) -> None:
-        """recvbuf = block `rank` of op over all ranks of sendbuf (size * len(recvbuf) elements).
+    def ibroadcast(self, buf, int root=0, timeout=None, dtype=None) -> Request:
+        """Start a broadcast on the progress thread; returns a Request."""
+        cdef coll_args_t a
+        cdef Request r = self._request(self._broadcast_args(&a, buf, root, timeout, dtype))
+        CHKERR(coll_ibroadcast(self.comm, &a, &r.req), self.comm)
+        return r
 
-        sendbuf None means in place: recvbuf holds the whole input and gets
-        the result in its first len/size elements.
-        """
+    cdef object _reduce_scatter_args(self, coll_args_t *a, sendbuf, recvbuf, op, timeout, dtype):
         self._live()
         cdef _View rv = as_view(recvbuf, "recvbuf", True, dtype)
         cdef _View sv = rv if sendbuf is None else as_view(sendbuf, "sendbuf", False, dtype)
@@ -334,18 +364,36 @@ cdef class Communicator:
                                  f"{rv.count} x {self._size} ranks")
             check_overlap(sv, rv, "reduce_scatter_block")
             count = rv.count
-        cdef coll_args_t a
-        memset(&a, 0, sizeof(a))
+        memset(a, 0, sizeof(coll_args_t))
         a.sendbuf = sv.ptr
         a.recvbuf = rv.ptr
         a.count = count
         a.dtype = <coll_dtype_t>rv.dtype
         a.op = <coll_op_t>code_of(OPS, op, "op")
         a.timeout = as_timeout(timeout)
+        return (sv, rv)
+
+    def reduce_scatter_block(self, sendbuf, recvbuf, op="sum", timeout=None, dtype=None) -> None:
+        """recvbuf = block `rank` of op over all ranks of sendbuf (size * len(recvbuf) elements).
+
+        sendbuf None means in place: recvbuf holds the whole input and gets
+        the result in its first len/size elements.
+        """
+        cdef coll_args_t a
+        views = self._reduce_scatter_args(&a, sendbuf, recvbuf, op, timeout, dtype)
         cdef coll_result_t res
         with nogil:
             res = coll_reduce_scatter_block(self.comm, &a)
         CHKERR(res, self.comm)
+
+    def ireduce_scatter_block(self, sendbuf, recvbuf, op="sum", timeout=None,
+                              dtype=None) -> Request:
+        """Start a reduce_scatter_block on the progress thread; returns a Request."""
+        cdef coll_args_t a
+        cdef Request r = self._request(self._reduce_scatter_args(&a, sendbuf, recvbuf, op,
+                                                                 timeout, dtype))
+        CHKERR(coll_ireduce_scatter_block(self.comm, &a, &r.req), self.comm)
+        return r
 
     def barrier(self, timeout=None) -> None:
         """Return once every rank has entered the barrier."""
@@ -355,6 +403,13 @@ cdef class Communicator:
         with nogil:
             res = coll_barrier(c, t)
         CHKERR(res, c)
+
+    def ibarrier(self, timeout=None) -> Request:
+        """Start a barrier on the progress thread; returns a Request."""
+        cdef coll_comm_t *c = self._live()
+        cdef Request r = self._request(None)
+        CHKERR(coll_ibarrier(c, as_timeout(timeout), &r.req), c)
+        return r
 
 
 cdef extern from *:

@@ -125,11 +125,17 @@ coll_result_t coll_broadcast(coll_comm_t *comm, const coll_args_t *args);
 coll_result_t coll_reduce_scatter_block(coll_comm_t *comm, const coll_args_t *args);
 coll_result_t coll_barrier(coll_comm_t *comm, double timeout);
 
-/* Non-blocking allreduce: queued on the communicator's progress thread and
+/* Non-blocking collectives: queued on the communicator's progress thread and
  * run in call order with the other queued requests; a blocking collective
- * issued meanwhile waits for the queue to drain first. Buffers must stay
- * alive and untouched until the request completes. */
+ * issued meanwhile waits for the queue to drain first. Arguments are checked
+ * (and copied) at the call; buffers must stay alive and untouched until the
+ * request completes. */
 coll_result_t coll_iallreduce(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req);
+coll_result_t coll_iallgatherv(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req);
+coll_result_t coll_ibroadcast(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req);
+coll_result_t coll_ireduce_scatter_block(coll_comm_t *comm, const coll_args_t *args,
+                                         coll_request_t **req);
+coll_result_t coll_ibarrier(coll_comm_t *comm, double timeout, coll_request_t **req);
 /* Blocks (GIL released by the caller) until done; returns its result. */
 coll_result_t coll_request_wait(coll_request_t *req);
 /* *done = 1 and returns its result when finished, else *done = 0, COLL_SUCCESS. */

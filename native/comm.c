@@ -193,16 +193,14 @@ static coll_result_t run_allreduce(coll_comm_t *comm, const coll_args_t *a) {
   return res;
 }
 
-coll_result_t coll_allreduce(coll_comm_t *comm, const coll_args_t *a) {
+static coll_result_t check_allreduce(coll_comm_t *comm, const coll_args_t *a) {
   COLL_CHECK(check_common(comm, a, 1));
   if ((unsigned)a->algo >= COLL_NUM_ALGOS)
     return coll_error(comm, COLL_INVALID_ARGUMENT, "invalid algorithm %d", (int)a->algo);
-  coll_result_t res = enter(comm);
-  if (res == COLL_SUCCESS) res = run_allreduce(comm, a);
-  return leave(comm, res);
+  return COLL_SUCCESS;
 }
 
-coll_result_t coll_allgatherv(coll_comm_t *comm, const coll_args_t *a) {
+static coll_result_t check_allgatherv(coll_comm_t *comm, const coll_args_t *a) {
   COLL_CHECK(check_common(comm, a, 0));
   if (!a->counts || !a->displs)
     return coll_error(comm, COLL_INVALID_ARGUMENT, "allgatherv needs counts and displacements");
@@ -210,50 +208,54 @@ coll_result_t coll_allgatherv(coll_comm_t *comm, const coll_args_t *a) {
     return coll_error(comm, COLL_INVALID_ARGUMENT,
                       "rank %d: send count %zu differs from counts[%d] = %zu", comm->rank, a->count,
                       comm->rank, a->counts[comm->rank]);
-  coll_result_t res = enter(comm);
-  if (res == COLL_SUCCESS) {
-    coll_sched_t s;
-    coll_sched_init(&s, comm, COLL_KIND_ALLGATHERV, a, 0);
-    res = coll_allgatherv_ring(&s, a);
-    if (res == COLL_SUCCESS) res = coll_sched_run(&s, coll_comm_deadline(comm, a->timeout));
-    coll_sched_free(&s);
-  }
-  return leave(comm, res);
+  return COLL_SUCCESS;
 }
 
-coll_result_t coll_broadcast(coll_comm_t *comm, const coll_args_t *a) {
+static coll_result_t run_allgatherv(coll_comm_t *comm, const coll_args_t *a) {
+  coll_sched_t s;
+  coll_sched_init(&s, comm, COLL_KIND_ALLGATHERV, a, 0);
+  coll_result_t res = coll_allgatherv_ring(&s, a);
+  if (res == COLL_SUCCESS) res = coll_sched_run(&s, coll_comm_deadline(comm, a->timeout));
+  coll_sched_free(&s);
+  return res;
+}
+
+static coll_result_t check_broadcast(coll_comm_t *comm, const coll_args_t *a) {
   COLL_CHECK(check_common(comm, a, 0));
   if (a->root < 0 || a->root >= comm->size)
     return coll_error(comm, COLL_INVALID_ARGUMENT, "root %d out of range for %d ranks", a->root,
                       comm->size);
-  coll_result_t res = enter(comm);
-  if (res == COLL_SUCCESS && comm->size > 1) {
-    coll_sched_t s;
-    coll_sched_init(&s, comm, COLL_KIND_BROADCAST, a, (uint32_t)a->root);
-    res = coll_broadcast_tree(&s, a);
-    if (res == COLL_SUCCESS) res = coll_sched_run(&s, coll_comm_deadline(comm, a->timeout));
-    coll_sched_free(&s);
-  }
-  return leave(comm, res);
+  return COLL_SUCCESS;
 }
 
-coll_result_t coll_reduce_scatter_block(coll_comm_t *comm, const coll_args_t *a) {
-  COLL_CHECK(check_common(comm, a, 1));
-  coll_result_t res = enter(comm);
-  if (res != COLL_SUCCESS) return leave(comm, res);
+static coll_result_t run_broadcast(coll_comm_t *comm, const coll_args_t *a) {
+  if (comm->size == 1) return COLL_SUCCESS;
+  coll_sched_t s;
+  coll_sched_init(&s, comm, COLL_KIND_BROADCAST, a, (uint32_t)a->root);
+  coll_result_t res = coll_broadcast_tree(&s, a);
+  if (res == COLL_SUCCESS) res = coll_sched_run(&s, coll_comm_deadline(comm, a->timeout));
+  coll_sched_free(&s);
+  return res;
+}
+
+static coll_result_t check_reduce_scatter(coll_comm_t *comm, const coll_args_t *a) {
+  return check_common(comm, a, 1);
+}
+
+static coll_result_t run_reduce_scatter(coll_comm_t *comm, const coll_args_t *a) {
   size_t elem = coll_dtype_size(a->dtype), block = a->count * elem;
   if (comm->size == 1) {
     if (a->recvbuf != a->sendbuf && block) memcpy(a->recvbuf, a->sendbuf, block);
-    return leave(comm, COLL_SUCCESS);
+    return COLL_SUCCESS;
   }
   /* The ring reduces into a scratch copy of the whole vector, so that the
    * in-place form (input and result both in recvbuf) never overwrites input
    * that is still to be sent. */
   char *tmp = malloc(block * (size_t)comm->size + 1);
-  if (!tmp) return leave(comm, coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory", comm->rank));
+  if (!tmp) return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory", comm->rank);
   coll_sched_t s;
   coll_sched_init(&s, comm, COLL_KIND_REDUCE_SCATTER, a, 0);
-  res = coll_reduce_scatter_ring(&s, a, tmp);
+  coll_result_t res = coll_reduce_scatter_ring(&s, a, tmp);
   if (res == COLL_SUCCESS) res = coll_sched_run(&s, coll_comm_deadline(comm, a->timeout));
   coll_sched_free(&s);
   if (res == COLL_SUCCESS) {
@@ -261,23 +263,58 @@ coll_result_t coll_reduce_scatter_block(coll_comm_t *comm, const coll_args_t *a)
     if (a->op == COLL_AVG) coll_scale(a->recvbuf, a->recvbuf, a->count, a->dtype, (double)comm->size);
   }
   free(tmp);
+  return res;
+}
+
+static coll_result_t check_barrier(coll_comm_t *comm, const coll_args_t *a) {
+  (void)a;
+  comm->err_set = 0;
+  return COLL_SUCCESS;
+}
+
+static coll_result_t run_barrier(coll_comm_t *comm, const coll_args_t *args) {
+  if (comm->size == 1) return COLL_SUCCESS;
+  coll_args_t a;
+  memset(&a, 0, sizeof a);
+  a.dtype = COLL_UINT8;
+  a.timeout = args->timeout;
+  coll_sched_t s;
+  coll_sched_init(&s, comm, COLL_KIND_BARRIER, &a, 0);
+  coll_result_t res = coll_barrier_dissemination(&s, &a);
+  if (res == COLL_SUCCESS) res = coll_sched_run(&s, coll_comm_deadline(comm, a.timeout));
+  coll_sched_free(&s);
+  return res;
+}
+
+typedef coll_result_t (*check_fn)(coll_comm_t *, const coll_args_t *);
+typedef coll_result_t (*run_fn)(coll_comm_t *, const coll_args_t *);
+
+/* A blocking collective: check (nothing sent on failure), wait for queued
+ * requests, run, break the communicator on failure. */
+static coll_result_t blocking(coll_comm_t *comm, const coll_args_t *a, check_fn check, run_fn run) {
+  COLL_CHECK(check(comm, a));
+  coll_result_t res = enter(comm);
+  if (res == COLL_SUCCESS) res = run(comm, a);
   return leave(comm, res);
 }
 
+coll_result_t coll_allreduce(coll_comm_t *comm, const coll_args_t *a) {
+  return blocking(comm, a, check_allreduce, run_allreduce);
+}
+coll_result_t coll_allgatherv(coll_comm_t *comm, const coll_args_t *a) {
+  return blocking(comm, a, check_allgatherv, run_allgatherv);
+}
+coll_result_t coll_broadcast(coll_comm_t *comm, const coll_args_t *a) {
+  return blocking(comm, a, check_broadcast, run_broadcast);
+}
+coll_result_t coll_reduce_scatter_block(coll_comm_t *comm, const coll_args_t *a) {
+  return blocking(comm, a, check_reduce_scatter, run_reduce_scatter);
+}
 coll_result_t coll_barrier(coll_comm_t *comm, double timeout) {
-  coll_result_t res = enter(comm);
-  if (res == COLL_SUCCESS && comm->size > 1) {
-    coll_args_t a;
-    memset(&a, 0, sizeof a);
-    a.dtype = COLL_UINT8;
-    a.timeout = timeout;
-    coll_sched_t s;
-    coll_sched_init(&s, comm, COLL_KIND_BARRIER, &a, 0);
-    res = coll_barrier_dissemination(&s, &a);
-    if (res == COLL_SUCCESS) res = coll_sched_run(&s, coll_comm_deadline(comm, timeout));
-    coll_sched_free(&s);
-  }
-  return leave(comm, res);
+  coll_args_t a;
+  memset(&a, 0, sizeof a);
+  a.timeout = timeout;
+  return blocking(comm, &a, check_barrier, run_barrier);
 }
 
 /* ---- non-blocking requests on the progress thread ---- */
@@ -300,7 +337,7 @@ static void *progress_main(void *arg) {
                comm->rank);
       res = COLL_INVALID_USAGE;
     } else {
-      res = run_allreduce(comm, &req->args);
+      res = req->run(comm, &req->args);
       if (res != COLL_SUCCESS && res != COLL_INVALID_ARGUMENT) coll_comm_break(comm, res);
     }
 
@@ -316,15 +353,25 @@ static void *progress_main(void *arg) {
   return NULL;
 }
 
-coll_result_t coll_iallreduce(coll_comm_t *comm, const coll_args_t *a, coll_request_t **out) {
+/* Queues a collective on the progress thread (started on first use). The
+ * request keeps its own copy of the arguments, counts and displacements
+ * included; the buffers stay the caller's to keep alive. */
+static coll_result_t submit(coll_comm_t *comm, const coll_args_t *a, check_fn check, run_fn run,
+                            coll_request_t **out) {
   *out = NULL;
-  COLL_CHECK(check_common(comm, a, 1));
-  if ((unsigned)a->algo >= COLL_NUM_ALGOS)
-    return coll_error(comm, COLL_INVALID_ARGUMENT, "invalid algorithm %d", (int)a->algo);
-  coll_request_t *req = calloc(1, sizeof *req);
+  COLL_CHECK(check(comm, a));
+  size_t nv = a->counts ? (size_t)comm->size : 0;
+  coll_request_t *req = calloc(1, sizeof *req + 2 * nv * sizeof(size_t));
   if (!req) return coll_error(comm, COLL_SYSTEM_ERROR, "out of memory");
   req->args = *a;
-  /* Requests point back at nothing but their comm; keep it in the args. */
+  req->run = run;
+  if (nv) {
+    size_t *v = (size_t *)(req + 1);
+    memcpy(v, a->counts, nv * sizeof(size_t));
+    memcpy(v + nv, a->displs, nv * sizeof(size_t));
+    req->args.counts = v;
+    req->args.displs = v + nv;
+  }
   pthread_mutex_lock(&comm->mu);
   if (!comm->thread_started) {
     if (pthread_create(&comm->thread, NULL, progress_main, comm) != 0) {
@@ -341,6 +388,26 @@ coll_result_t coll_iallreduce(coll_comm_t *comm, const coll_args_t *a, coll_requ
   pthread_mutex_unlock(&comm->mu);
   *out = req;
   return COLL_SUCCESS;
+}
+
+coll_result_t coll_iallreduce(coll_comm_t *comm, const coll_args_t *a, coll_request_t **req) {
+  return submit(comm, a, check_allreduce, run_allreduce, req);
+}
+coll_result_t coll_iallgatherv(coll_comm_t *comm, const coll_args_t *a, coll_request_t **req) {
+  return submit(comm, a, check_allgatherv, run_allgatherv, req);
+}
+coll_result_t coll_ibroadcast(coll_comm_t *comm, const coll_args_t *a, coll_request_t **req) {
+  return submit(comm, a, check_broadcast, run_broadcast, req);
+}
+coll_result_t coll_ireduce_scatter_block(coll_comm_t *comm, const coll_args_t *a,
+                                         coll_request_t **req) {
+  return submit(comm, a, check_reduce_scatter, run_reduce_scatter, req);
+}
+coll_result_t coll_ibarrier(coll_comm_t *comm, double timeout, coll_request_t **req) {
+  coll_args_t a;
+  memset(&a, 0, sizeof a);
+  a.timeout = timeout;
+  return submit(comm, &a, check_barrier, run_barrier, req);
 }
 
 coll_result_t coll_request_wait(coll_request_t *req) {

@@ -25,6 +25,7 @@ typedef struct {
 struct coll_request {
   coll_request_t *next;
   coll_comm_t *comm;
+  coll_result_t (*run)(coll_comm_t *, const coll_args_t *);
   coll_args_t args;
   coll_result_t result;
   int done;

@@ -144,3 +144,48 @@ def test_collectives_grid(n):
             assert rec["left"] >= entered - 0.005, \
                 f"rank {rank} left the barrier before rank {sleeper} entered it: {recs}"
             assert rec["waited"] >= 0.4, f"rank {rank} waited only {rec['waited']:.3f} s: {recs}"
+
+
+NONBLOCKING_BODY = r"""
+from collectives import MPI
+comm = MPI.COMM_WORLD
+n, r = comm.size, comm.rank
+# Every non-blocking collective at once, in the same order on every rank; the
+# progress thread runs them in submission order, and a blocking call made
+# meanwhile waits for them.
+for rnd in range(3):
+    big = 70_000 * (rnd + 1)
+    ar = np.full(big, r + 1, dtype=np.float32)
+    bc = np.arange(big, dtype=np.int32) if r == n - 1 else np.zeros(big, np.int32)
+    ag = np.zeros(n * 5, dtype=np.int64)
+    counts = [k + rnd for k in range(n)]
+    agv = np.zeros(sum(counts), dtype=np.float64)
+    mine = np.full(counts[r], float(r), dtype=np.float64)
+    rs_in = np.repeat(np.arange(n, dtype=np.float32), 3) + r
+    rs = np.zeros(3, dtype=np.float32)
+    reqs = [comm.Iallreduce(MPI.IN_PLACE, ar),
+            comm.Ibcast(bc, root=n - 1),
+            comm.Iallgather(np.full(5, r, dtype=np.int64), ag),
+            comm.Iallgatherv(mine, [agv, counts]),
+            comm.Ireduce_scatter_block(rs_in, rs, op=MPI.SUM),
+            comm.Ibarrier()]
+    blocking = np.array([r], dtype=np.int64)
+    comm.Allreduce(MPI.IN_PLACE, blocking)          # waits for the queue
+    MPI.Request.Waitall(reqs)
+    assert all(q.Test() for q in reqs)
+    case = dict(rnd=rnd)
+    check(dict(case, c="Iallreduce"), ar, np.full(big, n * (n + 1) / 2, np.float32), "float32")
+    check(dict(case, c="Ibcast"), bc, np.arange(big, dtype=np.int32), "int32")
+    check(dict(case, c="Iallgather"), ag, np.repeat(np.arange(n, dtype=np.int64), 5), "int64")
+    check(dict(case, c="Iallgatherv"), agv,
+          np.concatenate([np.full(c, float(k)) for k, c in enumerate(counts)]), "float64")
+    check(dict(case, c="Ireduce_scatter_block"), rs,
+          np.full(3, n * r + n * (n - 1) / 2, np.float32), "float32")
+    check(dict(case, c="blocking"), blocking, np.array([n * (n - 1) // 2]), "int64")
+"""
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("n", [1, 3, 4])
+def test_nonblocking_collectives(n):
+    run_world(n, NONBLOCKING_BODY, timeout=80).assert_ok()
