@@ -14,7 +14,8 @@ MODULES = ["collectives", "collectives.MPI", "collectives._core", "collectives.r
 ADAPTERS = {"collectives.jax": "jax", "collectives.torch": "torch",
             "collectives.torch.mpi_ops": "torch", "collectives.torch.functions": "torch",
             "collectives.torch.optimizer": "torch", "collectives.torch.compression": "torch",
-            "collectives.torch.backend": "torch"}
+            "collectives.torch.backend": "torch", "collectives.torch.dgc": "torch",
+            "collectives.torch.sparse_ops": "torch"}
 
 
 def _defined_here(mod, obj):

@@ -23,6 +23,7 @@ from .mpi_ops import (Adasum, Average, Handle, LayoutMismatch, Max, Min, Product
                       mpi_threads_supported, nccl_built, poll, rank, reducescatter,
                       reducescatter_async, rocm_built, shutdown, size, synchronize)
 from .optimizer import DistributedOptimizer
+from .dgc import DGC, DGCSGD, TopKCompressor
 from .backend import ProcessGroupCollectives, register_backend
 
 register_backend()
@@ -39,5 +40,5 @@ __all__ = [
     "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported",
     "nccl_built", "poll", "rank", "reducescatter", "reducescatter_async", "rocm_built",
     "shutdown", "size", "synchronize", "DistributedOptimizer", "ProcessGroupCollectives",
-    "register_backend",
+    "register_backend", "DGC", "DGCSGD", "TopKCompressor",
 ]

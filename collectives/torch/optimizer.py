@@ -326,7 +326,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     Args:
         optimizer: the torch optimizer to wrap.
         named_parameters: ``model.named_parameters()``, used to name the tensors in errors.
-        compression: Compression.none or Compression.fp16.
+        compression: Compression.none, Compression.fp16, or a sparse compressor
+            (collectives.torch.dgc.DGC / TopKCompressor instance).
         backward_passes_per_step: backward passes accumulated locally per allreduce.
         op: Average (default) or Sum.
         gradient_predivide_factor: with Average, divide by this before the sum and by
@@ -344,7 +345,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
         raise NotImplementedError("collectives.torch: process sets are not supported")
     if num_groups and groups is None:
         groups = num_groups
-    cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__),
+    # A compressor with its own exchange (collectives.torch.dgc) brings its own subclass.
+    base = getattr(compression, "optimizer_mixin", _DistributedOptimizer)
+    cls = type(optimizer.__class__.__name__, (base, optimizer.__class__),
                {"__doc__": _DistributedOptimizer.__doc__})
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
                op, gradient_predivide_factor, groups, sparse_as_dense)
