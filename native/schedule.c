@@ -438,11 +438,24 @@ coll_result_t coll_sched_run(coll_sched_t *s, double deadline) {
     }
     /* A short bounded spin before sleeping, when the host has a core per
      * rank (comm->spin is 0 otherwise): a wake-up from poll() costs more
-     * than a small message takes to arrive. */
+     * than a small message takes to arrive. The spin polls readiness with a
+     * zero timeout rather than retrying reads: a reader hammering a socket
+     * with readv() holds its lock against the kernel delivering into it,
+     * which stalled large loopback transfers by tens of milliseconds. */
+    int spinning = 0;
     if (comm->spin > 0) {
       double now = coll_now();
       if (idle_since == 0) idle_since = now;
-      if (now - idle_since < comm->spin) continue;
+      spinning = now - idle_since < comm->spin;
+    }
+    if (spinning) {
+      /* Links in shared memory are watched by rereading the ring (cheap, and
+       * arms no doorbell); only socket links need poll(). */
+      int sockets = 0;
+      for (int i = 0; i < nps && !sockets; i++)
+        sockets = !ps[i].link->tp->recv_peek && (head_ready(s, ps[i].sq, ps[i].nsq, ps[i].sh) ||
+                                                 head_ready(s, ps[i].rq, ps[i].nrq, ps[i].rh));
+      if (!sockets) continue;
     }
 
     int npf = 0, retry = 0;
@@ -471,8 +484,9 @@ coll_result_t coll_sched_run(coll_sched_t *s, double deadline) {
     }
     double left = deadline - coll_now();
     if (left <= 0) { res = timeout_error(s, ps, nps, deadline, start); goto out; }
-    int ms = left > 2e6 ? 2000000000 : (int)(left * 1000.0) + 1;
+    int ms = spinning ? 0 : left > 2e6 ? 2000000000 : (int)(left * 1000.0) + 1;
     int r = poll(pfs, (nfds_t)npf, ms);
+    if (r == 0 && spinning) continue;
     if (r < 0 && errno != EINTR) {
       res = coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: poll failed: %s", comm->rank, strerror(errno));
       goto out;
