@@ -47,12 +47,19 @@ typedef struct {
 } tune_row_t;
 
 /* Built-in table; rows for a rank count apply to that count and above until
- * the next listed count. */
+ * the next listed count. From collectives-bench --tune on a 2-core machine
+ * (same-host ranks, shared memory), smoothed: butterfly's log2(n) rounds win
+ * below a few MiB and at every size on power-of-two counts that fit the
+ * cores; with a fold (n not a power of two) the ring's lower bandwidth
+ * term wins for large messages. */
 static const tune_row_t builtin[] = {
-    {2, 64 * 1024, COLL_ALGO_BUTTERFLY},
+    {2, 8u << 20, COLL_ALGO_BUTTERFLY},
     {2, (size_t)-1, COLL_ALGO_RING},
-    {3, 32 * 1024, COLL_ALGO_BUTTERFLY},
+    {3, 128u << 10, COLL_ALGO_BUTTERFLY},
     {3, (size_t)-1, COLL_ALGO_RING},
+    {4, (size_t)-1, COLL_ALGO_BUTTERFLY},
+    {5, 256u << 10, COLL_ALGO_BUTTERFLY},
+    {5, (size_t)-1, COLL_ALGO_RING},
 };
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
