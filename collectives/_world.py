@@ -80,13 +80,15 @@ def _start_store(host: str, port: int):
         return _store.StoreServer("::" if family == socket.AF_INET6 else "0.0.0.0", port)
 
 
-def spin_us(local_size: int) -> float:
-    """COLLECTIVES_SPIN_US, where "auto" spins 100 us only if each local rank has a core."""
+def spin_policy(local_size: int) -> tuple:
+    """(microseconds, yield) for a waiting rank: COLLECTIVES_SPIN_US ("auto": 100), yielding
+    the core between checks when this host runs more ranks than it has cores."""
     text = os.environ.get("COLLECTIVES_SPIN_US", "auto").strip().lower()
+    oversubscribed = local_size > (os.cpu_count() or 1)
     if text in ("", "auto"):
-        return 100.0 if local_size <= (os.cpu_count() or 1) else 0.0
+        return 100.0, oversubscribed
     try:
-        return max(0.0, float(text))
+        return max(0.0, float(text)), oversubscribed
     except ValueError:
         raise ValueError(f"COLLECTIVES_SPIN_US={text!r} is not a number of microseconds or 'auto'") from None
 
@@ -156,7 +158,7 @@ def init(timeout: Optional[float] = None):
             local_rank, local_size = 0, 1
         else:
             core, server, client, local_rank, local_size = _rendezvous(info, t)
-        core.set_spin_us(spin_us(local_size))
+        core.set_spin(*spin_policy(local_size))
         comm = Comm._from_core(core, local_rank, local_size)
         _state = _World(comm, core, server, client)
         return comm

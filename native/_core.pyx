@@ -172,9 +172,10 @@ cdef class Communicator:
         cdef bytes h = host.encode()
         CHKERR(coll_comm_set_peer(self._live(), peer, h, port), self.comm)
 
-    def set_spin_us(self, double us) -> None:
-        """Microseconds a waiting rank retries before sleeping in poll() (0: never spin)."""
-        coll_comm_set_spin_us(self._live(), us)
+    def set_spin(self, double us, bint yield_core=False) -> None:
+        """Microseconds a waiting rank keeps checking before sleeping in poll() (0: never),
+        yielding its core between checks if yield_core."""
+        coll_comm_set_spin(self._live(), us, yield_core)
 
     def set_peer_host(self, int peer, str host_id) -> None:
         """Mark which peers share this host (equal ids): they may use shared memory."""

@@ -104,11 +104,13 @@ coll_result_t coll_comm_set_peer(coll_comm_t *comm, int peer, const char *host, 
 /* An identifier equal for ranks on the same host (hostname + boot id): such
  * peers may use the shared-memory transport. Optional; "" means unknown. */
 coll_result_t coll_comm_set_peer_host(coll_comm_t *comm, int peer, const char *host_id);
-/* How long a rank that cannot progress keeps retrying before it sleeps in
- * poll() (microseconds; 0: sleep at once). Worth it only when every rank of
- * the host has a core of its own: a spinning rank steals the core a peer
- * needs to make progress. */
-void coll_comm_set_spin_us(coll_comm_t *comm, double us);
+/* How long a rank that cannot progress keeps checking before it sleeps in
+ * poll() (microseconds; 0: sleep at once), and whether it yields its core
+ * between checks (sched_yield). Yield when the host runs more ranks than
+ * cores: a rank that spins without yielding steals the core a peer needs to
+ * make progress, while one that yields hands it over and still avoids the
+ * slow wake-up from poll(). */
+void coll_comm_set_spin(coll_comm_t *comm, double us, int yield);
 /* Stops the progress thread, closes every link and the listener, frees comm. */
 void coll_comm_destroy(coll_comm_t *comm);
 /* The text of the last error (empty if none). Valid until the next call. */

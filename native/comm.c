@@ -92,7 +92,10 @@ coll_result_t coll_comm_create(int rank, int size, const char *bind_host, const 
 
 int coll_comm_port(const coll_comm_t *comm) { return comm->port; }
 
-void coll_comm_set_spin_us(coll_comm_t *comm, double us) { comm->spin = us > 0 ? us * 1e-6 : 0; }
+void coll_comm_set_spin(coll_comm_t *comm, double us, int yield) {
+  comm->spin = us > 0 ? us * 1e-6 : 0;
+  comm->spin_yield = yield != 0;
+}
 
 coll_result_t coll_comm_set_peer(coll_comm_t *comm, int peer, const char *host, int port) {
   if (peer < 0 || peer >= comm->size || !host || strlen(host) >= sizeof comm->peers[0].host ||

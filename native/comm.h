@@ -48,6 +48,7 @@ struct coll_comm {
   size_t segment_bytes;
   int sockbuf;
   double spin;           /* seconds to keep retrying before poll() */
+  int spin_yield;        /* give the core away between retries (more ranks than cores) */
 
   /* Progress thread: runs queued requests in order; blocking calls made
    * meanwhile wait for the queue to drain (coll_comm_enter). */

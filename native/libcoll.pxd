@@ -61,7 +61,7 @@ cdef extern from "coll.h" nogil:
                                    const uint8_t *comm_id, coll_comm_t **out)
     int coll_comm_port(const coll_comm_t *comm)
     coll_result_t coll_comm_set_peer(coll_comm_t *comm, int peer, const char *host, int port)
-    void coll_comm_set_spin_us(coll_comm_t *comm, double us)
+    void coll_comm_set_spin(coll_comm_t *comm, double us, int yield_)
     coll_result_t coll_comm_set_peer_host(coll_comm_t *comm, int peer, const char *host_id)
     void coll_comm_destroy(coll_comm_t *comm)
     const char *coll_comm_last_error(const coll_comm_t *comm)

@@ -36,8 +36,9 @@ static const coll_param_decl_t params[COLL_NUM_PARAMS] = {
     [COLL_PARAM_SHM_BYTES] = {"COLLECTIVES_SHM_BYTES", "4M",
                               "ring size per direction of a shared-memory link (a power of two)"},
     [COLL_PARAM_SPIN_US] = {"COLLECTIVES_SPIN_US", "auto",
-                            "microseconds a waiting rank polls before it sleeps in poll(); auto: 100 "
-                            "when this host runs no more ranks than cores, else 0"},
+                            "microseconds a waiting rank keeps checking before it sleeps in poll() "
+                            "(auto: 100); it yields its core between checks when the host runs more "
+                            "ranks than cores"},
     [COLL_PARAM_RANK] = {"COLLECTIVES_RANK", "", "this process's rank (set by collectives-run)"},
     [COLL_PARAM_SIZE] = {"COLLECTIVES_SIZE", "", "number of ranks (set by collectives-run)"},
     [COLL_PARAM_LOCAL_RANK] = {"COLLECTIVES_LOCAL_RANK", "",

@@ -13,6 +13,7 @@
 #include "schedule.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -455,7 +456,10 @@ coll_result_t coll_sched_run(coll_sched_t *s, double deadline) {
       for (int i = 0; i < nps && !sockets; i++)
         sockets = !ps[i].link->tp->recv_peek && (head_ready(s, ps[i].sq, ps[i].nsq, ps[i].sh) ||
                                                  head_ready(s, ps[i].rq, ps[i].nrq, ps[i].rh));
-      if (!sockets) continue;
+      if (!sockets) {
+        if (comm->spin_yield) sched_yield();
+        continue;
+      }
     }
 
     int npf = 0, retry = 0;
@@ -486,7 +490,10 @@ coll_result_t coll_sched_run(coll_sched_t *s, double deadline) {
     if (left <= 0) { res = timeout_error(s, ps, nps, deadline, start); goto out; }
     int ms = spinning ? 0 : left > 2e6 ? 2000000000 : (int)(left * 1000.0) + 1;
     int r = poll(pfs, (nfds_t)npf, ms);
-    if (r == 0 && spinning) continue;
+    if (r == 0 && spinning) {
+      if (comm->spin_yield) sched_yield();
+      continue;
+    }
     if (r < 0 && errno != EINTR) {
       res = coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: poll failed: %s", comm->rank, strerror(errno));
       goto out;
