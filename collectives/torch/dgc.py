@@ -45,7 +45,7 @@ from . import sparse_ops
 from ._context import as_buffer
 from .mpi_ops import _scale
 from .basics import Average
-from .optimizer import _DistributedOptimizer
+from .optimizer import _DistributedOptimizer, _wait_buckets
 
 __all__ = ["SparseCompressor", "TopKCompressor", "DGC", "DGCSGD"]
 
@@ -475,14 +475,7 @@ class _SparseDistributedOptimizer(_DistributedOptimizer):
             return
         comp = self._compression
         self._launch_ready(force=True)
-        error: Optional[BaseException] = None
-        for b in self._buckets:
-            try:
-                if b.request is not None:
-                    b.request.Wait()
-            except BaseException as exc:  # wait for every request before raising
-                error = error or exc
-            b.request = None
+        error = _wait_buckets(self._buckets)
         try:
             if error is not None:
                 raise error

@@ -237,13 +237,7 @@ class _DistributedOptimizer:
         postscale = 1.0
         if self._op is Average and self._predivide != 1.0:
             postscale = self._predivide / self._ctx.size
-        error: Optional[BaseException] = None
-        for b in self._buckets:
-            try:
-                b.request.Wait()
-            except BaseException as exc:  # wait for every request before raising
-                error = error or exc
-            b.request = None
+        error = _wait_buckets(self._buckets)
         try:
             if error is not None:
                 raise error
@@ -311,6 +305,19 @@ class _DistributedOptimizer:
         for h in self._hooks:
             h.remove()
         self._hooks = []
+
+
+def _wait_buckets(buckets: Any) -> Optional[BaseException]:
+    """Wait for every bucket's request (none left in flight), returning the first error."""
+    error: Optional[BaseException] = None
+    for b in buckets:
+        try:
+            if b.request is not None:
+                b.request.Wait()
+        except BaseException as exc:  # wait for every request before raising
+            error = error or exc
+        b.request = None
+    return error
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any = None,
