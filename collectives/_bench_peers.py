@@ -120,36 +120,23 @@ class TorchGlooBackend(bench.Backend):
         self.dist.destroy_process_group()
 
 
-class Mpi4pyBackend(bench.Backend):
-    """mpi4py (OpenMPI), started by mpirun."""
+class Mpi4pyBackend(bench.CollectivesBackend):
+    """mpi4py (OpenMPI), started by mpirun: the same calls as ours, mpi4py being the API we copy."""
+
+    tolerate_errors = True
 
     def __init__(self, name: str) -> None:
         from mpi4py import MPI
 
-        self.MPI = MPI
-        self.comm = MPI.COMM_WORLD
+        self._use(MPI)
         self.name = name
-        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
-        self.ops = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
 
-    def barrier(self) -> None:
-        self.comm.Barrier()
+    def impls(self, algos: Sequence[str]) -> list[tuple[str, str]]:
+        """One implementation: OpenMPI chooses its own algorithm."""
+        return [(self.name, "")]
 
-    def allreduce_f64(self, arr: np.ndarray, op: str) -> None:
-        self.comm.Allreduce(self.MPI.IN_PLACE, arr, op=self.ops[op])
-
-    def call(self, coll: str, algo: str, op: str, send: Optional[np.ndarray], recv: np.ndarray,
-             root: int) -> tuple[Optional[Callable[[], None]], np.ndarray]:
-        c, mop = self.comm, self.ops[op]
-        s = self.MPI.IN_PLACE if send is None else send
-        if coll == "allreduce":
-            return (lambda: c.Allreduce(s, recv, op=mop)), recv
-        if coll == "allgather":
-            return (lambda: c.Allgather(s, recv)), recv
-        if coll == "broadcast":
-            return (lambda: c.Bcast(recv, root)), recv
-        result = recv if send is not None else recv[:recv.size // self.size]
-        return (lambda: c.Reduce_scatter_block(s, recv, op=mop)), result
+    def _allreduce_options(self, algo: str) -> dict:
+        return {}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

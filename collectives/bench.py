@@ -238,10 +238,18 @@ class CollectivesBackend(Backend):
     def __init__(self) -> None:
         from . import MPI
 
+        self._use(MPI)
+
+    def _use(self, MPI: Any) -> None:
+        """Run on `MPI`, a module with mpi4py's API (ours, or mpi4py itself)."""
         self.MPI = MPI
         self.comm = MPI.COMM_WORLD
-        self.rank, self.size = self.comm.rank, self.comm.size
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.ops = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
+
+    def _allreduce_options(self, algo: str) -> dict:
+        """Extra keywords of Allreduce: our algorithm choice."""
+        return {"algorithm": algo or "auto"}
 
     def impls(self, algos: Sequence[str]) -> list[tuple[str, str]]:
         """One implementation per requested algorithm."""
@@ -261,7 +269,8 @@ class CollectivesBackend(Backend):
         c, mop = self.comm, self.ops[op]
         s = self.MPI.IN_PLACE if send is None else send
         if coll == "allreduce":
-            return (lambda: c.Allreduce(s, recv, op=mop, algorithm=algo or "auto")), recv
+            kw = self._allreduce_options(algo)
+            return (lambda: c.Allreduce(s, recv, op=mop, **kw)), recv
         if coll == "allgather":
             return (lambda: c.Allgather(s, recv)), recv
         if coll == "broadcast":
