@@ -23,7 +23,9 @@
  * answers no and both sides keep plain TCP.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <poll.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -91,10 +93,29 @@ static void map_rings(shm_t *s, int lower) {
   s->in = data + (lower ? s->ring : 0);
 }
 
+/* Segments are unlinked as soon as both sides have them mapped, so a name is
+ * left in /dev/shm only if its creator died while offering it. Remove those
+ * of dead creators (the pid is in the name) before making a new one. A live
+ * pid, or one reused since, keeps its file: nothing in use is ever removed. */
+static void sweep_stale_segments(void) {
+  DIR *d = opendir("/dev/shm");
+  if (!d) return;
+  for (struct dirent *e; (e = readdir(d)) != NULL;) {
+    int pid;
+    if (sscanf(e->d_name, "collectives-%d-", &pid) != 1 || pid <= 0) continue;
+    if (kill(pid, 0) == 0 || errno != ESRCH) continue;
+    char path[300];
+    snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
+    unlink(path);
+  }
+  closedir(d);
+}
+
 coll_result_t coll_shm_make_offer(coll_link_t *link, int want_shm, unsigned char *offer) {
   coll_comm_t *comm = link->comm;
   memset(offer, 0, COLL_SHM_OFFER_BYTES);
   if (!want_shm) return COLL_SUCCESS; /* kind 0: tcp */
+  sweep_stale_segments();
   shm_t *s = calloc(1, sizeof *s);
   if (!s) return COLL_SUCCESS;
   s->ring = ring_bytes_param();

@@ -346,3 +346,32 @@ def test_launcher_exit_code_nonzero(tmp_path, mode):
     if proc.returncode == 7:  # rank 1's code; another rank's failure may be seen first
         assert re.search(r"rank 1\b", proc.stderr), proc.stderr
     assert "survived" not in proc.stdout or mode == "exit", proc.stdout
+
+
+@pytest.mark.timeout(60)
+def test_stale_shm_segments_are_swept(tmp_path):
+    """A segment left by a creator that died mid-offer is removed by the next
+    link setup; one whose creator lives is left alone."""
+    import os
+    import subprocess
+
+    shm = "/dev/shm"
+    if not os.path.isdir(shm):
+        pytest.skip("no /dev/shm")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = os.path.join(shm, f"collectives-{dead.pid}-0-1-deadbeef")
+    alive = os.path.join(shm, f"collectives-{os.getpid()}-0-1-cafef00d")
+    for path in (stale, alive):
+        with open(path, "wb") as f:
+            f.write(b"x")
+    try:
+        body = "buf = np.ones(10, np.float32)\ncomm.Allreduce(MPI.IN_PLACE, buf)\n"
+        run_world(2, "from collectives import MPI\ncomm = MPI.COMM_WORLD\n" + body,
+                  timeout=50).assert_ok()
+        assert not os.path.exists(stale), "a dead creator's segment was left in /dev/shm"
+        assert os.path.exists(alive), "a live creator's segment was removed"
+    finally:
+        for path in (stale, alive):
+            if os.path.exists(path):
+                os.unlink(path)
