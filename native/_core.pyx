@@ -534,6 +534,14 @@ def sparse_count_above(x, double threshold) -> int:
     return count
 
 
+cdef int _sparse_types_ok(_View vv, _View iv) except -1:
+    if vv.dtype not in (COLL_FLOAT32, COLL_FLOAT16):
+        raise TypeError("values must be float32 or float16")
+    if iv.dtype not in (COLL_INT32, COLL_INT64):
+        raise TypeError("indices must be int32 or int64")
+    return 0
+
+
 def sparse_pack(x, double threshold, values, indices) -> int:
     """Write the first min(len(values), len(indices)) entries of float32 `x` with
     |x[i]| >= threshold, in index order, into values (float32/float16) and indices
@@ -543,10 +551,7 @@ def sparse_pack(x, double threshold, values, indices) -> int:
     cdef _View iv = as_view(indices, "indices", True, None)
     if xv.dtype != COLL_FLOAT32:
         raise TypeError("x must be float32")
-    if vv.dtype not in (COLL_FLOAT32, COLL_FLOAT16):
-        raise TypeError("values must be float32 or float16")
-    if iv.dtype not in (COLL_INT32, COLL_INT64):
-        raise TypeError("indices must be int32 or int64")
+    _sparse_types_ok(vv, iv)
     if iv.dtype == COLL_INT32 and xv.count > 2147483648:
         raise ValueError(f"x has {xv.count} elements: int32 indices cannot name them all")
     _sparse_threshold_ok(threshold)
@@ -568,10 +573,7 @@ def sparse_scatter_add(out, values, indices) -> None:
     cdef _View iv = as_view(indices, "indices", False, None)
     if ov.dtype != COLL_FLOAT32:
         raise TypeError("out must be float32")
-    if vv.dtype not in (COLL_FLOAT32, COLL_FLOAT16):
-        raise TypeError("values must be float32 or float16")
-    if iv.dtype not in (COLL_INT32, COLL_INT64):
-        raise TypeError("indices must be int32 or int64")
+    _sparse_types_ok(vv, iv)
     if vv.count != iv.count:
         raise ValueError(f"mismatch in values count {vv.count} and indices count {iv.count}")
     check_overlap(ov, vv, "sparse_scatter_add")

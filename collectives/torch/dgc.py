@@ -489,14 +489,7 @@ class _SparseDistributedOptimizer(_DistributedOptimizer):
                 if self._sparse:
                     self._exchange_sparse()
         finally:
-            for b in self._buckets:
-                b.ready = 0
-                b.target = None
-                b.contexts = []
-            for k in self._delay:
-                self._delay[k] = self.backward_passes_per_step
-            self._next = 0
-            self._launched = 0
+            self._reset_step()
             self._sparse = []
             comp.stats, self._stats = self._stats, self._new_stats()
             comp.end_step()

@@ -255,15 +255,19 @@ class _DistributedOptimizer:
                         g = b.params[0].grad
                         g.copy_(self._compression.decompress(b.target, b.contexts[0]))
         finally:
-            for b in self._buckets:
-                b.ready = 0
-                b.target = None
-                b.contexts = []
-            for k in self._delay:
-                self._delay[k] = self.backward_passes_per_step
-            self._next = 0
-            self._launched = 0
+            self._reset_step()
         self._synchronized = True
+
+    def _reset_step(self) -> None:
+        """Empty the buckets and re-arm the per-parameter countdowns for the next step."""
+        for b in self._buckets:
+            b.ready = 0
+            b.target = None
+            b.contexts = []
+        for k in self._delay:
+            self._delay[k] = self.backward_passes_per_step
+        self._next = 0
+        self._launched = 0
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
