@@ -1,12 +1,16 @@
-"""Build the native core: C sources + the Cython communicator, -O3."""
+"""Build the native core: C sources + the Cython communicator, -O3, and the
+CUDA parts (native/*.cu) when nvcc is found or COLLECTIVES_CUDA=1."""
 import glob
 import os
+import re
+import shutil
+import subprocess
+import sys
 
 import numpy
-import shutil
-
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -19,6 +23,88 @@ C_SOURCES = sorted(
 # (target_clones), so no -march here: the wheel must run on any x86-64.
 CFLAGS = ["-O3", "-std=gnu11", "-fvisibility=hidden", "-Wall", "-Wno-unused-function",
           "-Wno-unknown-pragmas"]
+
+CUDA_SOURCES = sorted(os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, "native", "*.cu")))
+# SASS for Ampere and Hopper, and Hopper PTX that the driver compiles for
+# anything newer (CUDA 13 no longer targets sm_70).
+CUDA_ARCHS = ("80", "90")
+CUDA_PTX = "90"
+
+
+def find_cuda():
+    """The CUDA toolkit root to build with, or None (COLLECTIVES_CUDA: 1, 0 or auto)."""
+    mode = os.environ.get("COLLECTIVES_CUDA", "auto").strip().lower()
+    if mode in ("0", "no", "off", "false"):
+        print("collectives: COLLECTIVES_CUDA=0, building without CUDA", file=sys.stderr)
+        return None
+    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidates.append(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))
+    candidates.append("/usr/local/cuda")
+    for root in filter(None, candidates):
+        if os.path.exists(os.path.join(root, "bin", "nvcc")) and \
+                os.path.exists(os.path.join(root, "include", "cuda_runtime_api.h")):
+            return root
+    if mode in ("1", "yes", "on", "true"):
+        raise SystemExit("collectives: COLLECTIVES_CUDA=1 but no CUDA toolkit (nvcc) was found; "
+                         "set CUDA_HOME or put nvcc on PATH")
+    print("collectives: nvcc not found, building without CUDA (GPU buffers will be rejected; "
+          "set COLLECTIVES_CUDA=1 to require it)", file=sys.stderr)
+    return None
+
+
+def cuda_lib_dir(root):
+    for sub in ("lib64", "lib", os.path.join("targets", "x86_64-linux", "lib"),
+                os.path.join("targets", "sbsa-linux", "lib")):
+        if os.path.exists(os.path.join(root, sub, "libcudart_static.a")):
+            return os.path.join(root, sub)
+    raise SystemExit(f"collectives: no libcudart_static.a under {root}")
+
+
+def gencode_flags(nvcc):
+    """-gencode flags for the architectures this nvcc supports among ours."""
+    try:
+        known = subprocess.run([nvcc, "--list-gpu-arch"], capture_output=True, text=True,
+                               check=True).stdout
+        have = set(re.findall(r"compute_(\d+)", known))
+    except (OSError, subprocess.CalledProcessError):
+        have = set(CUDA_ARCHS)
+    flags = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in CUDA_ARCHS if a in have]
+    if CUDA_PTX in have:
+        flags.append(f"-gencode=arch=compute_{CUDA_PTX},code=compute_{CUDA_PTX}")
+    if not flags:
+        raise SystemExit(f"collectives: {nvcc} supports none of sm_{', sm_'.join(CUDA_ARCHS)}")
+    return flags
+
+
+class BuildExt(build_ext):
+    """build_ext that first compiles native/*.cu with nvcc into the extension."""
+
+    def build_extensions(self):
+        root = find_cuda()
+        if root:
+            nvcc = os.path.join(root, "bin", "nvcc")
+            flags = gencode_flags(nvcc)
+            for ext in self.extensions:
+                objects = []
+                for src in CUDA_SOURCES:
+                    obj = os.path.join(self.build_temp, os.path.splitext(src)[0] + ".o")
+                    os.makedirs(os.path.dirname(obj), exist_ok=True)
+                    cmd = [nvcc, "-O3", "-std=c++17", "-Xcompiler", "-fPIC,-fvisibility=hidden",
+                           "-Inative", *flags, "-c", src, "-o", obj]
+                    print("collectives: " + " ".join(cmd), file=sys.stderr)
+                    subprocess.run(cmd, check=True, cwd=HERE)
+                    objects.append(obj)
+                ext.extra_objects = list(ext.extra_objects or []) + objects
+                ext.define_macros = list(ext.define_macros) + [("COLL_HAVE_CUDA", "1")]
+                ext.include_dirs = list(ext.include_dirs) + [os.path.join(root, "include")]
+                ext.library_dirs = list(ext.library_dirs or []) + [cuda_lib_dir(root)]
+                # The static runtime: the module imports on machines without
+                # libcudart, and without a driver reports no device.
+                ext.libraries = list(ext.libraries) + ["cudart_static", "dl", "rt", "stdc++"]
+        super().build_extensions()
+
 
 ext = Extension(
     "collectives._core",
@@ -34,6 +120,7 @@ ext = Extension(
 RUNTIME_SOURCES = ["native/jax_ffi.cc", "native/coll.h"]
 
 
+
 class BuildPy(build_py):
     """build_py that also copies the run-time compiled sources into collectives/_native."""
 
@@ -46,7 +133,7 @@ class BuildPy(build_py):
 
 
 setup(
-    cmdclass={"build_py": BuildPy},
+    cmdclass={"build_py": BuildPy, "build_ext": BuildExt},
     ext_modules=cythonize(
         [ext],
         include_path=["native"],

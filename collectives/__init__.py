@@ -41,10 +41,14 @@ def is_initialized() -> bool:
 
 
 def cuda_built() -> bool:
-    """True if the CUDA parts of the core were compiled (this build: host only)."""
-    return False
+    """True if the CUDA parts of the core were compiled (nvcc was found at build time)."""
+    from . import _core
+
+    return _core.cuda_built()
 
 
 def cuda_available() -> bool:
-    """True if GPU buffers can be used: CUDA built and a device present."""
-    return False
+    """True if GPU buffers can be used: CUDA built, a driver and a device present."""
+    from . import _core
+
+    return _core.cuda_built() and _core.cuda_device_count() > 0

@@ -177,6 +177,51 @@ def make_buffers(coll: str, inp: np.ndarray, rank: int, nranks: int, count: int,
     return inp.copy(), recv, lambda: recv.fill(0)
 
 
+def result_view(coll: str, send: Any, recv: Any, nranks: int) -> Any:
+    """Where a case's result lands: recv, or its first block for in-place reduce_scatter."""
+    if coll == "reduce_scatter" and send is None:
+        return recv[:len(recv) // nranks]
+    return recv
+
+
+class DeviceCase:
+    """A case's buffers mirrored in GPU memory (--device cuda): the collective runs
+    on the device copies; refill() and fetch() move the host arrays in and out."""
+
+    def __init__(self, send: Optional[np.ndarray], recv: np.ndarray, device: int) -> None:
+        from . import _core
+
+        self.host_send, self.host_recv = send, recv
+        self.send = None if send is None else _core.DeviceBuffer(send.nbytes, str(send.dtype), device)
+        self.recv = _core.DeviceBuffer(recv.nbytes, str(recv.dtype), device)
+
+    def refill(self) -> None:
+        """Copy the (refilled) host input to the device."""
+        if self.send is not None:
+            self.send.copy_from(self.host_send)
+        self.recv.copy_from(self.host_recv)
+
+    def fetch(self) -> None:
+        """Copy the device result back into the host recv array."""
+        self.recv.copy_to(self.host_recv)
+
+
+def device_note(device: int, rows: Sequence["Row"], nbytes: int = 256 << 20) -> list[str]:
+    """The device's own copy bandwidth, and each implementation's largest-size busbw over it."""
+    from . import _core
+
+    copy = _core.cuda_copy_bandwidth(device, nbytes)
+    notes = [f"device {device} device-to-device copy (cudaMemcpy, {human_size(nbytes)}): "
+             f"{copy:.1f} GB/s, the physical limit"]
+    for impl in dict.fromkeys(r.impl for r in rows):
+        best = max((r for r in rows if r.impl == impl and r.busbw), key=lambda r: r.size,
+                   default=None)
+        if best is not None:
+            notes.append(f"{impl} {human_size(best.size)}: busbw {best.busbw:.1f} GB/s = "
+                         f"{best.busbw / copy:.2f} x the device copy")
+    return notes
+
+
 # ----------------------------------------------------------------- sweep
 
 
@@ -275,8 +320,8 @@ class CollectivesBackend(Backend):
             return (lambda: c.Allgather(s, recv)), recv
         if coll == "broadcast":
             return (lambda: c.Bcast(recv, root)), recv
-        result = recv if send is not None else recv[:recv.size // self.size]
-        return (lambda: c.Reduce_scatter_block(s, recv, op=mop)), result
+        return (lambda: c.Reduce_scatter_block(s, recv, op=mop)), result_view(coll, send, recv,
+                                                                             self.size)
 
 
 def _progress(done: int, total: int, label: str, tagged: bool) -> None:
@@ -300,12 +345,14 @@ def draw_progress(done: int, total: int, label: str) -> None:
 
 def sweep(backend: Backend, coll: str, algos: Sequence[str], dtype: str, op: str,
           sizes: Sequence[int], iters: int, warmup: int, check: bool, root: int = 0,
-          progress: Optional[bool] = None, host: Optional[str] = None) -> tuple[list[Row], list[str]]:
+          progress: Optional[bool] = None, host: Optional[str] = None,
+          device: Optional[int] = None) -> tuple[list[Row], list[str]]:
     """Measure every (size, placement, implementation); collective on all ranks.
 
     Returns:
         (rows, notes): rows in (impl, size, inplace) order; notes name
-        cases the library does not support.
+        cases the library does not support. With `device` (a CUDA ordinal),
+        the collectives run on GPU copies of the buffers.
     """
     n, rank = backend.size, backend.rank
     host = host or socket.gethostname()
@@ -324,6 +371,7 @@ def sweep(backend: Backend, coll: str, algos: Sequence[str], dtype: str, op: str
         size = count * itemsize
         for inplace in (False, True):
             send, recv, refill = make_buffers(coll, inp, rank, n, count, inplace, root)
+            dev = None if device is None else DeviceCase(send, recv, device)
             for impl, algo in impls:
                 if show:
                     _progress(done, total, f"{impl} {human_size(size)}{' in-place' if inplace else ''}", tagged)
@@ -331,7 +379,12 @@ def sweep(backend: Backend, coll: str, algos: Sequence[str], dtype: str, op: str
                 row = Row(coll, impl, n, size, count, dtype, op, r, None, None, None, None, inplace, host)
                 rows[(impl, size, inplace)] = row
                 refill()
-                fn, result = backend.call(coll, algo, op, send, recv, root)
+                if dev is None:
+                    fn, result = backend.call(coll, algo, op, send, recv, root)
+                else:
+                    dev.refill()
+                    fn, _ = backend.call(coll, algo, op, dev.send, dev.recv, root)
+                    result = result_view(coll, send, recv, n)
                 if fn is None:
                     continue
                 try:
@@ -357,8 +410,12 @@ def sweep(backend: Backend, coll: str, algos: Sequence[str], dtype: str, op: str
                 row.busbw = row.algbw * bus_factor(coll, n)
                 if check:
                     refill()
+                    if dev is not None:
+                        dev.refill()
                     backend.barrier()
                     fn()
+                    if dev is not None:
+                        dev.fetch()
                     bad = np.array([float(np.count_nonzero(result != want))])
                     backend.allreduce_f64(bad, "sum")
                     row.wrong = int(bad[0])
@@ -573,6 +630,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", default=None, metavar="FILE.png")
     p.add_argument("--tune", nargs="?", const=DEFAULT_TUNE_FILE, default=None, metavar="FILE",
                    help=f"allreduce: write the table auto reads (default {DEFAULT_TUNE_FILE})")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="where the buffers live; cuda: each rank on GPU local_rank %% count, "
+                        "CUDA IPC between same-host ranks (compared with the device's copy "
+                        "bandwidth; the peers run on host memory only and are skipped)")
     p.add_argument("--worker-json", default=None, help=argparse.SUPPRESS)
     p.add_argument("--progress", action="store_true", help=argparse.SUPPRESS)
     return p
@@ -605,7 +666,8 @@ def worker_args(args: argparse.Namespace) -> list[str]:
     """The sweep options to pass on to a worker (never -np, --compare or outputs)."""
     out = [args.coll, "--algo", ",".join(args.algos), "--dtype", args.dtype, "--op", args.op,
            "--root", str(args.root), "-b", str(args.minbytes), "-e", str(args.maxbytes),
-           "-f", str(args.stepfactor), "--iters", str(args.iters), "--warmup", str(args.warmup)]
+           "-f", str(args.stepfactor), "--iters", str(args.iters), "--warmup", str(args.warmup),
+           "--device", args.device]
     return out + (["--check"] if args.check else [])
 
 
@@ -613,9 +675,21 @@ def run_worker(args: argparse.Namespace, backend: Backend) -> int:
     """Sweep on this rank; rank 0 writes --worker-json or prints. Returns the exit code."""
     if args.coll == "broadcast" and not 0 <= args.root < backend.size:
         raise SystemExit(f"collectives-bench: --root {args.root} is not a rank of {backend.size}")
+    device = None
+    if args.device == "cuda":
+        import collectives
+        from . import _core
+
+        if not collectives.cuda_available():
+            raise SystemExit("collectives-bench: --device cuda needs a CUDA build and a GPU "
+                             f"(cuda_built() is {collectives.cuda_built()}, "
+                             f"{_core.cuda_device_count()} devices)")
+        device = backend.comm.local_rank % _core.cuda_device_count()
     rows, notes = sweep(backend, args.coll, args.algos, args.dtype, args.op, args.sizes,
                         args.iters, args.warmup, args.check, args.root,
-                        progress=True if args.progress else None)
+                        progress=True if args.progress else None, device=device)
+    if device is not None and backend.rank == 0:
+        notes = notes + device_note(device, rows)
     backend.finish()
     if backend.rank == 0:
         if args.worker_json:
@@ -688,6 +762,8 @@ def drive(args: argparse.Namespace) -> int:
                                      *extra, "--worker-json", out]))
         for peer in args.peers:
             why = _bench_peers.missing(peer)
+            if args.device == "cuda":
+                why = "--device cuda measures this library against the device copy bandwidth"
             if why:
                 print(f"# skipping {peer}: {why}", flush=True)
                 continue

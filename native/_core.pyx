@@ -190,27 +190,32 @@ cdef class Communicator:
             self.comm = NULL
 
     def allreduce(self, sendbuf, recvbuf, op="sum", algorithm="auto", timeout=None, dtype=None,
-                  segment_bytes=0) -> None:
-        """recvbuf = op over all ranks of sendbuf (sendbuf None or recvbuf: in place)."""
+                  segment_bytes=0, stream=None) -> None:
+        """recvbuf = op over all ranks of sendbuf (sendbuf None or recvbuf: in place).
+
+        GPU buffers run after the work queued on `stream` (a CuPy/torch stream
+        or a raw cudaStream_t; default: the buffer's own interface stream, else
+        the legacy default stream) and are final when the call returns.
+        """
         cdef coll_args_t a
         views = self._allreduce_args(&a, sendbuf, recvbuf, op, algorithm, timeout, dtype,
-                                     segment_bytes)
+                                     segment_bytes, stream)
         cdef coll_result_t res
         with nogil:
             res = coll_allreduce(self.comm, &a)
         CHKERR(res, self.comm)
 
     def iallreduce(self, sendbuf, recvbuf, op="sum", algorithm="auto", timeout=None,
-                   dtype=None) -> Request:
+                   dtype=None, stream=None) -> Request:
         """Start an allreduce on the progress thread; returns a Request."""
         cdef coll_args_t a
         cdef Request r = self._request(
-            self._allreduce_args(&a, sendbuf, recvbuf, op, algorithm, timeout, dtype, 0))
+            self._allreduce_args(&a, sendbuf, recvbuf, op, algorithm, timeout, dtype, 0, stream))
         CHKERR(coll_iallreduce(self.comm, &a, &r.req), self.comm)
         return r
 
     cdef object _allreduce_args(self, coll_args_t *a, sendbuf, recvbuf, op, algorithm, timeout,
-                                dtype, segment_bytes):
+                                dtype, segment_bytes, stream):
         self._live()
         cdef _View rv = as_view(recvbuf, "recvbuf", True, dtype)
         cdef _View sv = rv if (sendbuf is None or sendbuf is recvbuf) else as_view(sendbuf, "sendbuf", False, dtype)
@@ -229,6 +234,7 @@ cdef class Communicator:
         a.algo = <coll_algo_t>code_of(ALGORITHMS, algorithm, "algorithm")
         a.timeout = as_timeout(timeout)
         a.segment_bytes = segment_bytes
+        set_memory(a, stream, rv, sv)
         return (sv, rv)
 
     cdef Request _request(self, object views):
@@ -238,7 +244,7 @@ cdef class Communicator:
         return r
 
     cdef object _allgatherv_args(self, coll_args_t *a, size_t *cc, sendbuf, recvbuf, counts,
-                                 displs, timeout, dtype):
+                                 displs, timeout, dtype, stream):
         """Checks and fills a; cc has room for 2 * size entries (counts, displs)."""
         self._live()
         cdef int n = self._size
@@ -281,9 +287,11 @@ cdef class Communicator:
         a.displs = cc + n
         a.dtype = <coll_dtype_t>rv.dtype
         a.timeout = as_timeout(timeout)
+        set_memory(a, stream, rv, sv)
         return (sv, rv)
 
-    def allgatherv(self, sendbuf, recvbuf, counts, displs=None, timeout=None, dtype=None) -> None:
+    def allgatherv(self, sendbuf, recvbuf, counts, displs=None, timeout=None, dtype=None,
+                   stream=None) -> None:
         """Gather every rank's sendbuf into recvbuf: rank i's counts[i] elements at displs[i].
 
         sendbuf None means in place: this rank's block is already in recvbuf.
@@ -294,7 +302,8 @@ cdef class Communicator:
         cdef coll_args_t a
         cdef coll_result_t res
         try:
-            views = self._allgatherv_args(&a, cc, sendbuf, recvbuf, counts, displs, timeout, dtype)
+            views = self._allgatherv_args(&a, cc, sendbuf, recvbuf, counts, displs, timeout, dtype,
+                                          stream)
             with nogil:
                 res = coll_allgatherv(self.comm, &a)
             CHKERR(res, self.comm)
@@ -302,7 +311,7 @@ cdef class Communicator:
             free(cc)
 
     def iallgatherv(self, sendbuf, recvbuf, counts, displs=None, timeout=None,
-                    dtype=None) -> Request:
+                    dtype=None, stream=None) -> Request:
         """Start an allgatherv on the progress thread; returns a Request."""
         cdef size_t *cc = <size_t *>malloc(2 * self._size * sizeof(size_t) + 1)
         if cc == NULL:
@@ -311,13 +320,13 @@ cdef class Communicator:
         cdef Request r
         try:
             r = self._request(self._allgatherv_args(&a, cc, sendbuf, recvbuf, counts, displs,
-                                                    timeout, dtype))
+                                                    timeout, dtype, stream))
             CHKERR(coll_iallgatherv(self.comm, &a, &r.req), self.comm)  # copies counts
         finally:
             free(cc)
         return r
 
-    cdef object _broadcast_args(self, coll_args_t *a, buf, int root, timeout, dtype):
+    cdef object _broadcast_args(self, coll_args_t *a, buf, int root, timeout, dtype, stream):
         self._live()
         if not (0 <= root < self._size):
             raise ValueError(f"root {root} out of range for {self._size} ranks")
@@ -329,25 +338,27 @@ cdef class Communicator:
         a.dtype = <coll_dtype_t>v.dtype
         a.root = root
         a.timeout = as_timeout(timeout)
+        set_memory(a, stream, v)
         return v
 
-    def broadcast(self, buf, int root=0, timeout=None, dtype=None) -> None:
+    def broadcast(self, buf, int root=0, timeout=None, dtype=None, stream=None) -> None:
         """Copy root's buf into buf on every rank."""
         cdef coll_args_t a
-        v = self._broadcast_args(&a, buf, root, timeout, dtype)
+        v = self._broadcast_args(&a, buf, root, timeout, dtype, stream)
         cdef coll_result_t res
         with nogil:
             res = coll_broadcast(self.comm, &a)
         CHKERR(res, self.comm)
 
-    def ibroadcast(self, buf, int root=0, timeout=None, dtype=None) -> Request:
+    def ibroadcast(self, buf, int root=0, timeout=None, dtype=None, stream=None) -> Request:
         """Start a broadcast on the progress thread; returns a Request."""
         cdef coll_args_t a
-        cdef Request r = self._request(self._broadcast_args(&a, buf, root, timeout, dtype))
+        cdef Request r = self._request(self._broadcast_args(&a, buf, root, timeout, dtype, stream))
         CHKERR(coll_ibroadcast(self.comm, &a, &r.req), self.comm)
         return r
 
-    cdef object _reduce_scatter_args(self, coll_args_t *a, sendbuf, recvbuf, op, timeout, dtype):
+    cdef object _reduce_scatter_args(self, coll_args_t *a, sendbuf, recvbuf, op, timeout, dtype,
+                                     stream):
         self._live()
         cdef _View rv = as_view(recvbuf, "recvbuf", True, dtype)
         cdef _View sv = rv if sendbuf is None else as_view(sendbuf, "sendbuf", False, dtype)
@@ -372,27 +383,29 @@ cdef class Communicator:
         a.dtype = <coll_dtype_t>rv.dtype
         a.op = <coll_op_t>code_of(OPS, op, "op")
         a.timeout = as_timeout(timeout)
+        set_memory(a, stream, rv, sv)
         return (sv, rv)
 
-    def reduce_scatter_block(self, sendbuf, recvbuf, op="sum", timeout=None, dtype=None) -> None:
+    def reduce_scatter_block(self, sendbuf, recvbuf, op="sum", timeout=None, dtype=None,
+                             stream=None) -> None:
         """recvbuf = block `rank` of op over all ranks of sendbuf (size * len(recvbuf) elements).
 
         sendbuf None means in place: recvbuf holds the whole input and gets
         the result in its first len/size elements.
         """
         cdef coll_args_t a
-        views = self._reduce_scatter_args(&a, sendbuf, recvbuf, op, timeout, dtype)
+        views = self._reduce_scatter_args(&a, sendbuf, recvbuf, op, timeout, dtype, stream)
         cdef coll_result_t res
         with nogil:
             res = coll_reduce_scatter_block(self.comm, &a)
         CHKERR(res, self.comm)
 
     def ireduce_scatter_block(self, sendbuf, recvbuf, op="sum", timeout=None,
-                              dtype=None) -> Request:
+                              dtype=None, stream=None) -> Request:
         """Start a reduce_scatter_block on the progress thread; returns a Request."""
         cdef coll_args_t a
         cdef Request r = self._request(self._reduce_scatter_args(&a, sendbuf, recvbuf, op,
-                                                                 timeout, dtype))
+                                                                 timeout, dtype, stream))
         CHKERR(coll_ireduce_scatter_block(self.comm, &a, &r.req), self.comm)
         return r
 
@@ -424,6 +437,94 @@ cdef extern from *:
     const coll_api_t coll_api_table
 
 
+cdef _View host_view(obj, str name, bint writable, object dtype):
+    """as_view for the host-only helpers below: GPU buffers are a TypeError."""
+    cdef _View v = as_view(obj, name, writable, dtype)
+    if v.device >= 0:
+        raise TypeError(f"{name} is a GPU buffer; this function takes host memory")
+    return v
+
+
+def cuda_built() -> bool:
+    """True if the CUDA parts were compiled into this module."""
+    return bool(coll_cuda_built())
+
+
+def cuda_device_count() -> int:
+    """Usable GPUs (0 without a driver or device, or in a build without CUDA)."""
+    return coll_cuda_device_count()
+
+
+cdef class DeviceBuffer:
+    """Plain device memory with __cuda_array_interface__, for tests and the bench.
+
+    Lets collectives-bench and the GPU tests run without CuPy or a CUDA build
+    of PyTorch. Args: nbytes, dtype name (a DTYPES key), device ordinal.
+    """
+    cdef void *ptr
+    cdef readonly size_t nbytes
+    cdef readonly str dtype
+    cdef readonly int device
+
+    def __cinit__(self, size_t nbytes, str dtype="uint8", int device=0):
+        if dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r}")
+        self.dtype = dtype
+        self.device = device
+        self.nbytes = nbytes
+        cdef coll_result_t res
+        with nogil:
+            res = coll_cuda_alloc(device, nbytes, &self.ptr)
+        if res != COLL_SUCCESS:
+            raise CollectivesError(<int>res, coll_cuda_error_text().decode())
+
+    def __dealloc__(self):
+        if self.ptr != NULL:
+            coll_cuda_free(self.ptr)
+            self.ptr = NULL
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        size = coll_dtype_size(<coll_dtype_t>DTYPES[self.dtype])
+        kinds = {"int8": "|i1", "uint8": "|u1", "int32": "<i4", "int64": "<i8",
+                 "float16": "<f2", "bfloat16": "<V2", "float32": "<f4", "float64": "<f8"}
+        return {"shape": (self.nbytes // size,), "typestr": kinds[self.dtype],
+                "data": (<uintptr_t>self.ptr, False), "version": 3, "strides": None,
+                "stream": None}
+
+    def copy_from(self, src) -> None:
+        """Copy a host buffer of exactly nbytes into this memory (synchronous)."""
+        cdef _View v = host_view(src, "src", False, None)
+        if v.nbytes != self.nbytes:
+            raise ValueError(f"src has {v.nbytes} bytes, this buffer {self.nbytes}")
+        self._copy(self.ptr, v.ptr, v.nbytes)
+
+    def copy_to(self, dst) -> None:
+        """Copy this memory into a writable host buffer of exactly nbytes (synchronous)."""
+        cdef _View v = host_view(dst, "dst", True, None)
+        if v.nbytes != self.nbytes:
+            raise ValueError(f"dst has {v.nbytes} bytes, this buffer {self.nbytes}")
+        self._copy(v.ptr, self.ptr, v.nbytes)
+
+    cdef _copy(self, void *dst, const void *src, size_t n):
+        cdef coll_result_t res
+        with nogil:
+            res = coll_cuda_memcpy(dst, src, n)
+        if res != COLL_SUCCESS:
+            raise CollectivesError(<int>res, coll_cuda_error_text().decode())
+
+
+def cuda_copy_bandwidth(int device=0, size_t nbytes=256 << 20, int iters=10) -> float:
+    """Device-to-device cudaMemcpy bandwidth in GB/s (bytes copied / time)."""
+    cdef double gbps = 0
+    cdef coll_result_t res
+    with nogil:
+        res = coll_cuda_copy_bandwidth(device, nbytes, iters, &gbps)
+    if res != COLL_SUCCESS:
+        raise CollectivesError(<int>res, coll_cuda_error_text().decode() or "CUDA copy failed")
+    return gbps
+
+
 def api_table() -> int:
     """Address of the core's C function table (coll_api_t in coll.h), each entry with
     the coll.h signature. For native adapters that are
@@ -433,9 +534,9 @@ def api_table() -> int:
 
 def reduce_local(out, in1, in2, op="sum", dtype=None) -> None:
     """out = in1 op in2 element-wise with the core's host kernel (for tests and adapters)."""
-    cdef _View o = as_view(out, "out", True, dtype)
-    cdef _View a = as_view(in1, "in1", False, dtype)
-    cdef _View b = as_view(in2, "in2", False, dtype)
+    cdef _View o = host_view(out, "out", True, dtype)
+    cdef _View a = host_view(in1, "in1", False, dtype)
+    cdef _View b = host_view(in2, "in2", False, dtype)
     if not (o.dtype == a.dtype == b.dtype):
         raise TypeError("out, in1 and in2 must have the same dtype")
     if not (o.count == a.count == b.count):
@@ -449,8 +550,8 @@ def reduce_local(out, in1, in2, op="sum", dtype=None) -> None:
 
 def scale_local(out, inp, double divisor, dtype=None) -> None:
     """out = inp / divisor element-wise (AVG's last step)."""
-    cdef _View o = as_view(out, "out", True, dtype)
-    cdef _View a = as_view(inp, "inp", False, dtype)
+    cdef _View o = host_view(out, "out", True, dtype)
+    cdef _View a = host_view(inp, "inp", False, dtype)
     if o.dtype != a.dtype or o.count != a.count:
         raise ValueError("out and inp must have the same dtype and length")
     cdef coll_result_t res
@@ -522,7 +623,7 @@ cdef int _sparse_threshold_ok(double threshold) except -1:
 
 def sparse_count_above(x, double threshold) -> int:
     """Number of entries of float32 `x` with |x[i]| >= threshold (> 0)."""
-    cdef _View xv = as_view(x, "x", False, None)
+    cdef _View xv = host_view(x, "x", False, None)
     if xv.dtype != COLL_FLOAT32:
         raise TypeError("x must be float32")
     _sparse_threshold_ok(threshold)
@@ -546,9 +647,9 @@ def sparse_pack(x, double threshold, values, indices) -> int:
     """Write the first min(len(values), len(indices)) entries of float32 `x` with
     |x[i]| >= threshold, in index order, into values (float32/float16) and indices
     (int32/int64); return how many were written. `x` is not modified."""
-    cdef _View xv = as_view(x, "x", False, None)
-    cdef _View vv = as_view(values, "values", True, None)
-    cdef _View iv = as_view(indices, "indices", True, None)
+    cdef _View xv = host_view(x, "x", False, None)
+    cdef _View vv = host_view(values, "values", True, None)
+    cdef _View iv = host_view(indices, "indices", True, None)
     if xv.dtype != COLL_FLOAT32:
         raise TypeError("x must be float32")
     _sparse_types_ok(vv, iv)
@@ -568,9 +669,9 @@ def sparse_pack(x, double threshold, values, indices) -> int:
 def sparse_scatter_add(out, values, indices) -> None:
     """out[indices[j]] += values[j] (float32 out; float32/float16 values widened; int32/int64
     indices); ValueError, with out untouched, if an index is outside [0, len(out))."""
-    cdef _View ov = as_view(out, "out", True, None)
-    cdef _View vv = as_view(values, "values", False, None)
-    cdef _View iv = as_view(indices, "indices", False, None)
+    cdef _View ov = host_view(out, "out", True, None)
+    cdef _View vv = host_view(values, "values", False, None)
+    cdef _View iv = host_view(indices, "indices", False, None)
     if ov.dtype != COLL_FLOAT32:
         raise TypeError("out must be float32")
     _sparse_types_ok(vv, iv)

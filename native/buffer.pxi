@@ -3,12 +3,47 @@
 # knows where a buffer came from.
 #
 # Accepted: PEP 3118 exporters (numpy, bytearray, memoryview, array.array),
-# and CPU objects with __dlpack__ (PyTorch, JAX) through numpy.from_dlpack,
-# which shares their memory. GPU buffers (__cuda_array_interface__ or a CUDA
-# DLPack device) raise TypeError until the GPU path exists.
+# CPU objects with __dlpack__ (PyTorch, JAX) through numpy.from_dlpack, which
+# shares their memory, and GPU buffers: __cuda_array_interface__ (CuPy,
+# PyTorch, Numba, JAX) or a CUDA __dlpack__ capsule, read in place. A GPU view
+# also carries the stream the producer queued its work on (the interface's
+# "stream", else the legacy default stream): the collective runs after it.
 
 from cpython.buffer cimport (PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_WRITABLE,
                              PyBuffer_Release, PyObject_GetBuffer)
+from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
+from libc.stdint cimport int32_t, int64_t, uint16_t, uint64_t, uintptr_t
+
+cdef extern from *:
+    """
+    /* DLPack's C structs (dlpack.h, ABI stable since 0.6). */
+    typedef struct { int device_type; int32_t device_id; } coll_DLDevice;
+    typedef struct { uint8_t code; uint8_t bits; uint16_t lanes; } coll_DLDataType;
+    typedef struct {
+      void *data; coll_DLDevice device; int32_t ndim; coll_DLDataType dtype;
+      int64_t *shape; int64_t *strides; uint64_t byte_offset;
+    } coll_DLTensor;
+    typedef struct coll_DLManagedTensor {
+      coll_DLTensor dl_tensor; void *manager_ctx; void (*deleter)(struct coll_DLManagedTensor *);
+    } coll_DLManagedTensor;
+    """
+    ctypedef struct coll_DLDevice:
+        int device_type
+        int32_t device_id
+    ctypedef struct coll_DLDataType:
+        uint8_t code
+        uint8_t bits
+        uint16_t lanes
+    ctypedef struct coll_DLTensor:
+        void *data
+        coll_DLDevice device
+        int32_t ndim
+        coll_DLDataType dtype
+        int64_t *shape
+        int64_t *strides
+        uint64_t byte_offset
+    ctypedef struct coll_DLManagedTensor:
+        coll_DLTensor dl_tensor
 
 DTYPES = {
     "int8": COLL_INT8, "uint8": COLL_UINT8, "int32": COLL_INT32, "int64": COLL_INT64,
@@ -50,6 +85,8 @@ cdef class _View:
     cdef size_t count
     cdef int dtype
     cdef bint readonly
+    cdef int device      # -1: host memory; else the CUDA device holding it
+    cdef uintptr_t stream  # GPU: the producer's stream (0: legacy default)
 
     def __dealloc__(self):
         if self.held:
@@ -69,13 +106,119 @@ cdef object _is_gpu(obj):
     return False
 
 
+# (typestr kind, itemsize) -> dtype code, for __cuda_array_interface__.
+_CAI_TYPES = {("i", 1): COLL_INT8, ("u", 1): COLL_UINT8, ("b", 1): COLL_UINT8,
+              ("i", 4): COLL_INT32, ("i", 8): COLL_INT64, ("f", 2): COLL_FLOAT16,
+              ("f", 4): COLL_FLOAT32, ("f", 8): COLL_FLOAT64, ("V", 2): COLL_BFLOAT16}
+# (DLPack type code, bits) -> dtype code.
+_DL_TYPES = {(0, 8): COLL_INT8, (1, 8): COLL_UINT8, (6, 8): COLL_UINT8, (0, 32): COLL_INT32,
+             (0, 64): COLL_INT64, (2, 16): COLL_FLOAT16, (4, 16): COLL_BFLOAT16,
+             (2, 32): COLL_FLOAT32, (2, 64): COLL_FLOAT64}
+
+
+cdef bint _c_contiguous(shape, strides, size_t itemsize):
+    """True if strides (bytes, or None) describe a C-contiguous array of shape."""
+    if strides is None:
+        return True
+    cdef size_t expect = itemsize
+    for n, st in zip(reversed(list(shape)), reversed(list(strides))):
+        if n != 1 and st != expect:
+            return False
+        expect *= n
+    return True
+
+
+cdef int _gpu_view(_View v, obj, str name, bint writable, object dtype) except -1:
+    """Fill v from a GPU object: (dtype code or -1, count) set, ptr/device/stream set."""
+    if not coll_cuda_built():
+        raise TypeError(f"{name} is a GPU buffer, but this build of collectives has no CUDA "
+                        f"support (nvcc was not found when it was built)")
+    cdef int code = -1
+    cdef size_t itemsize, count = 1
+    cdef coll_DLManagedTensor *mt
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if cai is not None:
+        ptr, ro = cai["data"]
+        typestr = cai["typestr"]
+        itemsize = int(typestr[2:])
+        shape = tuple(cai["shape"])
+        for n in shape:
+            count *= n
+        if writable and ro:
+            raise ValueError(f"{name} is read-only")
+        strides = cai.get("strides")
+        if strides is not None:
+            strides = tuple(st // 1 for st in strides)
+        if not _c_contiguous(shape, strides, itemsize):
+            raise ValueError(f"{name} is not C-contiguous")
+        if cai.get("mask") is not None:
+            raise TypeError(f"{name} is a masked array")
+        code = _CAI_TYPES.get((typestr[1], itemsize), -1)
+        v.ptr = <void *><uintptr_t>(ptr or 0)
+        stream = cai.get("stream") if int(cai.get("version", 0)) >= 3 else None
+        # 1 and 2 are the legacy and per-thread default streams, which the
+        # runtime also accepts as these very handle values.
+        v.stream = <uintptr_t>(int(stream) if stream else 0)
+        v.owner = obj
+    else:
+        # Legacy default stream (1): the producer orders its work before it,
+        # and the collective waits on that stream.
+        try:
+            capsule = obj.__dlpack__(stream=1)
+        except TypeError:
+            capsule = obj.__dlpack__()
+        if not PyCapsule_IsValid(capsule, b"dltensor"):
+            raise TypeError(f"{name}: __dlpack__ did not return a DLPack tensor capsule")
+        mt = <coll_DLManagedTensor *>PyCapsule_GetPointer(capsule, b"dltensor")
+        if mt.dl_tensor.device.device_type not in (2, 13):  # kDLCUDA, kDLCUDAManaged
+            raise TypeError(f"{name} is on DLPack device type {mt.dl_tensor.device.device_type}; "
+                            f"only CUDA GPU buffers are supported")
+        if mt.dl_tensor.dtype.lanes != 1:
+            raise TypeError(f"{name} has vector elements (lanes {mt.dl_tensor.dtype.lanes})")
+        itemsize = mt.dl_tensor.dtype.bits // 8
+        shape = tuple(mt.dl_tensor.shape[i] for i in range(mt.dl_tensor.ndim))
+        for n in shape:
+            count *= n
+        strides = None
+        if mt.dl_tensor.strides != NULL:
+            strides = tuple(mt.dl_tensor.strides[i] * itemsize for i in range(mt.dl_tensor.ndim))
+        if not _c_contiguous(shape, strides, itemsize):
+            raise ValueError(f"{name} is not C-contiguous")
+        code = _DL_TYPES.get((mt.dl_tensor.dtype.code, mt.dl_tensor.dtype.bits), -1)
+        v.ptr = <void *>(<char *>mt.dl_tensor.data + mt.dl_tensor.byte_offset)
+        v.stream = 0
+        # The capsule stays ours (not renamed "used_dltensor"): when the view
+        # drops it, its destructor calls the producer's deleter.
+        v.owner = capsule
+    v.readonly = False
+    v.nbytes = count * itemsize
+    v.device = coll_cuda_pointer_device(v.ptr) if v.nbytes else 0
+    if v.device < 0:
+        raise TypeError(f"{name}: the CUDA runtime does not know its memory as device memory")
+    if dtype is not None:
+        if dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(DTYPES)}")
+        code = DTYPES[dtype]
+    elif code < 0:
+        raise TypeError(f"{name} has an unsupported element type (itemsize {itemsize}); "
+                        f"supported: {', '.join(DTYPES)}")
+    v.dtype = code
+    cdef size_t esize = coll_dtype_size(<coll_dtype_t>code)
+    if v.nbytes % esize:
+        raise ValueError(f"{name} has {v.nbytes} bytes, not a whole number of {dtype or 'elements'}")
+    v.count = v.nbytes // esize
+    return 0
+
+
 cdef _View as_view(obj, str name, bint writable, object dtype):
     """Resolve obj into a contiguous view; `name` is used in messages."""
     if obj is None:
         raise TypeError(f"{name} is None")
-    if _is_gpu(obj):
-        raise TypeError(f"{name} is a GPU buffer; this build supports host memory only")
     cdef _View v = _View()
+    v.device = -1
+    if _is_gpu(obj):
+        _gpu_view(v, obj, name, writable, dtype)
+        return v
     cdef int flags = PyBUF_FORMAT | PyBUF_C_CONTIGUOUS
     if writable:
         flags |= PyBUF_WRITABLE
@@ -123,6 +266,29 @@ cdef _View as_view(obj, str name, bint writable, object dtype):
         raise ValueError(f"{name} has {v.nbytes} bytes, not a whole number of {dtype or 'elements'}")
     v.count = v.nbytes // esize
     return v
+
+
+cdef int set_memory(coll_args_t *a, object stream, _View first, _View second=None) except -1:
+    """Where the buffers live (all host, or all on one GPU) and the stream to follow."""
+    if second is not None and second.device != first.device:
+        where = lambda v: "host memory" if v.device < 0 else f"CUDA device {v.device}"
+        raise TypeError(f"sendbuf is in {where(second)} but recvbuf is in {where(first)}; "
+                        f"both must be on the same device")
+    if first.device < 0:
+        if stream is not None:
+            raise ValueError("stream= applies to GPU buffers only")
+        return 0
+    a.memory = COLL_MEMORY_CUDA
+    a.device = first.device
+    if stream is None:
+        a.stream = <void *>first.stream
+    else:
+        # A CuPy/torch stream object, or a raw cudaStream_t as an integer.
+        handle = getattr(stream, "cuda_stream", None)
+        if handle is None:
+            handle = getattr(stream, "ptr", stream)
+        a.stream = <void *><uintptr_t>int(handle)
+    return 0
 
 
 cdef int code_of(dict table, object key, str what) except -1:

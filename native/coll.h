@@ -72,6 +72,11 @@ typedef enum {
   COLL_NUM_ALGOS = 4
 } coll_algo_t;
 
+typedef enum {
+  COLL_MEMORY_HOST = 0,
+  COLL_MEMORY_CUDA = 1 /* a build without CUDA rejects it with COLL_INVALID_ARGUMENT */
+} coll_memory_t;
+
 typedef struct coll_comm coll_comm_t;
 typedef struct coll_request coll_request_t;
 
@@ -89,7 +94,13 @@ typedef struct {
   int root;              /* broadcast */
   coll_algo_t algo;      /* allreduce; AUTO reads the tuning table */
   double timeout;        /* seconds; <= 0: communicator default */
-  size_t segment_bytes;  /* pipelining segment; 0: COLLECTIVES_SEGMENT_BYTES */
+  size_t segment_bytes;  /* pipelining segment; 0: COLLECTIVES_SEGMENT_BYTES (host) or
+                            COLLECTIVES_CUDA_SEGMENT_BYTES (device) */
+  coll_memory_t memory;  /* where both buffers live; zero (host) when memset */
+  int device;            /* COLL_MEMORY_CUDA: the device holding them */
+  void *stream;          /* device buffers: the caller's cudaStream_t; the call waits for
+                            the work queued on it before the call (NULL: legacy default) */
+  void *ready_event;     /* set by the core for queued calls; callers leave it NULL */
 } coll_args_t;
 
 /* Creates rank `rank` of `size` and starts listening on bind_host (numeric
@@ -158,6 +169,10 @@ const char *coll_dtype_name(coll_dtype_t dtype);
 const char *coll_op_name(coll_op_t op);
 const char *coll_algo_name(coll_algo_t algo);
 const char *coll_strerror(coll_result_t res);
+
+/* 1 if this module was built with CUDA; the number of usable GPUs. */
+int coll_cuda_built(void);
+int coll_cuda_device_count(void);
 
 /* Which algorithm AUTO picks for nbytes on size ranks. */
 coll_algo_t coll_tune_choose(int size, size_t nbytes);

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "algorithms.h"
+#include "cuda.h"
 #include "param.h"
 #include "pattern.h"
 #include "status.h"
@@ -142,6 +143,13 @@ static coll_result_t check_common(coll_comm_t *comm, const coll_args_t *a, int n
     return coll_error(comm, COLL_INVALID_ARGUMENT, "NULL buffer with count %zu", a->count);
   if (a->count > ((size_t)1 << 48))
     return coll_error(comm, COLL_INVALID_ARGUMENT, "count %zu too large", a->count);
+  if (a->memory == COLL_MEMORY_CUDA) {
+    if (!coll_cuda_built()) return coll_cuda_begin(comm, a->device, NULL, NULL); /* says why */
+    if (a->device < 0)
+      return coll_error(comm, COLL_INVALID_ARGUMENT, "invalid CUDA device %d", a->device);
+  } else if (a->memory != COLL_MEMORY_HOST) {
+    return coll_error(comm, COLL_INVALID_ARGUMENT, "invalid memory kind %d", (int)a->memory);
+  }
   return COLL_SUCCESS;
 }
 
@@ -174,14 +182,58 @@ static coll_result_t leave(coll_comm_t *comm, coll_result_t res) {
   return res;
 }
 
+/* ---- where the buffers live ---- */
+
+/* The arguments a run uses: for GPU buffers, the device's segment size by
+ * default, after binding the device and waiting for the caller's queued
+ * work (cuda.h's ordering model). */
+static coll_result_t memory_begin(coll_comm_t *comm, const coll_args_t *a, coll_args_t *out) {
+  *out = *a;
+  out->ready_event = NULL;
+  if (a->memory != COLL_MEMORY_CUDA) return COLL_SUCCESS;
+  if (!out->segment_bytes) {
+    long long seg = coll_param_int(COLL_PARAM_CUDA_SEGMENT_BYTES);
+    out->segment_bytes = seg > 0 ? (size_t)seg : (size_t)4 << 20;
+  }
+  return coll_cuda_begin(comm, a->device, a->stream, a->ready_event);
+}
+
+/* Returns once every copy and kernel of the call has finished. */
+static coll_result_t memory_end(coll_comm_t *comm, const coll_args_t *a, coll_result_t res) {
+  if (a->memory != COLL_MEMORY_CUDA || res != COLL_SUCCESS) return res;
+  return coll_cuda_finish(comm);
+}
+
+static coll_result_t run_sched(coll_sched_t *s, const coll_args_t *a) {
+  double deadline = coll_comm_deadline(s->comm, a->timeout);
+  return a->memory == COLL_MEMORY_CUDA ? coll_sched_run_device(s, deadline)
+                                       : coll_sched_run(s, deadline);
+}
+
+static coll_result_t local_copy(coll_comm_t *comm, const coll_args_t *a, void *dst, const void *src,
+                                size_t n) {
+  if (a->memory == COLL_MEMORY_CUDA) return coll_cuda_copy(comm, dst, src, n);
+  if (n && dst != src) memcpy(dst, src, n);
+  return COLL_SUCCESS;
+}
+
+/* AVG's last step: recvbuf /= the rank count. */
+static coll_result_t local_average(coll_comm_t *comm, const coll_args_t *a, size_t count) {
+  if (a->op != COLL_AVG) return COLL_SUCCESS;
+  if (a->memory == COLL_MEMORY_CUDA)
+    return coll_cuda_scale(comm, a->recvbuf, a->recvbuf, count, a->dtype, (double)comm->size);
+  coll_scale(a->recvbuf, a->recvbuf, count, a->dtype, (double)comm->size);
+  return COLL_SUCCESS;
+}
+
 /* ---- the collectives ---- */
 
-static coll_result_t run_allreduce(coll_comm_t *comm, const coll_args_t *a) {
+static coll_result_t run_allreduce(coll_comm_t *comm, const coll_args_t *args) {
+  coll_args_t d;
+  COLL_CHECK(memory_begin(comm, args, &d));
+  const coll_args_t *a = &d;
   size_t nbytes = a->count * coll_dtype_size(a->dtype);
-  if (comm->size == 1) {
-    if (a->recvbuf != a->sendbuf && nbytes) memcpy(a->recvbuf, a->sendbuf, nbytes);
-    return COLL_SUCCESS;
-  }
+  if (comm->size == 1) return memory_end(comm, a, local_copy(comm, a, a->recvbuf, a->sendbuf, nbytes));
   coll_algo_t algo = a->algo == COLL_ALGO_AUTO ? coll_tune_choose(comm->size, nbytes) : a->algo;
   const coll_algo_entry_t *e = coll_algo_entry(algo);
   coll_sched_t s;
@@ -189,11 +241,10 @@ static coll_result_t run_allreduce(coll_comm_t *comm, const coll_args_t *a) {
   COLL_INFO(COLL_LOG_TUNE, "allreduce #%u %zu bytes on %d ranks: %s", s.hdr.seq, nbytes, comm->size,
             e->name);
   coll_result_t res = e->build(&s, a);
-  if (res == COLL_SUCCESS) res = coll_sched_run(&s, coll_comm_deadline(comm, a->timeout));
+  if (res == COLL_SUCCESS) res = run_sched(&s, a);
   coll_sched_free(&s);
-  if (res == COLL_SUCCESS && a->op == COLL_AVG)
-    coll_scale(a->recvbuf, a->recvbuf, a->count, a->dtype, (double)comm->size);
-  return res;
+  if (res == COLL_SUCCESS) res = local_average(comm, a, a->count);
+  return memory_end(comm, a, res);
 }
 
 static coll_result_t check_allreduce(coll_comm_t *comm, const coll_args_t *a) {
@@ -214,13 +265,15 @@ static coll_result_t check_allgatherv(coll_comm_t *comm, const coll_args_t *a) {
   return COLL_SUCCESS;
 }
 
-static coll_result_t run_allgatherv(coll_comm_t *comm, const coll_args_t *a) {
+static coll_result_t run_allgatherv(coll_comm_t *comm, const coll_args_t *args) {
+  coll_args_t d;
+  COLL_CHECK(memory_begin(comm, args, &d));
   coll_sched_t s;
-  coll_sched_init(&s, comm, COLL_KIND_ALLGATHERV, a, 0);
-  coll_result_t res = coll_allgatherv_ring(&s, a);
-  if (res == COLL_SUCCESS) res = coll_sched_run(&s, coll_comm_deadline(comm, a->timeout));
+  coll_sched_init(&s, comm, COLL_KIND_ALLGATHERV, &d, 0);
+  coll_result_t res = coll_allgatherv_ring(&s, &d);
+  if (res == COLL_SUCCESS) res = run_sched(&s, &d);
   coll_sched_free(&s);
-  return res;
+  return memory_end(comm, &d, res);
 }
 
 static coll_result_t check_broadcast(coll_comm_t *comm, const coll_args_t *a) {
@@ -231,42 +284,47 @@ static coll_result_t check_broadcast(coll_comm_t *comm, const coll_args_t *a) {
   return COLL_SUCCESS;
 }
 
-static coll_result_t run_broadcast(coll_comm_t *comm, const coll_args_t *a) {
+static coll_result_t run_broadcast(coll_comm_t *comm, const coll_args_t *args) {
+  coll_args_t d;
+  COLL_CHECK(memory_begin(comm, args, &d));
   if (comm->size == 1) return COLL_SUCCESS;
   coll_sched_t s;
-  coll_sched_init(&s, comm, COLL_KIND_BROADCAST, a, (uint32_t)a->root);
-  coll_result_t res = coll_broadcast_tree(&s, a);
-  if (res == COLL_SUCCESS) res = coll_sched_run(&s, coll_comm_deadline(comm, a->timeout));
+  coll_sched_init(&s, comm, COLL_KIND_BROADCAST, &d, (uint32_t)d.root);
+  coll_result_t res = coll_broadcast_tree(&s, &d);
+  if (res == COLL_SUCCESS) res = run_sched(&s, &d);
   coll_sched_free(&s);
-  return res;
+  return memory_end(comm, &d, res);
 }
 
 static coll_result_t check_reduce_scatter(coll_comm_t *comm, const coll_args_t *a) {
   return check_common(comm, a, 1);
 }
 
-static coll_result_t run_reduce_scatter(coll_comm_t *comm, const coll_args_t *a) {
+static coll_result_t run_reduce_scatter(coll_comm_t *comm, const coll_args_t *args) {
+  coll_args_t d;
+  COLL_CHECK(memory_begin(comm, args, &d));
+  const coll_args_t *a = &d;
   size_t elem = coll_dtype_size(a->dtype), block = a->count * elem;
-  if (comm->size == 1) {
-    if (a->recvbuf != a->sendbuf && block) memcpy(a->recvbuf, a->sendbuf, block);
-    return COLL_SUCCESS;
-  }
+  if (comm->size == 1) return memory_end(comm, a, local_copy(comm, a, a->recvbuf, a->sendbuf, block));
   /* The ring reduces into a scratch copy of the whole vector, so that the
    * in-place form (input and result both in recvbuf) never overwrites input
    * that is still to be sent. */
-  char *tmp = malloc(block * (size_t)comm->size + 1);
-  if (!tmp) return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory", comm->rank);
+  char *tmp = NULL;
+  if (a->memory == COLL_MEMORY_CUDA) {
+    COLL_CHECK(coll_cuda_scratch(comm, block * (size_t)comm->size + 1, (void **)&tmp));
+  } else {
+    tmp = malloc(block * (size_t)comm->size + 1);
+    if (!tmp) return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory", comm->rank);
+  }
   coll_sched_t s;
   coll_sched_init(&s, comm, COLL_KIND_REDUCE_SCATTER, a, 0);
   coll_result_t res = coll_reduce_scatter_ring(&s, a, tmp);
-  if (res == COLL_SUCCESS) res = coll_sched_run(&s, coll_comm_deadline(comm, a->timeout));
+  if (res == COLL_SUCCESS) res = run_sched(&s, a);
   coll_sched_free(&s);
-  if (res == COLL_SUCCESS) {
-    memcpy(a->recvbuf, tmp + (size_t)comm->rank * block, block);
-    if (a->op == COLL_AVG) coll_scale(a->recvbuf, a->recvbuf, a->count, a->dtype, (double)comm->size);
-  }
-  free(tmp);
-  return res;
+  if (res == COLL_SUCCESS) res = local_copy(comm, a, a->recvbuf, tmp + (size_t)comm->rank * block, block);
+  if (res == COLL_SUCCESS) res = local_average(comm, a, a->count);
+  if (a->memory != COLL_MEMORY_CUDA) free(tmp);
+  return memory_end(comm, a, res);
 }
 
 static coll_result_t check_barrier(coll_comm_t *comm, const coll_args_t *a) {
@@ -339,6 +397,7 @@ static void *progress_main(void *arg) {
       snprintf(comm->err, sizeof comm->err, "rank %d: the communicator is broken by an earlier failure",
                comm->rank);
       res = COLL_INVALID_USAGE;
+      coll_cuda_event_destroy(req->args.ready_event);
     } else {
       res = req->run(comm, &req->args);
       if (res != COLL_SUCCESS && res != COLL_INVALID_ARGUMENT) coll_comm_break(comm, res);
@@ -368,6 +427,15 @@ static coll_result_t submit(coll_comm_t *comm, const coll_args_t *a, check_fn ch
   if (!req) return coll_error(comm, COLL_SYSTEM_ERROR, "out of memory");
   req->args = *a;
   req->run = run;
+  if (a->memory == COLL_MEMORY_CUDA) {
+    /* Mark the caller's queued work now, on the caller's thread: the
+     * progress thread runs the call later, when the stream holds more. */
+    coll_result_t res = coll_cuda_record_ready(a->device, a->stream, &req->args.ready_event);
+    if (res != COLL_SUCCESS) {
+      free(req);
+      return coll_error(comm, res, "rank %d: %s", comm->rank, coll_cuda_error_text());
+    }
+  }
   if (nv) {
     size_t *v = (size_t *)(req + 1);
     memcpy(v, a->counts, nv * sizeof(size_t));
@@ -451,6 +519,7 @@ void coll_comm_destroy(coll_comm_t *comm) {
   pthread_mutex_unlock(&comm->mu);
   coll_links_close_all(comm);
   coll_tcp_shutdown(comm);
+  coll_cuda_destroy(comm);
   pthread_mutex_destroy(&comm->mu);
   pthread_cond_destroy(&comm->cv);
   free(comm->peers);

@@ -57,6 +57,8 @@ struct coll_comm {
   pthread_t thread;
   int thread_started, stopping, busy;
   coll_request_t *qhead, *qtail;
+
+  struct coll_cuda *cuda; /* stream, events, pools, IPC maps (cuda.c); NULL until a GPU call */
 };
 
 /* CLOCK_MONOTONIC seconds. */

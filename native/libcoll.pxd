@@ -39,6 +39,10 @@ cdef extern from "coll.h" nogil:
         COLL_ALGO_BUTTERFLY
         COLL_NUM_ALGOS
 
+    ctypedef enum coll_memory_t:
+        COLL_MEMORY_HOST
+        COLL_MEMORY_CUDA
+
     ctypedef struct coll_comm_t:
         pass
     ctypedef struct coll_request_t:
@@ -56,6 +60,13 @@ cdef extern from "coll.h" nogil:
         coll_algo_t algo
         double timeout
         size_t segment_bytes
+        coll_memory_t memory
+        int device
+        void *stream
+        void *ready_event
+
+    int coll_cuda_built()
+    int coll_cuda_device_count()
 
     coll_result_t coll_comm_create(int rank, int size, const char *bind_host,
                                    const uint8_t *comm_id, coll_comm_t **out)
@@ -123,3 +134,12 @@ cdef extern from "sparse.h" nogil:
     coll_result_t coll_sparse_scatter_add(float *out, size_t n, const void *values,
                                           coll_dtype_t value_dtype, const void *indices,
                                           coll_dtype_t index_dtype, size_t count)
+
+
+cdef extern from "cuda.h" nogil:
+    int coll_cuda_pointer_device(const void *p)
+    const char *coll_cuda_error_text()
+    coll_result_t coll_cuda_alloc(int device, size_t n, void **p)
+    void coll_cuda_free(void *p)
+    coll_result_t coll_cuda_memcpy(void *dst, const void *src, size_t n)
+    coll_result_t coll_cuda_copy_bandwidth(int device, size_t n, int iters, double *gbps)

@@ -51,6 +51,14 @@ static const coll_param_decl_t params[COLL_NUM_PARAMS] = {
                                      "collectives.torch: bytes per gradient fusion buffer (0: no fusion)"},
     [COLL_PARAM_CACHE_DIR] = {"COLLECTIVES_CACHE_DIR", "~/.cache/collectives",
                               "collectives.jax: where the FFI handler compiled on first use is kept"},
+    [COLL_PARAM_CUDA] = {"COLLECTIVES_CUDA", "auto",
+                         "build time: 1 builds the CUDA parts (fails without nvcc), 0 skips them, "
+                         "auto builds them when nvcc is found"},
+    [COLL_PARAM_CUDA_IPC] = {"COLLECTIVES_CUDA_IPC", "1",
+                             "GPU buffers of same-host ranks: 1 reads peers' memory over CUDA IPC, "
+                             "0 stages through pinned host memory"},
+    [COLL_PARAM_CUDA_SEGMENT_BYTES] = {"COLLECTIVES_CUDA_SEGMENT_BYTES", "4M",
+                                       "pipelining segment size of collectives on GPU buffers"},
 };
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;

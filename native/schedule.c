@@ -124,6 +124,15 @@ void coll_sched_seg(const coll_sched_t *s, size_t n, int nseg, int i, size_t *of
 
 /* ---- executor ---- */
 
+void coll_sched_link_edges(coll_sched_t *s, int *succ, int *cnt) {
+  int n = s->nsteps;
+  for (int i = 0; i < n; i++) { cnt[i] = 0; s->steps[i].npred = 0; }
+  for (int e = 0; e < s->nedges; e++) { cnt[s->edges[e][0]]++; s->steps[s->edges[e][1]].npred++; }
+  int acc = 0;
+  for (int i = 0; i < n; i++) { s->steps[i].succ_begin = acc; acc += cnt[i]; s->steps[i].succ_end = s->steps[i].succ_begin; }
+  for (int e = 0; e < s->nedges; e++) { coll_step_t *p = &s->steps[s->edges[e][0]]; succ[p->succ_end++] = s->edges[e][1]; }
+}
+
 typedef struct {
   int peer;
   coll_link_t *link;
@@ -374,12 +383,7 @@ coll_result_t coll_sched_run(coll_sched_t *s, double deadline) {
   int *queues = ints + s->nedges + n;  /* n slots for send/recv queues, n for succ counting */
   int *cnt = queues + n;
 
-  /* Successor lists (CSR over preds) and predecessor counts. */
-  for (int i = 0; i < n; i++) { cnt[i] = 0; s->steps[i].npred = 0; }
-  for (int e = 0; e < s->nedges; e++) { cnt[s->edges[e][0]]++; s->steps[s->edges[e][1]].npred++; }
-  int acc = 0;
-  for (int i = 0; i < n; i++) { s->steps[i].succ_begin = acc; acc += cnt[i]; s->steps[i].succ_end = s->steps[i].succ_begin; }
-  for (int e = 0; e < s->nedges; e++) { coll_step_t *p = &s->steps[s->edges[e][0]]; x.succ[p->succ_end++] = s->edges[e][1]; }
+  coll_sched_link_edges(s, x.succ, cnt);
 
   /* Per-peer FIFOs, in the order steps were added. */
   int nps = 0;

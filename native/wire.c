@@ -43,9 +43,18 @@ void coll_wire_encode(uint8_t out[COLL_WIRE_HDR_BYTES], const coll_wire_hdr_t *h
   put32(out + 8, h->seq);
   put32(out + 12, h->nbytes);
   put32(out + 16, h->aux);
-  put32(out + 20, 0);
+  put32(out + 20, h->flags);
   put64(out + 24, h->count);
   put64(out + 32, h->offset);
+}
+
+const char *coll_wire_flags_text(uint32_t flags) {
+  switch (flags) {
+    case 0: return "bytes on the link";
+    case COLL_WIRE_IPC_DESC: return "a CUDA IPC descriptor";
+    case COLL_WIRE_IPC_ACK: return "a CUDA IPC acknowledgement";
+    default: return "unknown flags";
+  }
 }
 
 static const char *dtype_text(unsigned d) {
@@ -62,8 +71,9 @@ coll_result_t coll_wire_check(coll_comm_t *comm, int peer, const uint8_t got[COL
                       "0x%08x version %u) during %s seq %u",
                       comm->rank, peer, magic, got[4], COLL_WIRE_MAGIC, COLL_WIRE_VERSION,
                       coll_kind_name(e->coll), e->seq);
-  coll_wire_hdr_t g = {got[5], got[6], got[7], get32(got + 8), get32(got + 12), get32(got + 16),
-                       get64(got + 24), get64(got + 32)};
+  coll_wire_hdr_t g = {got[5],          got[6],           got[7],
+                       get32(got + 8),  get32(got + 12),  get32(got + 16),
+                       get32(got + 20), get64(got + 24),  get64(got + 32)};
   if (g.seq != e->seq || g.coll != e->coll)
     return coll_error(comm, COLL_REMOTE_ERROR,
                       "rank %d: collectives called in a different order: this rank is in %s "
@@ -96,6 +106,13 @@ coll_result_t coll_wire_check(coll_comm_t *comm, int peer, const uint8_t got[COL
     return coll_error(comm, COLL_REMOTE_ERROR, "rank %d: parameter mismatch in %s #%u with rank %d",
                       comm->rank, coll_kind_name(e->coll), e->seq, peer);
   }
+  if (g.flags != e->flags)
+    return coll_error(comm, COLL_REMOTE_ERROR,
+                      "rank %d: rank %d moves %s #%u as %s, this rank expects %s (do both ranks "
+                      "pass GPU buffers, with the same COLLECTIVES_TRANSPORT and "
+                      "COLLECTIVES_CUDA_IPC?)",
+                      comm->rank, peer, coll_kind_name(e->coll), e->seq, coll_wire_flags_text(g.flags),
+                      coll_wire_flags_text(e->flags));
   if (g.nbytes != e->nbytes || g.offset != e->offset)
     return coll_error(comm, COLL_REMOTE_ERROR,
                       "rank %d: message from rank %d out of step in %s #%u: expected %u bytes at "

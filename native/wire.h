@@ -16,7 +16,10 @@
  *                         collectives in different orders disagree here
  *        12  u32 nbytes   payload bytes that follow this header
  *        16  u32 aux      broadcast: root; allreduce: algorithm id
- *        20  u32 reserved 0
+ *        20  u32 flags    0: nbytes of payload follow; COLL_WIRE_IPC_DESC or
+ *                         COLL_WIRE_IPC_ACK: a CUDA IPC record follows instead
+ *                         (transport_cuda_ipc.c), and nbytes/offset name the
+ *                         device bytes it is about
  *        24  u64 count    elements of the whole collective (as the sender sees it)
  *        32  u64 offset   byte offset of this payload in the collective's buffer
  *
@@ -44,13 +47,17 @@ typedef enum {
   COLL_KIND_BARRIER = 5
 } coll_kind_t;
 
+#define COLL_WIRE_IPC_DESC 1u /* "read my bytes here" */
+#define COLL_WIRE_IPC_ACK 2u  /* "done reading them" */
+
 typedef struct {
   uint8_t coll, redop, dtype;
-  uint32_t seq, nbytes, aux;
+  uint32_t seq, nbytes, aux, flags;
   uint64_t count, offset;
 } coll_wire_hdr_t;
 
 const char *coll_kind_name(int kind);
+const char *coll_wire_flags_text(uint32_t flags);
 void coll_wire_encode(uint8_t out[COLL_WIRE_HDR_BYTES], const coll_wire_hdr_t *h);
 /* Checks a received header against the expected one; on mismatch records an
  * error naming this rank, the peer, and both sides' values. */

@@ -323,7 +323,7 @@ def test_cuda_tensor_rejected_before_init_needed():
     import collectives.torch as hvd
     from collectives.torch._context import check_tensor
 
-    with pytest.raises(TypeError, match="CPU tensors only"):
+    with pytest.raises(TypeError, match="takes CPU and CUDA tensors"):
         check_tensor(torch.empty(2, device="meta"))
     with pytest.raises(ValueError, match="init"):
         hvd.rank()

@@ -17,6 +17,8 @@ from typing import Any, Iterable, Optional
 import numpy as np
 import torch
 
+import collectives
+
 # torch dtype -> the core's dtype name (what travels on the wire unchanged)
 CORE_DTYPES = {
     torch.int8: "int8", torch.uint8: "uint8", torch.int32: "int32", torch.int64: "int64",
@@ -55,21 +57,52 @@ def wire_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def check_tensor(tensor: Any, what: str = "tensor") -> None:
-    """TypeError unless `tensor` is a CPU torch.Tensor (the GPU path is not built yet)."""
+    """TypeError unless `tensor` is a CPU tensor, or a CUDA tensor with a CUDA build and GPU."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{what} must be a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.device.type != "cpu":
-        raise TypeError(f"{what} is on {tensor.device}; collectives.torch supports CPU tensors only "
-                        "for now (the GPU path is not built): move it with .cpu()")
+    if tensor.device.type == "cuda":
+        if not collectives.cuda_available():
+            why = "no GPU is usable" if collectives.cuda_built() else \
+                "this build of collectives has no CUDA support (nvcc was not found)"
+            raise TypeError(f"{what} is on {tensor.device} but {why}: move it with .cpu()")
+    elif tensor.device.type != "cpu":
+        raise TypeError(f"{what} is on {tensor.device}; collectives.torch takes CPU and CUDA "
+                        "tensors")
     if tensor.is_sparse:
         raise TypeError(f"{what} is sparse; convert it with .to_dense()")
     if tensor.is_complex():
         raise TypeError(f"{what} is complex; pass torch.view_as_real(t) instead")
 
 
+class CudaTensorView:
+    """A contiguous CUDA tensor as the core reads it: its memory, and torch's
+    current stream on its device, so the collective runs after the work
+    queued there (the GPU ordering contract; see collectives' cuda.h)."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor  # kept alive with the request
+        with torch.cuda.device(tensor.device):
+            handle = torch.cuda.current_stream().cuda_stream
+        # __cuda_array_interface__ spells the legacy default stream 1, not 0.
+        self.stream = handle or 1
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        t = self.tensor
+        typestr = {1: "|u1", 2: "<i2", 4: "<i4", 8: "<i8"}[t.element_size()]
+        return {"shape": (t.numel(),), "typestr": typestr, "data": (t.data_ptr(), False),
+                "strides": None, "version": 3, "stream": self.stream}
+
+
 def as_buffer(tensor: torch.Tensor) -> tuple[Any, Optional[str]]:
-    """A zero-copy numpy view of a contiguous CPU tensor, and the dtype name to pass the core."""
+    """A zero-copy view of a contiguous tensor, and the dtype name to pass the core."""
     t = tensor.detach()
+    if t.device.type == "cuda":
+        # The typestr only carries the width: the dtype name says what it is.
+        name = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32",
+                torch.float64: "float64", torch.int8: "int8", torch.uint8: "uint8",
+                torch.int32: "int32", torch.int64: "int64"}[t.dtype]
+        return CudaTensorView(t), name
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy(), "bfloat16"
     return t.numpy(), None

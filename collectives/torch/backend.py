@@ -152,7 +152,7 @@ class _Staged:
         if self.direct:
             self.buf = tensor.detach()
         else:
-            self.buf = torch.empty(tensor.shape, dtype=wdt)
+            self.buf = torch.empty(tensor.shape, dtype=wdt, device=tensor.device)
             if copy_in:
                 self.buf.copy_(tensor.detach())
         self.view, self.dtype = as_buffer(self.buf)
@@ -267,7 +267,7 @@ class ProcessGroupCollectives(dist.ProcessGroup):
         for outs, inp in zip(output_lists, inputs):
             if len(outs) != self._size:
                 raise ValueError(f"all_gather: {len(outs)} output tensors for {self._size} ranks")
-            flat = torch.empty((self._size,) + tuple(inp.shape), dtype=inp.dtype)
+            flat = torch.empty((self._size,) + tuple(inp.shape), dtype=inp.dtype, device=inp.device)
             self._gather_flat(flat, inp)
             for i, o in enumerate(outs):
                 o.detach().copy_(flat[i])
@@ -334,7 +334,7 @@ class ProcessGroupCollectives(dist.ProcessGroup):
         dims = table.sum(axis=1)
         row = input[0].numel() if input.dim() else 1
         src = _Staged(input, "all_to_all input")
-        every = torch.empty((int(dims.sum()),) + tuple(input.shape[1:]), dtype=src.buf.dtype)
+        every = torch.empty((int(dims.sum()),) + tuple(input.shape[1:]), dtype=src.buf.dtype, device=src.buf.device)
         view, dt = as_buffer(every)
         self._core.allgatherv(src.view, view, [int(d) * row for d in dims], None, None, dt)
         parts, base = [], 0

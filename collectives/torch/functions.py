@@ -35,8 +35,12 @@ def _broadcast_fused_(named: Sequence[tuple[str, torch.Tensor]], root_rank: int,
         groups.setdefault(wire_dtype(t.dtype), []).append(t)
     with torch.no_grad():
         for wdt, tensors in groups.items():
-            if len(tensors) == 1 and tensors[0].dtype == wdt and tensors[0].is_contiguous():
-                buf, dt = as_buffer(tensors[0])  # one tensor: no packing copy
+            # One host tensor: no packing copy. GPU tensors go through the host
+            # pack, as every rank does the same then (a rank restoring optimizer
+            # state holds host placeholders where the root holds GPU tensors).
+            if len(tensors) == 1 and tensors[0].dtype == wdt and tensors[0].is_contiguous() \
+                    and tensors[0].device.type == "cpu":
+                buf, dt = as_buffer(tensors[0])
                 ctx.core.broadcast(buf, root_rank, None, dt)
                 continue
             flat = torch.empty(sum(t.numel() for t in tensors), dtype=wdt)

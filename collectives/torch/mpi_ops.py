@@ -144,6 +144,11 @@ def _scale(t: torch.Tensor, factor: float) -> None:
         t.copy_(t.to(torch.float64).mul_(factor))
 
 
+def _empty_like(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor of t's shape, dtype and device."""
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+
+
 def _allreduce_start(tensor: torch.Tensor, output: torch.Tensor, op: ReduceOp, prescale: float,
                      postscale: float, name: Optional[str], what: str) -> Handle:
     """Queue out = op over ranks of tensor (output may be tensor itself: in place)."""
@@ -154,7 +159,7 @@ def _allreduce_start(tensor: torch.Tensor, output: torch.Tensor, op: ReduceOp, p
     src = tensor.detach()
     direct = wdt == tensor.dtype and output.is_contiguous()
     # recv: the contiguous wire-dtype buffer the core writes; send: what it reads (None: recv)
-    recv = output.detach() if direct else torch.empty(tensor.shape, dtype=wdt)
+    recv = output.detach() if direct else torch.empty(tensor.shape, dtype=wdt, device=tensor.device)
     if direct and not in_place and prescale == 1.0 and src.is_contiguous():
         send = src  # the zero-copy path
     else:
@@ -196,7 +201,7 @@ def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: 
     _check_process_set(process_set)
     op = resolve_op(average, op)
     check_tensor(tensor)
-    output = torch.empty(tensor.shape, dtype=tensor.dtype)
+    output = _empty_like(tensor)
     return _allreduce_start(tensor, output, op, prescale_factor, postscale_factor, name, "allreduce")
 
 
@@ -221,7 +226,7 @@ class _AllreduceFunction(torch.autograd.Function):
     def forward(ctx: Any, tensor: torch.Tensor, op: ReduceOp, prescale: float, postscale: float,
                 name: Optional[str]) -> torch.Tensor:
         ctx.op, ctx.prescale, ctx.postscale = op, prescale, postscale
-        output = torch.empty(tensor.shape, dtype=tensor.dtype)
+        output = _empty_like(tensor)
         return synchronize(_allreduce_start(tensor, output, op, prescale, postscale, name,
                                             "allreduce"))
 
@@ -293,7 +298,7 @@ def _grouped_start(tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tens
         by_dtype.setdefault(wire_dtype(t.dtype), []).append(i)
     requests, fused = [], []
     for wdt, idx in by_dtype.items():
-        flat = torch.empty(sum(tensors[i].numel() for i in idx), dtype=wdt)
+        flat = torch.empty(sum(tensors[i].numel() for i in idx), dtype=wdt, device=tensors[idx[0]].device)
         pos = 0
         for i in idx:
             n = tensors[i].numel()
@@ -337,7 +342,7 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[b
     """
     _check_process_set(process_set)
     op = resolve_op(average, op)
-    outputs = [torch.empty(t.shape, dtype=t.dtype) for t in tensors]
+    outputs = [_empty_like(t) for t in tensors]
     return _grouped_start(tensors, outputs, op, prescale_factor, postscale_factor, name)
 
 
@@ -430,7 +435,7 @@ def _allgather_now(tensor: torch.Tensor, what: str = "allgather") -> tuple[torch
     row = int(meta[0, 3])
     wdt = wire_dtype(src.dtype)
     send = src if (wdt == src.dtype and src.is_contiguous()) else src.to(wdt).contiguous()
-    out = torch.empty((sum(dims),) + tuple(src.shape[1:]), dtype=wdt)
+    out = torch.empty((sum(dims),) + tuple(src.shape[1:]), dtype=wdt, device=src.device)
     rbuf, dt = as_buffer(out)
     ctx.core.allgatherv(as_buffer(send)[0], rbuf, [d * row for d in dims], None, None, dt)
     if wdt != src.dtype:
@@ -516,7 +521,7 @@ class _BroadcastFunction(torch.autograd.Function):
     def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, name: Optional[str]
                 ) -> torch.Tensor:
         ctx.root_rank = root_rank
-        return _broadcast_into(tensor, torch.empty(tensor.shape, dtype=tensor.dtype), root_rank,
+        return _broadcast_into(tensor, _empty_like(tensor), root_rank,
                                name)
 
     @staticmethod
@@ -544,7 +549,7 @@ def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
     check_tensor(tensor)
     if tensor.requires_grad and torch.is_grad_enabled():
         return _BroadcastFunction.apply(tensor, root_rank, name)
-    return _broadcast_into(tensor, torch.empty(tensor.shape, dtype=tensor.dtype), root_rank, name)
+    return _broadcast_into(tensor, _empty_like(tensor), root_rank, name)
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
@@ -573,7 +578,7 @@ def broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str] = 
         A completed Handle; ``synchronize()`` returns the new tensor.
     """
     _check_process_set(process_set)
-    return _done(_broadcast_into(tensor, torch.empty(tensor.shape, dtype=tensor.dtype),
+    return _done(_broadcast_into(tensor, _empty_like(tensor),
                                  root_rank, name))
 
 
@@ -685,13 +690,13 @@ def reducescatter(tensor: torch.Tensor, name: Optional[str] = None,
     if rows.count(block) == n and wdt == src.dtype and src.is_contiguous() and prescale_factor == 1:
         send = src
     else:
-        send = torch.zeros((n * block,) + tuple(src.shape[1:]), dtype=wdt)
+        send = torch.zeros((n * block,) + tuple(src.shape[1:]), dtype=wdt, device=src.device)
         off = 0
         for i in range(n):
             send[i * block:i * block + rows[i]].copy_(src[off:off + rows[i]])
             off += rows[i]
         _scale(send, prescale_factor)
-    recv = torch.empty((block,) + tuple(src.shape[1:]), dtype=wdt)
+    recv = torch.empty((block,) + tuple(src.shape[1:]), dtype=wdt, device=src.device)
     rbuf, dt = as_buffer(recv)
     if n > 1:
         ctx.core.reduce_scatter_block(as_buffer(send)[0], rbuf, op.core, None, dt)

@@ -217,7 +217,7 @@ class _DistributedOptimizer:
                 b.target = g0  # reduced in place in p.grad: no copy
             else:
                 if b.flat is None:
-                    b.flat = torch.empty(b.numel, dtype=b.dtype)
+                    b.flat = torch.empty(b.numel, dtype=b.dtype, device=grads[0].device)
                 pos = 0
                 for c, _ in pairs:
                     b.flat[pos:pos + c.numel()].copy_(c.reshape(-1))

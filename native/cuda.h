@@ -1,0 +1,97 @@
+/*
+ * cuda.h -- the core's only door to the CUDA runtime: device queries, the
+ * communicator's stream and completion tickets, copies and reduction kernels
+ * on that stream, pinned staging, device scratch, and CUDA IPC handles.
+ *
+ * Built two ways from one source (cuda.c): with COLL_HAVE_CUDA (nvcc found at
+ * build time) these call the CUDA runtime, linked statically so that the
+ * module still imports on a machine without a driver; without it every call
+ * fails with "built without CUDA" and coll_cuda_built() is 0. Nothing above
+ * this file includes a CUDA header.
+ *
+ * Ordering model. A device collective first waits on the host for the work
+ * the caller queued on its stream before the call (an event recorded on that
+ * stream), so the data it sends is final; it then runs every copy and kernel
+ * on the communicator's own stream, and returns once they are done. So a
+ * framework neither synchronizes the device before the call nor after it.
+ * Completion is tracked by tickets: coll_cuda_fence records an event on the
+ * stream and returns its number; work on one stream finishes in order, so
+ * ticket t done means every earlier ticket is done. Waits sleep in the driver
+ * (blocking-sync events) instead of spinning: ranks outnumber cores here.
+ */
+#ifndef COLL_CUDA_H
+#define COLL_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "coll.h"
+
+#define COLL_CUDA_IPC_HANDLE_BYTES 64
+
+/* 1 if this module was built with CUDA. */
+int coll_cuda_built(void);
+/* Number of usable GPUs (0 without a driver or a device). */
+int coll_cuda_device_count(void);
+/* The device owning p, or -1 for host memory the runtime does not know. */
+int coll_cuda_pointer_device(const void *p);
+
+/* The text of the last failed call made without a communicator (this thread). */
+const char *coll_cuda_error_text(void);
+
+/* For the Python buffer helpers and tests (no communicator involved). */
+coll_result_t coll_cuda_alloc(int device, size_t n, void **p);
+void coll_cuda_free(void *p);
+/* Synchronous copy between any two of host and device memory. */
+coll_result_t coll_cuda_memcpy(void *dst, const void *src, size_t n);
+/* Device-to-device copy bandwidth of `device` in GB/s, timed with events
+ * (the physical limit the bench prints beside the IPC numbers). */
+coll_result_t coll_cuda_copy_bandwidth(int device, size_t n, int iters, double *gbps);
+
+/* Records, on the caller's thread, an event on `stream` marking the work
+ * queued before a non-blocking call (*event is handed to coll_cuda_begin). */
+coll_result_t coll_cuda_record_ready(int device, void *stream, void **event);
+
+/* Destroys such an event when its call never runs (NULL is ignored). */
+void coll_cuda_event_destroy(void *event);
+
+/* Starts a device collective on `device`: binds the communicator to it on
+ * first use (later calls must use the same device), makes this thread's
+ * current device the same, and waits for the caller's earlier work: on
+ * `ready` if given (consumed), else on an event recorded on `stream` now. */
+coll_result_t coll_cuda_begin(coll_comm_t *comm, int device, void *stream, void *ready);
+/* Asynchronous on the communicator's stream. */
+coll_result_t coll_cuda_copy(coll_comm_t *comm, void *dst, const void *src, size_t n);
+coll_result_t coll_cuda_reduce(coll_comm_t *comm, void *out, const void *in1, const void *in2,
+                               size_t count, coll_dtype_t dtype, coll_op_t op);
+coll_result_t coll_cuda_scale(coll_comm_t *comm, void *out, const void *in, size_t count,
+                              coll_dtype_t dtype, double divisor);
+/* A ticket for the work queued so far. */
+coll_result_t coll_cuda_fence(coll_comm_t *comm, uint64_t *ticket);
+/* *done = 1 once ticket's work has finished (never blocks). */
+coll_result_t coll_cuda_poll(coll_comm_t *comm, uint64_t ticket, int *done);
+/* Sleeps until ticket's work has finished. */
+coll_result_t coll_cuda_wait(coll_comm_t *comm, uint64_t ticket);
+/* Waits for everything queued on the communicator's stream. */
+coll_result_t coll_cuda_finish(coll_comm_t *comm);
+
+/* Pinned host memory of at least n bytes, mapped for the device, kept and
+ * grown by the communicator; `which` picks one of a few independent pools. */
+coll_result_t coll_cuda_pinned(coll_comm_t *comm, int which, size_t n, unsigned char **p);
+/* Device scratch of at least n bytes on the bound device (kept, grown). */
+coll_result_t coll_cuda_scratch(coll_comm_t *comm, size_t n, void **p);
+
+/* CUDA IPC (transport_cuda_ipc.c uses these): the handle of the allocation
+ * holding p and p's offset in it; and the local mapping of a peer's handle,
+ * opened once and cached until the communicator is destroyed. */
+coll_result_t coll_cuda_ipc_export(coll_comm_t *comm, const void *p,
+                                   unsigned char handle[COLL_CUDA_IPC_HANDLE_BYTES],
+                                   uint64_t *offset);
+coll_result_t coll_cuda_ipc_import(coll_comm_t *comm, int peer,
+                                   const unsigned char handle[COLL_CUDA_IPC_HANDLE_BYTES],
+                                   void **base);
+
+/* Frees the stream, events, pools and IPC mappings (at communicator destroy). */
+void coll_cuda_destroy(coll_comm_t *comm);
+
+#endif
