@@ -462,16 +462,31 @@ cdef class DeviceBuffer:
     of PyTorch. Args: nbytes, dtype name (a DTYPES key), device ordinal.
     """
     cdef void *ptr
-    cdef readonly size_t nbytes
-    cdef readonly str dtype
-    cdef readonly int device
+    cdef size_t _nbytes
+    cdef str _dtype
+    cdef int _device
+
+    @property
+    def nbytes(self) -> int:
+        """Size in bytes."""
+        return self._nbytes
+
+    @property
+    def dtype(self) -> str:
+        """Element type name (a DTYPES key)."""
+        return self._dtype
+
+    @property
+    def device(self) -> int:
+        """The CUDA device ordinal holding the memory."""
+        return self._device
 
     def __cinit__(self, size_t nbytes, str dtype="uint8", int device=0):
         if dtype not in DTYPES:
             raise ValueError(f"unknown dtype {dtype!r}")
-        self.dtype = dtype
-        self.device = device
-        self.nbytes = nbytes
+        self._dtype = dtype
+        self._device = device
+        self._nbytes = nbytes
         cdef coll_result_t res
         with nogil:
             res = coll_cuda_alloc(device, nbytes, &self.ptr)
@@ -485,25 +500,25 @@ cdef class DeviceBuffer:
 
     @property
     def __cuda_array_interface__(self) -> dict:
-        size = coll_dtype_size(<coll_dtype_t>DTYPES[self.dtype])
+        size = coll_dtype_size(<coll_dtype_t>DTYPES[self._dtype])
         kinds = {"int8": "|i1", "uint8": "|u1", "int32": "<i4", "int64": "<i8",
                  "float16": "<f2", "bfloat16": "<V2", "float32": "<f4", "float64": "<f8"}
-        return {"shape": (self.nbytes // size,), "typestr": kinds[self.dtype],
+        return {"shape": (self._nbytes // size,), "typestr": kinds[self._dtype],
                 "data": (<uintptr_t>self.ptr, False), "version": 3, "strides": None,
                 "stream": None}
 
     def copy_from(self, src) -> None:
         """Copy a host buffer of exactly nbytes into this memory (synchronous)."""
-        cdef _View v = host_view(src, "src", False, None)
-        if v.nbytes != self.nbytes:
-            raise ValueError(f"src has {v.nbytes} bytes, this buffer {self.nbytes}")
+        cdef _View v = host_view(src, "src", False, "uint8")
+        if v.nbytes != self._nbytes:
+            raise ValueError(f"src has {v.nbytes} bytes, this buffer {self._nbytes}")
         self._copy(self.ptr, v.ptr, v.nbytes)
 
     def copy_to(self, dst) -> None:
         """Copy this memory into a writable host buffer of exactly nbytes (synchronous)."""
-        cdef _View v = host_view(dst, "dst", True, None)
-        if v.nbytes != self.nbytes:
-            raise ValueError(f"dst has {v.nbytes} bytes, this buffer {self.nbytes}")
+        cdef _View v = host_view(dst, "dst", True, "uint8")
+        if v.nbytes != self._nbytes:
+            raise ValueError(f"dst has {v.nbytes} bytes, this buffer {self._nbytes}")
         self._copy(v.ptr, self.ptr, v.nbytes)
 
     cdef _copy(self, void *dst, const void *src, size_t n):

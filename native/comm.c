@@ -311,7 +311,7 @@ static coll_result_t run_reduce_scatter(coll_comm_t *comm, const coll_args_t *ar
    * that is still to be sent. */
   char *tmp = NULL;
   if (a->memory == COLL_MEMORY_CUDA) {
-    COLL_CHECK(coll_cuda_scratch(comm, block * (size_t)comm->size + 1, (void **)&tmp));
+    COLL_CHECK(coll_cuda_scratch(comm, 0, block * (size_t)comm->size + 1, (void **)&tmp));
   } else {
     tmp = malloc(block * (size_t)comm->size + 1);
     if (!tmp) return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory", comm->rank);

@@ -78,8 +78,10 @@ coll_result_t coll_cuda_finish(coll_comm_t *comm);
 /* Pinned host memory of at least n bytes, mapped for the device, kept and
  * grown by the communicator; `which` picks one of a few independent pools. */
 coll_result_t coll_cuda_pinned(coll_comm_t *comm, int which, size_t n, unsigned char **p);
-/* Device scratch of at least n bytes on the bound device (kept, grown). */
-coll_result_t coll_cuda_scratch(coll_comm_t *comm, size_t n, void **p);
+/* Device scratch of at least n bytes on the bound device (kept, grown);
+ * `which` picks one of two pools (0: reduce-scatter's vector, 1: the
+ * device executor's IPC bounce space). */
+coll_result_t coll_cuda_scratch(coll_comm_t *comm, int which, size_t n, void **p);
 
 /* CUDA IPC (transport_cuda_ipc.c uses these): the handle of the allocation
  * holding p and p's offset in it; and the local mapping of a peer's handle,

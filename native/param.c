@@ -59,6 +59,9 @@ static const coll_param_decl_t params[COLL_NUM_PARAMS] = {
                              "0 stages through pinned host memory"},
     [COLL_PARAM_CUDA_SEGMENT_BYTES] = {"COLLECTIVES_CUDA_SEGMENT_BYTES", "4M",
                                        "pipelining segment size of collectives on GPU buffers"},
+    [COLL_PARAM_CUDA_FAKE] = {"COLLECTIVES_CUDA_FAKE", "0",
+                              "tests only: 1 emulates one GPU in host memory, so that the GPU code "
+                              "paths run on machines without one"},
 };
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;

@@ -54,6 +54,9 @@ typedef struct {
   unsigned char *out;            /* queued records, sent in order */
   size_t out_len, out_done;
   int posted, acked;             /* send steps with a DESC out / with their ACK back */
+  int bouncing;                  /* sq[posted] is being copied to its bounce space */
+  char *bounce;                  /* this link's bounce space (device), see ipc_post */
+  size_t bounce_used;
   unsigned char *descs;          /* DESC received for rq[i] */
   int ndesc, launched;           /* DESCs received / reads launched */
   unsigned char in[COLL_IPC_RECORD_BYTES];
@@ -80,7 +83,9 @@ typedef struct {
 typedef struct {
   uint64_t ticket;
   int step;
-  int ack_peer; /* index into the peers, or -1 */
+  int ack_peer;    /* index into the peers, or -1 */
+  int desc_peer;   /* a bounced send: post its DESC (peer index), or -1 */
+  const void *src; /* ... naming these device bytes */
 } pending_t;
 
 typedef struct {
@@ -119,6 +124,8 @@ static coll_result_t track(dexec_t *x, int id, int ack_peer) {
   p->ticket = t;
   p->step = id;
   p->ack_peer = ack_peer;
+  p->desc_peer = -1;
+  p->src = NULL;
   return COLL_SUCCESS;
 }
 
@@ -141,11 +148,18 @@ static coll_result_t reap(dexec_t *x, int block, int *moved) {
       COLL_CHECK(coll_cuda_poll(x->comm, p->ticket, &done));
     }
     if (!done) return COLL_SUCCESS;
+    unsigned char rec[COLL_IPC_RECORD_BYTES];
+    coll_wire_hdr_t h = step_hdr(x->s, &x->s->steps[p->step]);
     if (p->ack_peer >= 0) {
-      unsigned char rec[COLL_IPC_RECORD_BYTES];
-      coll_wire_hdr_t h = step_hdr(x->s, &x->s->steps[p->step]);
       coll_ipc_ack_encode(&h, rec);
       queue_record(&x->ps[p->ack_peer], rec);
+    }
+    if (p->desc_peer >= 0) {
+      dpeer_t *d = &x->ps[p->desc_peer];
+      COLL_CHECK(coll_ipc_desc_encode(x->comm, &h, p->src, rec));
+      queue_record(d, rec);
+      d->posted++;
+      d->bouncing = 0;
     }
     complete(x, p->step);
     x->phead++;
@@ -180,18 +194,40 @@ static coll_result_t apply(dexec_t *x, coll_step_t *st, size_t off, const void *
 
 /* ---- CUDA IPC links ---- */
 
+static int bounced(const coll_step_t *st) { return st->succ_end > st->succ_begin; }
+
+/* Bounce space a send takes, rounded so every copy starts 256-byte aligned
+ * (the kernels' vector loads want 16). */
+static size_t bounce_bytes(const coll_step_t *st) { return (st->nbytes + 255) & ~(size_t)255; }
+
 static coll_result_t ipc_progress(dexec_t *x, int pi, int *moved) {
   coll_sched_t *s = x->s;
   dpeer_t *p = &x->ps[pi];
-  /* Post a DESC for every send step whose bytes are final, in order. */
-  while (p->posted < p->nsq && s->steps[p->sq[p->posted]].npred == 0) {
-    coll_step_t *st = &s->steps[p->sq[p->posted]];
+  /* Post a DESC for every send step whose bytes are final, in order. A send
+   * that other steps wait for is bounced: its bytes are copied to this
+   * link's bounce space and the step completes once the copy is done,
+   * not on the ACK. Otherwise an exchange where each side receives into the
+   * buffer it sends from only after its send completed (small butterfly)
+   * would wait on itself: each side's ACK needs its own receive first. */
+  while (!p->bouncing && p->posted < p->nsq && s->steps[p->sq[p->posted]].npred == 0) {
+    int id = p->sq[p->posted];
+    coll_step_t *st = &s->steps[id];
+    *moved = 1;
+    if (bounced(st)) {
+      char *to = p->bounce + p->bounce_used;
+      p->bounce_used += bounce_bytes(st);
+      COLL_CHECK(coll_cuda_copy(x->comm, to, st->src, st->nbytes));
+      COLL_CHECK(track(x, id, -1));
+      x->pend[x->ptail - 1].desc_peer = pi;
+      x->pend[x->ptail - 1].src = to;
+      p->bouncing = 1;
+      break;
+    }
     unsigned char rec[COLL_IPC_RECORD_BYTES];
     coll_wire_hdr_t h = step_hdr(s, st);
     COLL_CHECK(coll_ipc_desc_encode(x->comm, &h, st->src, rec));
     queue_record(p, rec);
     p->posted++;
-    *moved = 1;
   }
   if (p->out_done < p->out_len) {
     struct iovec iov = {p->out + p->out_done, p->out_len - p->out_done};
@@ -217,7 +253,7 @@ static coll_result_t ipc_progress(dexec_t *x, int pi, int *moved) {
       e.flags = COLL_WIRE_IPC_ACK;
       COLL_CHECK(coll_wire_check(x->comm, p->peer, p->in, &e));
       p->acked++;
-      complete(x, id);
+      if (!bounced(&s->steps[id])) complete(x, id); /* a bounced one completed at its copy */
     } else if (!ack && p->ndesc < p->nrq) {
       coll_wire_hdr_t e = step_hdr(s, &s->steps[p->rq[p->ndesc]]);
       e.flags = COLL_WIRE_IPC_DESC;
@@ -372,7 +408,7 @@ static int wants_bytes(const coll_sched_t *s, const dpeer_t *p, int *sending) {
 }
 
 static int peer_busy(const dpeer_t *p) {
-  return p->ipc ? (p->acked < p->nsq || p->launched < p->nrq || p->out_done < p->out_len)
+  return p->ipc ? (p->acked < p->nsq || p->bouncing || p->launched < p->nrq || p->out_done < p->out_len)
                 : (p->sh < p->nsq || p->rh < p->nrq);
 }
 
@@ -389,10 +425,22 @@ static coll_result_t timed_out(dexec_t *x, double start) {
                     coll_now() - start, who);
 }
 
+/* Steps left, records (the last ACKs) not yet handed to a link, or ACKs
+ * still due for bounced sends: the peer may be reading our bounce space,
+ * which the next collective reuses, and its ACK must not spill into it. */
+static int unfinished(const dexec_t *x) {
+  if (x->remaining > 0) return 1;
+  for (int i = 0; i < x->nps; i++) {
+    const dpeer_t *p = &x->ps[i];
+    if (p->out_done < p->out_len || (p->ipc && p->acked < p->nsq)) return 1;
+  }
+  return 0;
+}
+
 static coll_result_t loop(dexec_t *x, double deadline, struct pollfd *pfs) {
   coll_sched_t *s = x->s;
   double start = coll_now();
-  while (x->remaining > 0) {
+  while (unfinished(x)) {
     int moved = 0;
     COLL_CHECK(run_copies(x, &moved));
     for (int i = 0; i < x->nps; i++) {
@@ -404,7 +452,7 @@ static coll_result_t loop(dexec_t *x, double deadline, struct pollfd *pfs) {
       }
     }
     COLL_CHECK(reap(x, 0, &moved));
-    if (moved || x->remaining == 0) continue;
+    if (moved || !unfinished(x)) continue;
     if (coll_now() >= deadline) return timed_out(x, start);
     /* GPU work outstanding: it finishes on its own, so sleep on it first. A
      * staged piece waiting on its copy is outstanding work too. */
@@ -549,6 +597,21 @@ coll_result_t coll_sched_run_device(coll_sched_t *s, double deadline) {
     for (int b = 0; b < 2; b++) {
       p->sbuf[b] = send_pool + (2 * (size_t)i + (size_t)b) * PIECE;
       p->rbuf[b] = recv_pool + (2 * (size_t)i + (size_t)b) * PIECE;
+    }
+  }
+  /* Bounce space for the IPC links' bounced sends, one region per link. */
+  size_t bounce_total = 0;
+  for (int i = 0; i < x.nps; i++)
+    for (int j = 0; j < x.ps[i].nsq && x.ps[i].ipc; j++)
+      if (bounced(&s->steps[x.ps[i].sq[j]])) bounce_total += bounce_bytes(&s->steps[x.ps[i].sq[j]]);
+  if (bounce_total) {
+    char *space = NULL;
+    COLL_CHECK_GOTO(coll_cuda_scratch(comm, 1, bounce_total, (void **)&space), res, out);
+    for (int i = 0; i < x.nps; i++) {
+      if (!x.ps[i].ipc) continue;
+      x.ps[i].bounce = space;
+      for (int j = 0; j < x.ps[i].nsq; j++)
+        if (bounced(&s->steps[x.ps[i].sq[j]])) space += bounce_bytes(&s->steps[x.ps[i].sq[j]]);
     }
   }
   /* Connect: higher peers first (connecting never waits), then lower. */
