@@ -178,8 +178,9 @@ def make_buffers(coll: str, inp: np.ndarray, rank: int, nranks: int, count: int,
 
 
 def result_view(coll: str, send: Any, recv: Any, nranks: int) -> Any:
-    """Where a case's result lands: recv, or its first block for in-place reduce_scatter."""
-    if coll == "reduce_scatter" and send is None:
+    """Where a case's result lands: recv, or its first block for in-place reduce_scatter
+    (a device buffer is returned whole: the sweep takes the view on its host copy)."""
+    if coll == "reduce_scatter" and send is None and isinstance(recv, np.ndarray):
         return recv[:len(recv) // nranks]
     return recv
 

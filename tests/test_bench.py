@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import collectives
 from collectives import _bench_peers, bench
 
 REPO = Path(__file__).resolve().parents[1]
@@ -174,3 +175,26 @@ def test_sizes_and_tune_table() -> None:
     rows = [mk(8, "butterfly", 1), mk(8, "ring", 2), mk(64, "butterfly", 1), mk(64, "ring", 2),
             mk(512, "ring", 1), mk(512, "butterfly", 2), mk(512, "auto", 0.1)]
     assert bench.tune_table(rows) == [(4, 64, "butterfly"), (4, 18446744073709551615, "ring")]
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("coll", ["allreduce", "reduce_scatter"])
+def test_device_cuda_sweep_on_the_emulated_gpu(coll: str) -> None:
+    """--device cuda end to end (GPU buffers, CUDA IPC records, the device copy
+    note), on the host-memory GPU double, so that it runs without a GPU."""
+    res = _run([coll, "--device", "cuda", "-np", "2", "-b", "8", "-e", "1M", "-f", "32",
+                "--iters", "2", "--warmup", "1", "--check", "--algo", "ring,auto"],
+               extra_env={"COLLECTIVES_CUDA_FAKE": "1"}, timeout=140)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "Wrong values total   : 0 OK" in res.stdout
+    assert re.search(r"device 0 device-to-device copy .*: [0-9.]+ GB/s", res.stdout), res.stdout
+    assert re.search(r"collectives-auto \S+: busbw [0-9.]+ GB/s = [0-9.]+ x the device copy",
+                     res.stdout), res.stdout
+
+
+def test_device_cuda_without_a_gpu_says_so() -> None:
+    if collectives.cuda_available():
+        pytest.skip("a GPU is present")
+    res = _run(["allreduce", "--device", "cuda", "-b", "8", "-e", "8"])
+    assert res.returncode != 0
+    assert "--device cuda needs a CUDA build and a GPU" in res.stderr + res.stdout

@@ -240,3 +240,36 @@ def test_torch_cuda_tensors():
         pytest.skip("torch has no CUDA here")
     res = run_world(2, TORCH_BODY, timeout=160).assert_ok()
     assert all(rr.one("device")["where"].startswith("cuda") for rr in res.ranks)
+
+
+DEATH_BODY = r"""
+from collectives import MPI, _core
+comm = MPI.COMM_WORLD
+n, r = comm.size, comm.rank
+buf = _core.DeviceBuffer(8 << 20, "float32", 0)
+comm.Allreduce(MPI.IN_PLACE, buf, algorithm="ring")  # links up, all well
+MPI.COMM_WORLD.Barrier()
+if r == n - 1:
+    os._exit(3)  # dies before the next collective
+t0 = time.monotonic()
+try:
+    comm.Allreduce(MPI.IN_PLACE, buf, algorithm="ring")
+    emit("result", ok=True)
+except MPI.Exception as exc:
+    emit("result", ok=False, error=str(exc), seconds=time.monotonic() - t0)
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("path", ["ipc", "staged-tcp"])
+def test_dead_peer_fails_a_device_collective_naming_it(path):
+    env = {"COLLECTIVES_CUDA_FAKE": "1"}
+    if path == "staged-tcp":
+        env["COLLECTIVES_TRANSPORT"] = "tcp"
+    res = run_world(3, DEATH_BODY, timeout=100, env=env, collective_timeout=30)
+    survivors = [rr.one("result") for rr in res.ranks[:2]]
+    assert res.ranks[2].returncode == 3
+    for got in survivors:
+        assert not got["ok"]
+        assert "rank 2" in got["error"], got
+        assert got["seconds"] < 25, got
