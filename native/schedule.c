@@ -365,7 +365,8 @@ coll_result_t coll_sched_run(coll_sched_t *s, double deadline) {
   int *peer_slot = malloc((size_t)comm->size * sizeof(int));
   int *ints = malloc((size_t)(3 * n + s->nedges + 1) * sizeof(int));
   peer_state_t *ps = calloc((size_t)(comm->size < n ? comm->size : n) + 1, sizeof *ps);
-  struct pollfd *pfs = malloc(((size_t)(comm->size < n ? comm->size : n) + 1) * sizeof *pfs);
+  /* Two descriptors per link at most (socket and doorbell). */
+  struct pollfd *pfs = malloc((2 * (size_t)(comm->size < n ? comm->size : n) + 1) * sizeof *pfs);
   if (!peer_slot || !ints || !ps || !pfs) {
     res = coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory running a schedule", comm->rank);
     goto out;
@@ -475,6 +476,13 @@ coll_result_t coll_sched_run(coll_sched_t *s, double deadline) {
         ev = POLLRDHUP; /* watch for a hang-up on a link we still need, once */
       }
       if (!ev) continue;
+      if (p->link->wake_fd >= 0 && ev != POLLRDHUP) {
+        /* Woken on its own descriptor; the socket only reports a hang-up. */
+        pfs[npf].fd = p->link->wake_fd;
+        pfs[npf].events = (short)ev;
+        pfs[npf++].revents = 0;
+        ev = POLLIN | POLLRDHUP;
+      }
       pfs[npf].fd = p->link->fd;
       pfs[npf].events = (short)ev;
       pfs[npf].revents = 0;
@@ -503,9 +511,10 @@ coll_result_t coll_sched_run(coll_sched_t *s, double deadline) {
       if (!pfs[j].revents) continue;
       for (int i = 0; i < nps; i++) {
         coll_link_t *link = ps[i].link;
-        if (link->fd != pfs[j].fd) continue;
-        if (link->tp->after_poll) COLL_CHECK_GOTO(link->tp->after_poll(link, pfs[j].revents), res, out);
-        if (pfs[j].revents & (POLLRDHUP | POLLHUP | POLLERR)) ps[i].hup = 1;
+        if (link->fd != pfs[j].fd && link->wake_fd != pfs[j].fd) continue;
+        if (link->tp->after_poll)
+          COLL_CHECK_GOTO(link->tp->after_poll(link, pfs[j].fd, pfs[j].revents), res, out);
+        if (link->fd == pfs[j].fd && (pfs[j].revents & (POLLRDHUP | POLLHUP | POLLERR))) ps[i].hup = 1;
       }
     }
   }

@@ -44,6 +44,7 @@ static coll_link_t *link_new(coll_comm_t *comm, int peer) {
   link->comm = comm;
   link->peer = peer;
   link->fd = -1;
+  link->wake_fd = -1;
   return link;
 }
 
