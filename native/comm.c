@@ -182,7 +182,7 @@ static coll_result_t run_allreduce(coll_comm_t *comm, const coll_args_t *a) {
     if (a->recvbuf != a->sendbuf && nbytes) memcpy(a->recvbuf, a->sendbuf, nbytes);
     return COLL_SUCCESS;
   }
-  coll_algo_t algo = a->algo == COLL_ALGO_AUTO ? coll_tune_choose(comm->size, nbytes) : a->algo;
+  coll_algo_t algo = a->algo == COLL_ALGO_AUTO ? coll_tune_choose_comm(comm, nbytes) : a->algo;
   const coll_algo_entry_t *e = coll_algo_entry(algo);
   coll_sched_t s;
   coll_sched_init(&s, comm, COLL_KIND_ALLREDUCE, a, (uint32_t)algo);

@@ -85,6 +85,9 @@ void coll_shm_settle(coll_link_t *link, int ok);
 coll_result_t coll_link_get(coll_comm_t *comm, int peer, double deadline, coll_link_t **out);
 /* Closes every link (after an error, so peers fail fast, and at destroy). */
 void coll_links_close_all(coll_comm_t *comm);
+/* Nonzero when every link of comm will be shared memory (all peers on our
+ * host and COLLECTIVES_TRANSPORT not tcp), judged without opening any. */
+int coll_links_all_shm(coll_comm_t *comm);
 
 /* Every link opens with a hello and a transport offer, read as one block. */
 #define COLL_OPENING_BYTES (COLL_HELLO_BYTES + COLL_SHM_OFFER_BYTES)

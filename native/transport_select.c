@@ -109,6 +109,12 @@ static coll_result_t link_dial(coll_comm_t *comm, int peer, double deadline) {
   return res;
 }
 
+int coll_links_all_shm(coll_comm_t *comm) {
+  for (int i = 0; i < comm->size; i++)
+    if (i != comm->rank && !shm_allowed(comm, i)) return 0;
+  return 1;
+}
+
 coll_result_t coll_link_get(coll_comm_t *comm, int peer, double deadline, coll_link_t **out) {
   coll_peer_t *p = &comm->peers[peer];
   if (!p->link) {
