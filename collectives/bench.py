@@ -274,6 +274,10 @@ class Backend(abc.ABC):
     def finish(self) -> None:
         """Release the library."""
 
+    def transport(self) -> str:
+        """The transport key of this world's auto table rows: "shm" or "tcp" ("" if unknown)."""
+        return ""
+
 
 class CollectivesBackend(Backend):
     """This library, through collectives.MPI."""
@@ -300,6 +304,12 @@ class CollectivesBackend(Backend):
     def impls(self, algos: Sequence[str]) -> list[tuple[str, str]]:
         """One implementation per requested algorithm."""
         return [(f"collectives-{a}", a) for a in algos]
+
+    def transport(self) -> str:
+        """As the core keys its table: shm when every rank is on this host and tcp is not forced."""
+        forced = os.environ.get("COLLECTIVES_TRANSPORT", "").lower()
+        one_host = getattr(self.comm, "local_size", 0) == self.size
+        return "tcp" if forced == "tcp" or not one_host else "shm"
 
     def barrier(self) -> None:
         """MPI.Barrier."""
@@ -582,25 +592,30 @@ def tune_table(rows: Sequence[Row]) -> list[tuple[int, int, str]]:
     return out
 
 
-def write_tune_file(table: Sequence[tuple[int, int, str]], path: str) -> None:
-    """Merge table into the tune file at path: rows of other rank counts are kept, ours replaced."""
-    ours = {n for n, _, _ in table}
-    kept: list[tuple[int, int, str]] = []
+def write_tune_file(table: Sequence[tuple[int, int, str]], path: str, transport: str = "") -> None:
+    """Merge table into the tune file at path, its rows marked with transport ("tcp", "shm"
+    or "" for both): rows of other (rank count, transport) pairs are kept, ours replaced."""
+    ours = {(n, transport) for n, _, _ in table}
+    kept: list[tuple[int, int, str, str]] = []
     if os.path.exists(path):
         with open(path, encoding="utf-8") as fh:
             for line in fh:
                 parts = line.split()
-                if len(parts) == 3 and not line.startswith("#") and parts[0].isdigit() \
-                        and parts[1].isdigit() and int(parts[0]) not in ours:
-                    kept.append((int(parts[0]), int(parts[1]), parts[2]))
-    merged = sorted(kept + list(table), key=lambda t: t[0])  # stable: sizes stay in order
+                if len(parts) in (3, 4) and not line.startswith("#") and parts[0].isdigit() \
+                        and parts[1].isdigit():
+                    tp = parts[3] if len(parts) == 4 else ""
+                    if (int(parts[0]), tp) not in ours:
+                        kept.append((int(parts[0]), int(parts[1]), parts[2], tp))
+    mine = [(n, b, a, transport) for n, b, a in table]
+    merged = sorted(kept + mine, key=lambda t: (t[3], t[0]))  # stable: sizes stay in order
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(f"# allreduce algorithm table written by collectives-bench --tune on "
                  f"{socket.gethostname()}, {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
-                 "# <nranks> <max_bytes> <algorithm>: first matching line for the nearest "
-                 "rank count not above ours wins\n")
-        for n, max_bytes, algo in merged:
-            fh.write(f"{n} {max_bytes} {algo}\n")
+                 "# <nranks> <max_bytes> <algorithm> [tcp|shm]: among the lines of a world's "
+                 "transport (or of none), first matching line for the nearest rank count not "
+                 "above ours wins\n")
+        for n, max_bytes, algo, tp in merged:
+            fh.write(f"{n} {max_bytes} {algo}{' ' + tp if tp else ''}\n")
 
 
 # ------------------------------------------------------------------- cli
@@ -695,14 +710,17 @@ def run_worker(args: argparse.Namespace, backend: Backend) -> int:
     if backend.rank == 0:
         if args.worker_json:
             with open(args.worker_json, "w", encoding="utf-8") as fh:
-                json.dump({"rows": [asdict(r) for r in rows], "notes": notes}, fh)
+                json.dump({"rows": [asdict(r) for r in rows], "notes": notes,
+                           "transport": backend.transport()}, fh)
         else:
-            report(args, rows, notes)
+            report(args, rows, notes, backend.transport())
     return 1 if any(r.wrong for r in rows) else 0
 
 
-def report(args: argparse.Namespace, rows: list[Row], notes: Sequence[str]) -> None:
-    """Print the tables and write --csv/--json/--plot/--tune (on the driver or rank 0)."""
+def report(args: argparse.Namespace, rows: list[Row], notes: Sequence[str],
+           transport: str = "") -> None:
+    """Print the tables and write --csv/--json/--plot/--tune (on the driver or rank 0);
+    transport keys the --tune rows (see write_tune_file)."""
     seen = set()
     for note in notes:
         if note not in seen:
@@ -721,8 +739,9 @@ def report(args: argparse.Namespace, rows: list[Row], notes: Sequence[str]) -> N
         write_plot(rows, args.plot)
     if args.tune:
         table = tune_table(rows)
-        write_tune_file(table, args.tune)
-        print(f"# wrote the allreduce table for {rows[0].nranks} ranks to {os.path.abspath(args.tune)} "
+        write_tune_file(table, args.tune, transport)
+        over = f" over {transport}" if transport else ""
+        print(f"# wrote the allreduce table for {rows[0].nranks} ranks{over} to {os.path.abspath(args.tune)} "
               f"({len(table)} rows); use it with COLLECTIVES_TUNE_FILE={os.path.abspath(args.tune)}")
     sys.stdout.flush()
 
@@ -754,6 +773,7 @@ def drive(args: argparse.Namespace) -> int:
     extra = ["--progress"] if show else []
     rows: list[Row] = []
     notes: list[str] = []
+    transport = ""
     rc = 0
     with tempfile.TemporaryDirectory(prefix="collectives-bench-") as tmp:
         jobs: list[tuple[str, list[str]]] = []
@@ -781,10 +801,12 @@ def drive(args: argparse.Namespace) -> int:
                 data = json.load(fh)
             rows += [Row(**r) for r in data["rows"]]
             notes += data["notes"]
+            if name == "collectives":
+                transport = data.get("transport", "")
             if code and name == "collectives":
                 rc = code
     if rows:
-        report(args, rows, notes)
+        report(args, rows, notes, transport)
     if any(r.wrong for r in rows):
         rc = rc or 1
     return rc

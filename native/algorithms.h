@@ -28,5 +28,8 @@ typedef struct {
 
 /* The registry, indexed by coll_algo_t (entry 0, AUTO, has no builder). */
 const coll_algo_entry_t *coll_algo_entry(coll_algo_t id);
+/* What AUTO picks for an allreduce of nbytes on comm: by rank count, size
+ * and whether every link is shared memory (tune.c). */
+coll_algo_t coll_tune_choose_comm(coll_comm_t *comm, size_t nbytes);
 
 #endif

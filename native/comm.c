@@ -234,7 +234,7 @@ static coll_result_t run_allreduce(coll_comm_t *comm, const coll_args_t *args) {
   const coll_args_t *a = &d;
   size_t nbytes = a->count * coll_dtype_size(a->dtype);
   if (comm->size == 1) return memory_end(comm, a, local_copy(comm, a, a->recvbuf, a->sendbuf, nbytes));
-  coll_algo_t algo = a->algo == COLL_ALGO_AUTO ? coll_tune_choose(comm->size, nbytes) : a->algo;
+  coll_algo_t algo = a->algo == COLL_ALGO_AUTO ? coll_tune_choose_comm(comm, nbytes) : a->algo;
   const coll_algo_entry_t *e = coll_algo_entry(algo);
   coll_sched_t s;
   coll_sched_init(&s, comm, COLL_KIND_ALLREDUCE, a, (uint32_t)algo);

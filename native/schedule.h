@@ -24,11 +24,13 @@
 #ifndef COLL_SCHEDULE_H
 #define COLL_SCHEDULE_H
 
+#include <poll.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "coll.h"
 #include "reduce.h"
+#include "transport.h"
 #include "wire.h"
 
 typedef enum { COLL_STEP_SEND, COLL_STEP_RECV, COLL_STEP_RECV_REDUCE, COLL_STEP_COPY } coll_step_kind_t;
@@ -87,6 +89,15 @@ coll_result_t coll_sched_run(coll_sched_t *s, double deadline);
 /* The same for a schedule over GPU buffers (schedule_device.c): CUDA IPC to
  * same-host peers, pinned host staging to the others. */
 coll_result_t coll_sched_run_device(coll_sched_t *s, double deadline);
+
+/* For the executors' sleep in poll(): adds the descriptors of `link` for
+ * events `ev` (wait_events' answer, or POLLRDHUP alone to watch for a
+ * hang-up) to pfs and returns how many (at most 2: the socket, and the
+ * transport's own wake-up descriptor where it has one). */
+int coll_link_pollfds(const coll_link_t *link, int ev, struct pollfd *pfs);
+/* Hands the results in pfs[0, npf) that concern `link` to its transport;
+ * sets *hup when its socket hung up. */
+coll_result_t coll_link_polled(coll_link_t *link, const struct pollfd *pfs, int npf, int *hup);
 
 /* For the executors: each step's successor range in succ (nedges entries)
  * and its predecessor count; cnt is n ints of scratch. */

@@ -486,11 +486,7 @@ static coll_result_t loop(dexec_t *x, double deadline, struct pollfd *pfs) {
       } else if (!p->hup && peer_busy(p)) {
         ev = POLLRDHUP;
       }
-      if (!ev) continue;
-      pfs[npf].fd = p->link->fd;
-      pfs[npf].events = (short)ev;
-      pfs[npf].revents = 0;
-      npf++;
+      if (ev) npf += coll_link_pollfds(p->link, ev, pfs + npf);
     }
     if (retry) continue;
     if (npf == 0)
@@ -503,15 +499,8 @@ static coll_result_t loop(dexec_t *x, double deadline, struct pollfd *pfs) {
     if (r < 0 && errno != EINTR)
       return coll_error(x->comm, COLL_SYSTEM_ERROR, "rank %d: poll failed: %s", x->comm->rank,
                         strerror(errno));
-    for (int j = 0; j < npf; j++) {
-      if (!pfs[j].revents) continue;
-      for (int i = 0; i < x->nps; i++) {
-        coll_link_t *link = x->ps[i].link;
-        if (link->fd != pfs[j].fd) continue;
-        if (link->tp->after_poll) COLL_CHECK(link->tp->after_poll(link, pfs[j].revents));
-        if (pfs[j].revents & (POLLRDHUP | POLLHUP | POLLERR)) x->ps[i].hup = 1;
-      }
-    }
+    for (int i = 0; i < x->nps; i++)
+      COLL_CHECK(coll_link_polled(x->ps[i].link, pfs, npf, &x->ps[i].hup));
   }
   return COLL_SUCCESS;
 }
@@ -547,7 +536,8 @@ coll_result_t coll_sched_run_device(coll_sched_t *s, double deadline) {
   x.ps = calloc((size_t)(comm->size < n ? comm->size : n) + 1, sizeof *x.ps);
   queues = malloc((size_t)n * sizeof(int) + 1);
   x.pend = malloc((size_t)n * sizeof *x.pend + 1);
-  pfs = malloc(((size_t)(comm->size < n ? comm->size : n) + 1) * sizeof *pfs);
+  /* Two descriptors per link at most (socket and doorbell). */
+  pfs = malloc((2 * (size_t)(comm->size < n ? comm->size : n) + 1) * sizeof *pfs);
   if (!x.ps || !queues || !x.pend || !pfs) {
     res = coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory running a schedule", comm->rank);
     goto out;

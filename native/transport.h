@@ -34,6 +34,7 @@ typedef struct coll_link {
   coll_comm_t *comm;
   int peer;
   int fd;           /* pollable descriptor; -1 once closed */
+  int wake_fd;      /* a second descriptor the link is woken on (shm's doorbell), or -1 */
   unsigned char *stage; /* receive staging for fused recv+reduce (COLL_STAGE_BYTES) */
   void *priv;       /* the transport's own state */
 } coll_link_t;
@@ -48,12 +49,14 @@ struct coll_transport {
   coll_result_t (*send)(coll_link_t *link, const struct iovec *iov, int iovcnt, size_t *n);
   coll_result_t (*recv)(coll_link_t *link, const struct iovec *iov, int iovcnt, size_t *n);
   void (*close)(coll_link_t *link);
-  /* The poll events to sleep on for link->fd when the executor wants to send
-   * and/or receive and the last calls moved nothing; -1 means "progress is
-   * possible now, do not sleep". */
+  /* The poll events to sleep on when the executor wants to send and/or
+   * receive and the last calls moved nothing -- on link->wake_fd where the
+   * link has one (link->fd is then only watched for a hang-up), else on
+   * link->fd; -1 means "progress is possible now, do not sleep". */
   int (*wait_events)(coll_link_t *link, int sending, int receiving);
-  /* Called with the revents poll reported for link->fd (may be NULL). */
-  coll_result_t (*after_poll)(coll_link_t *link, short revents);
+  /* Called with the revents poll reported for `fd` (link->fd or
+   * link->wake_fd); may be NULL. */
+  coll_result_t (*after_poll)(coll_link_t *link, int fd, short revents);
   /* Optional zero-copy receive: the next contiguous received bytes, and
    * releasing them. NULL where the transport has no such memory. */
   coll_result_t (*recv_peek)(coll_link_t *link, const void **p, size_t *n);
@@ -82,6 +85,9 @@ void coll_shm_settle(coll_link_t *link, int ok);
 coll_result_t coll_link_get(coll_comm_t *comm, int peer, double deadline, coll_link_t **out);
 /* Closes every link (after an error, so peers fail fast, and at destroy). */
 void coll_links_close_all(coll_comm_t *comm);
+/* Nonzero when every link of comm will be shared memory (all peers on our
+ * host and COLLECTIVES_TRANSPORT not tcp), judged without opening any. */
+int coll_links_all_shm(coll_comm_t *comm);
 
 /* Every link opens with a hello and a transport offer, read as one block. */
 #define COLL_OPENING_BYTES (COLL_HELLO_BYTES + COLL_SHM_OFFER_BYTES)

@@ -44,6 +44,7 @@ static coll_link_t *link_new(coll_comm_t *comm, int peer) {
   link->comm = comm;
   link->peer = peer;
   link->fd = -1;
+  link->wake_fd = -1;
   return link;
 }
 
@@ -106,6 +107,12 @@ static coll_result_t link_dial(coll_comm_t *comm, int peer, double deadline) {
   if (res == COLL_SUCCESS) res = link_ready(comm, link, answer == 1);
   if (res != COLL_SUCCESS) link_free(link);
   return res;
+}
+
+int coll_links_all_shm(coll_comm_t *comm) {
+  for (int i = 0; i < comm->size; i++)
+    if (i != comm->rank && !shm_allowed(comm, i)) return 0;
+  return 1;
 }
 
 coll_result_t coll_link_get(coll_comm_t *comm, int peer, double deadline, coll_link_t **out) {

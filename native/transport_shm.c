@@ -9,18 +9,25 @@
  * twice a socket costs (into the kernel, out of it).
  *
  * Sleeping without spinning: a side that finds nothing to do sets its
- * "waiting" flag, re-checks the ring, and sleeps in poll() on the link's TCP
- * socket; the other side, after moving head or tail, swaps the flag to 0 and
- * if it was set sends one doorbell byte on the socket. (Store the index, full
- * fence, load the flag -- against -- store the flag, full fence, load the
- * index: one of the two always sees the other, so no wake-up is lost.) The
- * socket also carries death: EOF on it is the peer closing or dying.
+ * "waiting" flag, re-checks the ring, and sleeps in poll() on its doorbell;
+ * the other side, after moving head or tail, swaps the flag to 0 and if it
+ * was set writes one byte to that doorbell. (Store the index, full fence,
+ * load the flag -- against -- store the flag, full fence, load the index: one
+ * of the two always sees the other, so no wake-up is lost.) Each side's
+ * doorbell is a FIFO created beside the segment (link->wake_fd): waking a
+ * process through a pipe costs about a third of a byte through loopback TCP
+ * (measured one-way, poll-woken: 17 vs 58 us across cores, 3.4 vs 7.1 us on
+ * one core, on the 2-vCPU test VM), and at 4 ranks on 2 cores nearly every
+ * small message needs one. Both ends open both FIFOs read-write, so neither
+ * ever sees EOF on them: death still comes from the link's TCP socket, which
+ * carries nothing after setup and is watched for the hang-up.
  *
  * Setup, over the TCP link right after its hello: the connecting side creates
- * the segment, writes a random token into it and offers its path; the
+ * the segment and the two FIFOs (<segment>.w0 wakes the lower rank, .w1 the
+ * higher), writes a random token into the segment and offers its path; the
  * accepting side maps it, checks the token (so a different /dev/shm, as in
- * another container, is detected), unlinks it and answers yes; on any doubt it
- * answers no and both sides keep plain TCP.
+ * another container, is detected), opens the FIFOs, unlinks all three and
+ * answers yes; on any doubt it answers no and both sides keep plain TCP.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -70,8 +77,51 @@ typedef struct {
   ring_ctl_t *out_ctl, *in_ctl;
   unsigned char *out, *in;
   char path[80];        /* connecting side, until settled */
+  int wake_in, wake_out; /* my doorbell FIFO, the peer's */
   int dead;             /* the socket reported EOF */
 } shm_t;
+
+/* The doorbell FIFO that wakes the lower (side 0) or higher (side 1) rank. */
+static void fifo_path(char *out, size_t n, const char *seg_path, int side) {
+  snprintf(out, n, "%s.w%d", seg_path, side);
+}
+
+/* Opens both FIFOs of a segment read-write and non-blocking (read-write: the
+ * open never waits for the other end, and a write never fails for lack of a
+ * reader). Returns 0, or -1 with nothing left open. */
+static int open_doorbells(shm_t *s, const char *seg_path, int lower) {
+  char p[96];
+  int fds[2] = {-1, -1};
+  struct stat st;
+  for (int side = 0; side < 2; side++) {
+    fifo_path(p, sizeof p, seg_path, side);
+    fds[side] = open(p, O_RDWR | O_NONBLOCK | O_CLOEXEC);
+    if (fds[side] < 0 || fstat(fds[side], &st) != 0 || !S_ISFIFO(st.st_mode)) {
+      if (fds[0] >= 0) close(fds[0]);
+      if (fds[1] >= 0) close(fds[1]);
+      return -1;
+    }
+  }
+  s->wake_in = fds[lower ? 0 : 1];
+  s->wake_out = fds[lower ? 1 : 0];
+  return 0;
+}
+
+static void unlink_all(const char *seg_path) {
+  char p[96];
+  unlink(seg_path);
+  for (int side = 0; side < 2; side++) {
+    fifo_path(p, sizeof p, seg_path, side);
+    unlink(p);
+  }
+}
+
+static void shm_free(shm_t *s) {
+  munmap(s->seg, s->map_bytes);
+  if (s->wake_in >= 0) close(s->wake_in);
+  if (s->wake_out >= 0) close(s->wake_out);
+  free(s);
+}
 
 static size_t ring_bytes_param(void) {
   long long v = coll_param_int(COLL_PARAM_SHM_BYTES);
@@ -118,24 +168,32 @@ coll_result_t coll_shm_make_offer(coll_link_t *link, int want_shm, unsigned char
   sweep_stale_segments();
   shm_t *s = calloc(1, sizeof *s);
   if (!s) return COLL_SUCCESS;
+  s->wake_in = s->wake_out = -1;
   s->ring = ring_bytes_param();
   s->map_bytes = sizeof(seg_t) + 2 * s->ring;
   uint64_t token = ((uint64_t)rand() << 32) ^ (uint64_t)rand() ^ ((uint64_t)getpid() << 16) ^
                    (uint64_t)(coll_now() * 1e9);
   snprintf(s->path, sizeof s->path, "/dev/shm/collectives-%d-%d-%d-%llx", (int)getpid(),
            comm->rank, link->peer, (unsigned long long)token);
+  char w0[96], w1[96];
+  fifo_path(w0, sizeof w0, s->path, 0);
+  fifo_path(w1, sizeof w1, s->path, 1);
   int fd = open(s->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0 || ftruncate(fd, (off_t)s->map_bytes) != 0) {
+  if (fd < 0 || ftruncate(fd, (off_t)s->map_bytes) != 0 || mkfifo(w0, 0600) != 0 ||
+      mkfifo(w1, 0600) != 0 || open_doorbells(s, s->path, 1) != 0) {
     COLL_INFO(COLL_LOG_NET, "rank %d: no shared memory for rank %d (%s): using tcp", comm->rank,
               link->peer, strerror(errno));
-    if (fd >= 0) { close(fd); unlink(s->path); }
+    if (fd >= 0) close(fd);
+    unlink_all(s->path);
     free(s);
     return COLL_SUCCESS;
   }
   void *p = mmap(NULL, s->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (p == MAP_FAILED) {
-    unlink(s->path);
+    unlink_all(s->path);
+    close(s->wake_in);
+    close(s->wake_out);
     free(s);
     return COLL_SUCCESS;
   }
@@ -182,9 +240,15 @@ coll_result_t coll_shm_take_offer(coll_link_t *link, const unsigned char *offer,
   s->seg = seg;
   s->ring = ring;
   s->map_bytes = (size_t)st.st_size;
+  if (open_doorbells(s, path, 0) != 0) {
+    munmap(p, (size_t)st.st_size);
+    free(s);
+    return COLL_SUCCESS;
+  }
   map_rings(s, 0);
-  unlink(path); /* both sides have it mapped; nothing left to clean up on a crash */
+  unlink_all(path); /* both sides have them open; nothing left to clean up on a crash */
   link->priv = s;
+  link->wake_fd = s->wake_in;
   *ok = 1;
   return COLL_SUCCESS;
 }
@@ -192,18 +256,21 @@ coll_result_t coll_shm_take_offer(coll_link_t *link, const unsigned char *offer,
 void coll_shm_settle(coll_link_t *link, int ok) {
   shm_t *s = link->priv;
   if (!s) return;
-  unlink(s->path); /* the peer unlinked it already on success; this covers refusal */
+  unlink_all(s->path); /* the peer unlinked them already on success; this covers refusal */
   if (!ok) {
-    munmap(s->seg, s->map_bytes);
-    free(s);
+    shm_free(s);
     link->priv = NULL;
+  } else {
+    link->wake_fd = s->wake_in;
   }
 }
 
 static void ring_doorbell(coll_link_t *link) {
+  shm_t *s = link->priv;
   char b = 1;
-  /* A full socket buffer already holds doorbells the peer will read. */
-  (void)send(link->fd, &b, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+  /* A full FIFO already holds doorbells the peer will read. */
+  ssize_t r = write(s->wake_out, &b, 1);
+  (void)r;
 }
 
 static coll_result_t shm_dead(coll_link_t *link) {
@@ -304,30 +371,32 @@ static int shm_wait_events(coll_link_t *link, int sending, int receiving) {
       return -1;
     }
   }
-  /* Doorbells (and the peer's death) arrive on the socket either way. */
+  /* On the doorbell (link->wake_fd); the executor watches the socket for death. */
   return POLLIN;
 }
 
-static coll_result_t shm_after_poll(coll_link_t *link, short revents) {
+static coll_result_t shm_after_poll(coll_link_t *link, int fd, short revents) {
   shm_t *s = link->priv;
-  if (!(revents & (POLLIN | POLLHUP | POLLERR))) return COLL_SUCCESS;
   char buf[256];
-  for (;;) {
-    ssize_t r = recv(link->fd, buf, sizeof buf, MSG_DONTWAIT);
-    if (r > 0) continue;
-    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) s->dead = 1;
-    break;
+  if (fd == s->wake_in) {
+    while (read(fd, buf, sizeof buf) > 0) {}
+    return COLL_SUCCESS;
   }
+  if (!(revents & (POLLIN | POLLHUP | POLLERR | POLLRDHUP))) return COLL_SUCCESS;
+  /* Nothing is sent on the socket after setup: readable means EOF or reset. */
+  ssize_t r;
+  do { r = recv(link->fd, buf, sizeof buf, MSG_DONTWAIT); } while (r > 0 || (r < 0 && errno == EINTR));
+  if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) s->dead = 1;
   return COLL_SUCCESS;
 }
 
 static void shm_close(coll_link_t *link) {
   shm_t *s = link->priv;
   if (s) {
-    munmap(s->seg, s->map_bytes);
-    free(s);
+    shm_free(s);
     link->priv = NULL;
   }
+  link->wake_fd = -1;
   coll_transport_tcp.close(link);
 }
 

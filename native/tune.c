@@ -2,13 +2,23 @@
  * tune.c -- the registry of allreduce algorithms and the one place AUTO
  * chooses among them.
  *
- * The choice reads a size x nranks table: the built-in one below (measured
- * on a 2-core loopback machine with collectives-bench --tune) or the file
- * named by COLLECTIVES_TUNE_FILE, whose lines are
- *     <nranks> <max_bytes> <algorithm>
- * meaning "for this rank count, messages up to max_bytes use algorithm";
+ * The choice reads a transport x nranks x size table: the built-in one below
+ * (measured on a 2-core loopback machine with collectives-bench --tune) or
+ * the file named by COLLECTIVES_TUNE_FILE, whose lines are
+ *     <nranks> <max_bytes> <algorithm> [tcp|shm]
+ * meaning "for this rank count (over this transport; both without it),
+ * messages up to max_bytes use algorithm"; among the lines of our transport,
  * the first matching line for the nearest rank count not above ours wins.
  * COLLECTIVES_ALGO forces one algorithm for every size.
+ *
+ * The transport key matters because the two cost models differ: a shm link
+ * copies each byte once and wakes a peer cheaply, a TCP link copies twice
+ * through the kernel and pays a system call per message, so they favour
+ * different algorithms at mid sizes. A communicator's key is "shm" when every
+ * link will be shared memory -- all peers on our host and COLLECTIVES_TRANSPORT
+ * not tcp -- and "tcp" otherwise (coll_links_all_shm: predicted from the host
+ * ids, so choosing opens no link; a shm offer refused at connect time still
+ * reads the shm rows).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,8 +27,10 @@
 #include <pthread.h>
 
 #include "algorithms.h"
+#include "comm.h"
 #include "log.h"
 #include "param.h"
+#include "transport.h"
 
 static const coll_algo_entry_t registry[COLL_NUM_ALGOS] = {
     [COLL_ALGO_AUTO] = {COLL_ALGO_AUTO, "auto", "chosen by size and rank count", NULL},
@@ -40,10 +52,13 @@ const char *coll_algo_name(coll_algo_t algo) {
   return (algo >= 0 && algo < COLL_NUM_ALGOS) ? registry[algo].name : "?";
 }
 
+typedef enum { TUNE_ANY, TUNE_SHM, TUNE_TCP } tune_transport_t;
+
 typedef struct {
   int nranks;
   size_t max_bytes;
   coll_algo_t algo;
+  tune_transport_t transport;
 } tune_row_t;
 
 /* Built-in table; rows for a rank count apply to that count and above until
@@ -86,21 +101,29 @@ static void load(void) {
     if (!fp) {
       COLL_WARN("cannot read COLLECTIVES_TUNE_FILE %s; using the built-in table", path);
     } else {
-      char line[256], name[64];
+      char line[256], name[64], tp[16];
       int cap = 0;
       while (fgets(line, sizeof line, fp)) {
         int nr;
         unsigned long long mb;
-        if (line[0] == '#' || sscanf(line, "%d %llu %63s", &nr, &mb, name) != 3) continue;
+        tp[0] = 0;
+        if (line[0] == '#' || sscanf(line, "%d %llu %63s %15s", &nr, &mb, name, tp) < 3) continue;
         coll_algo_t a = algo_by_name(name);
         if (a == COLL_ALGO_AUTO) continue;
+        tune_transport_t t = TUNE_ANY;
+        if (strcasecmp(tp, "shm") == 0) t = TUNE_SHM;
+        else if (strcasecmp(tp, "tcp") == 0) t = TUNE_TCP;
+        else if (tp[0]) {
+          COLL_WARN("%s: transport '%s' is neither tcp nor shm; line ignored", path, tp);
+          continue;
+        }
         if (ntable == cap) {
           cap = cap ? 2 * cap : 32;
           tune_row_t *t = realloc(table, (size_t)cap * sizeof *t);
           if (!t) break;
           table = t;
         }
-        table[ntable++] = (tune_row_t){nr, (size_t)mb, a};
+        table[ntable++] = (tune_row_t){nr, (size_t)mb, a, t};
       }
       fclose(fp);
       COLL_INFO(COLL_LOG_TUNE, "read %d rows from %s", ntable, path);
@@ -108,20 +131,36 @@ static void load(void) {
   }
 }
 
-static coll_algo_t lookup(const tune_row_t *t, int nt, int size, size_t nbytes) {
+static int row_applies(const tune_row_t *row, tune_transport_t tp) {
+  return row->transport == TUNE_ANY || row->transport == tp;
+}
+
+static coll_algo_t lookup(const tune_row_t *t, int nt, int size, size_t nbytes, tune_transport_t tp) {
   int best = -1;
   for (int i = 0; i < nt; i++)
-    if (t[i].nranks <= size && t[i].nranks > best) best = t[i].nranks;
+    if (row_applies(&t[i], tp) && t[i].nranks <= size && t[i].nranks > best) best = t[i].nranks;
   if (best < 0) return COLL_ALGO_AUTO;
   for (int i = 0; i < nt; i++)
-    if (t[i].nranks == best && nbytes <= t[i].max_bytes) return t[i].algo;
+    if (row_applies(&t[i], tp) && t[i].nranks == best && nbytes <= t[i].max_bytes) return t[i].algo;
   return COLL_ALGO_AUTO;
 }
 
-coll_algo_t coll_tune_choose(int size, size_t nbytes) {
+static coll_algo_t choose(int size, size_t nbytes, tune_transport_t tp) {
   pthread_once(&once, load);
   if (forced != COLL_ALGO_AUTO) return forced;
-  coll_algo_t a = table ? lookup(table, ntable, size, nbytes) : COLL_ALGO_AUTO;
-  if (a == COLL_ALGO_AUTO) a = lookup(builtin, (int)(sizeof builtin / sizeof builtin[0]), size, nbytes);
+  coll_algo_t a = table ? lookup(table, ntable, size, nbytes, tp) : COLL_ALGO_AUTO;
+  if (a == COLL_ALGO_AUTO)
+    a = lookup(builtin, (int)(sizeof builtin / sizeof builtin[0]), size, nbytes, tp);
   return a == COLL_ALGO_AUTO ? COLL_ALGO_RING : a;
+}
+
+coll_algo_t coll_tune_choose_comm(coll_comm_t *comm, size_t nbytes) {
+  return choose(comm->size, nbytes, coll_links_all_shm(comm) ? TUNE_SHM : TUNE_TCP);
+}
+
+/* Without a communicator (collectives._core.tune_choose): a world of ranks on
+ * one host, over the transport COLLECTIVES_TRANSPORT asks for. */
+coll_algo_t coll_tune_choose(int size, size_t nbytes) {
+  int tcp = strcasecmp(coll_param_str(COLL_PARAM_TRANSPORT), "tcp") == 0;
+  return choose(size, nbytes, tcp ? TUNE_TCP : TUNE_SHM);
 }

@@ -101,6 +101,7 @@ def test_tune_writes_a_table_auto_reads(tmp_path: Path) -> None:
     ours = [r for r in rows if r[0] == "2"]
     assert ours and ours[-1][1] == "18446744073709551615"
     assert all(r[2] in ("ring", "tree", "butterfly") for r in ours)
+    assert all(r[3:] == ["shm"] for r in ours), rows  # one host, transport not forced
     want = next(r[2] for r in ours if 8 <= int(r[1]))
     script = ("import numpy as np\nfrom collectives import MPI\nc = MPI.COMM_WORLD\n"
               "x = np.ones(2, np.float32)\nc.Allreduce(MPI.IN_PLACE, x, algorithm='auto')\n"
@@ -164,6 +165,37 @@ def test_expected_values_are_exact() -> None:
             ins = np.stack([bench.rank_input("allreduce", op, "int64", r, n, count) for r in range(n)])
             ref = {"sum": ins.sum(0), "prod": ins.prod(0), "min": ins.min(0), "max": ins.max(0)}[op]
             assert got.dtype == np.dtype(dtype) and (got.astype(np.int64) == ref).all(), (op, dtype)
+
+
+@pytest.mark.timeout(120)
+def test_auto_reads_the_rows_of_its_transport(tmp_path: Path) -> None:
+    tune = tmp_path / "tune.txt"
+    tune.write_text("2 18446744073709551615 tree tcp\n2 18446744073709551615 ring shm\n"
+                    "3 18446744073709551615 butterfly\n")
+    script = ("import numpy as np\nfrom collectives import MPI\nc = MPI.COMM_WORLD\n"
+              "x = np.ones(2, np.float32)\nc.Allreduce(MPI.IN_PLACE, x, algorithm='auto')\n"
+              "assert x[0] == c.size\n")
+    for n, transport, want in ((2, "tcp", "tree"), (2, "", "ring"), (3, "tcp", "butterfly"),
+                               (3, "", "butterfly")):
+        env = {"COLLECTIVES_TUNE_FILE": str(tune), "COLLECTIVES_DEBUG": "INFO",
+               "COLLECTIVES_DEBUG_SUBSYS": "TUNE"}
+        if transport:
+            env["COLLECTIVES_TRANSPORT"] = transport
+        res = _run(["-np", str(n), sys.executable, "-c", script], module="collectives.run",
+                   extra_env=env)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert re.search(rf"allreduce #\d+ 8 bytes on {n} ranks: {want}\b", res.stderr), \
+            (n, transport, res.stderr)
+
+
+def test_write_tune_file_keeps_other_transports(tmp_path: Path) -> None:
+    tune = tmp_path / "tune.txt"
+    tune.write_text("2 64 tree\n2 1024 ring tcp\n2 2048 ring shm\n4 8 ring shm\n")
+    bench.write_tune_file([(2, 18446744073709551615, "butterfly")], str(tune), "shm")
+    rows = [line.split() for line in tune.read_text().splitlines() if not line.startswith("#")]
+    assert sorted(map(tuple, rows)) == sorted([("2", "64", "tree"), ("2", "1024", "ring", "tcp"),
+                                               ("4", "8", "ring", "shm"),
+                                               ("2", "18446744073709551615", "butterfly", "shm")])
 
 
 def test_sizes_and_tune_table() -> None:

@@ -104,9 +104,11 @@ finish()
 """
 
 
-def scenario(n, **spec):
-    return run_world(n, BODY, args=[json.dumps(spec)], timeout=60,
-                     env={"COLLECTIVES_TIMEOUT": f"{TIMEOUT:g}"}, collective_timeout=None)
+def scenario(n, transport="", **spec):
+    env = {"COLLECTIVES_TIMEOUT": f"{TIMEOUT:g}"}
+    if transport:
+        env["COLLECTIVES_TRANSPORT"] = transport
+    return run_world(n, BODY, args=[json.dumps(spec)], timeout=60, env=env, collective_timeout=None)
 
 
 def assert_survivors_raise(res, culprit, dead=False, limit=TIMEOUT + SLACK, pattern=None,
@@ -191,9 +193,27 @@ def test_rank_dies_before_allreduce(alg):
 
 
 @pytest.mark.timeout(70)
-def test_rank_dies_during_allreduce():
-    res = scenario(4, kind="die_during", culprit=2)
+@pytest.mark.parametrize("transport", ["", "tcp", "shm"])
+def test_rank_dies_during_allreduce(transport):
+    # shm: death comes from the link's socket, not from the doorbell FIFOs
+    res = scenario(4, transport=transport, kind="die_during", culprit=2)
     assert_survivors_raise(res, 2, dead=True)
+
+
+@pytest.mark.timeout(70)
+@pytest.mark.parametrize("n", [2, 3])
+def test_shm_links_leave_no_files(n):
+    """Segments and doorbell FIFOs are unlinked once both ends hold them."""
+    import glob
+    body = ("import os\nfrom collectives import MPI\nfrom _worker import emit\n"
+            "comm = MPI.COMM_WORLD\nbuf = np.ones(1 << 16, np.float32)\n"
+            "comm.Allreduce(MPI.IN_PLACE, buf)\nassert buf[0] == comm.size\n"
+            "import glob\nemit('files', names=glob.glob(f'/dev/shm/collectives-{os.getpid()}-*'))\n"
+            "comm.Barrier()\n")
+    res = run_world(n, "import numpy as np\n" + body, env={"COLLECTIVES_TRANSPORT": "shm"}, timeout=50)
+    res.assert_ok()
+    for rr in res.ranks:
+        assert rr.one("files")["names"] == [], rr.text()
 
 
 @pytest.mark.timeout(70)
