@@ -124,6 +124,38 @@ void coll_sched_seg(const coll_sched_t *s, size_t n, int nseg, int i, size_t *of
 
 /* ---- executor ---- */
 
+coll_wire_hdr_t coll_sched_step_hdr(const coll_sched_t *s, const coll_step_t *st) {
+  coll_wire_hdr_t h = s->hdr;
+  h.nbytes = (uint32_t)st->nbytes;
+  h.offset = st->offset;
+  return h;
+}
+
+coll_result_t coll_link_send_framed(coll_link_t *link, const uint8_t *hdr, size_t *hdr_done,
+                                    const void *payload, size_t len, size_t *sent, int *full) {
+  struct iovec iov[2];
+  int k = 0;
+  *full = 0;
+  if (*hdr_done < COLL_WIRE_HDR_BYTES) {
+    iov[k].iov_base = (void *)(hdr + *hdr_done);
+    iov[k++].iov_len = COLL_WIRE_HDR_BYTES - *hdr_done;
+  }
+  if (len) {
+    iov[k].iov_base = (void *)payload;
+    iov[k++].iov_len = len;
+  }
+  if (k == 0) return COLL_SUCCESS;
+  size_t want = 0, n = 0;
+  for (int i = 0; i < k; i++) want += iov[i].iov_len;
+  COLL_CHECK(link->tp->send(link, iov, k, &n));
+  size_t h = COLL_WIRE_HDR_BYTES - *hdr_done;
+  if (n < h) h = n;
+  *hdr_done += h;
+  *sent += n - h;
+  *full = n < want;
+  return COLL_SUCCESS;
+}
+
 void coll_sched_link_edges(coll_sched_t *s, int *succ, int *cnt) {
   int n = s->nsteps;
   for (int i = 0; i < n; i++) { cnt[i] = 0; s->steps[i].npred = 0; }
@@ -170,33 +202,18 @@ static coll_result_t progress_send(exec_t *x, peer_state_t *ps, int *moved) {
     coll_step_t *st = &s->steps[id];
     if (st->npred > 0) return COLL_SUCCESS;
     if (!ps->shdr_ready) {
-      coll_wire_hdr_t h = s->hdr;
-      h.nbytes = (uint32_t)st->nbytes;
-      h.offset = st->offset;
+      coll_wire_hdr_t h = coll_sched_step_hdr(s, st);
       coll_wire_encode(ps->shdr, &h);
       ps->shdr_ready = 1;
       ps->shdr_done = ps->sdone = 0;
     }
-    struct iovec iov[2];
-    int k = 0;
-    if (ps->shdr_done < COLL_WIRE_HDR_BYTES) {
-      iov[k].iov_base = ps->shdr + ps->shdr_done;
-      iov[k++].iov_len = COLL_WIRE_HDR_BYTES - ps->shdr_done;
-    }
-    if (ps->sdone < st->nbytes) {
-      iov[k].iov_base = (char *)st->src + ps->sdone;
-      iov[k++].iov_len = st->nbytes - ps->sdone;
-    }
-    size_t want = 0, n = 0;
-    for (int i = 0; i < k; i++) want += iov[i].iov_len;
-    COLL_CHECK(ps->link->tp->send(ps->link, iov, k, &n));
-    if (n == 0) return COLL_SUCCESS;
+    size_t before = ps->shdr_done + ps->sdone;
+    int full = 0;
+    COLL_CHECK(coll_link_send_framed(ps->link, ps->shdr, &ps->shdr_done, (const char *)st->src + ps->sdone,
+                                     st->nbytes - ps->sdone, &ps->sdone, &full));
+    if (ps->shdr_done + ps->sdone == before) return COLL_SUCCESS;
     *moved = 1;
-    size_t h = COLL_WIRE_HDR_BYTES - ps->shdr_done;
-    if (n < h) h = n;
-    ps->shdr_done += h;
-    ps->sdone += n - h;
-    if (n < want) return COLL_SUCCESS; /* socket buffer full */
+    if (full) return COLL_SUCCESS; /* socket buffer full */
     ps->shdr_ready = 0;
     ps->sh++;
     complete(x, id);
@@ -213,9 +230,7 @@ static coll_result_t recv_header(exec_t *x, peer_state_t *ps, coll_step_t *st, i
   if (n) *moved = 1;
   ps->rhdr_got += n;
   if (ps->rhdr_got == COLL_WIRE_HDR_BYTES) {
-    coll_wire_hdr_t e = x->s->hdr;
-    e.nbytes = (uint32_t)st->nbytes;
-    e.offset = st->offset;
+    coll_wire_hdr_t e = coll_sched_step_hdr(x->s, st);
     COLL_CHECK(coll_wire_check(x->s->comm, ps->peer, ps->rhdr, &e));
     ps->rhdr_checked = 1;
   }
@@ -312,9 +327,7 @@ static coll_result_t progress_recv(exec_t *x, peer_state_t *ps, int *moved) {
     if (n < h) h = n;
     ps->rhdr_got += h;
     if (ps->rhdr_got == COLL_WIRE_HDR_BYTES && !ps->rhdr_checked) {
-      coll_wire_hdr_t e = s->hdr;
-      e.nbytes = (uint32_t)st->nbytes;
-      e.offset = st->offset;
+      coll_wire_hdr_t e = coll_sched_step_hdr(s, st);
       COLL_CHECK(coll_wire_check(comm, ps->peer, ps->rhdr, &e));
       ps->rhdr_checked = 1;
     }

@@ -90,6 +90,16 @@ coll_result_t coll_sched_run(coll_sched_t *s, double deadline);
  * same-host peers, pinned host staging to the others. */
 coll_result_t coll_sched_run_device(coll_sched_t *s, double deadline);
 
+/* The wire header of one step's message (the schedule's, with its size and
+ * offset). */
+coll_wire_hdr_t coll_sched_step_hdr(const coll_sched_t *s, const coll_step_t *st);
+/* Sends what is left of a message's header (hdr, *hdr_done bytes gone) and
+ * then `len` payload bytes from `payload`, as far as the link takes them;
+ * adds the payload bytes moved to *sent; *full when the link took less than
+ * offered. */
+coll_result_t coll_link_send_framed(coll_link_t *link, const uint8_t *hdr, size_t *hdr_done,
+                                    const void *payload, size_t len, size_t *sent, int *full);
+
 /* For the executors' sleep in poll(): adds the descriptors of `link` for
  * events `ev` (wait_events' answer, or POLLRDHUP alone to watch for a
  * hang-up) to pfs and returns how many (at most 2: the socket, and the

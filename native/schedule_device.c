@@ -109,13 +109,6 @@ static void complete(dexec_t *x, int id) {
   }
 }
 
-static coll_wire_hdr_t step_hdr(const coll_sched_t *s, const coll_step_t *st) {
-  coll_wire_hdr_t h = s->hdr;
-  h.nbytes = (uint32_t)st->nbytes;
-  h.offset = st->offset;
-  return h;
-}
-
 /* Queues GPU work's completion for step `id` (after the work was launched). */
 static coll_result_t track(dexec_t *x, int id, int ack_peer) {
   uint64_t t;
@@ -149,7 +142,7 @@ static coll_result_t reap(dexec_t *x, int block, int *moved) {
     }
     if (!done) return COLL_SUCCESS;
     unsigned char rec[COLL_IPC_RECORD_BYTES];
-    coll_wire_hdr_t h = step_hdr(x->s, &x->s->steps[p->step]);
+    coll_wire_hdr_t h = coll_sched_step_hdr(x->s, &x->s->steps[p->step]);
     if (p->ack_peer >= 0) {
       coll_ipc_ack_encode(&h, rec);
       queue_record(&x->ps[p->ack_peer], rec);
@@ -224,7 +217,7 @@ static coll_result_t ipc_progress(dexec_t *x, int pi, int *moved) {
       break;
     }
     unsigned char rec[COLL_IPC_RECORD_BYTES];
-    coll_wire_hdr_t h = step_hdr(s, st);
+    coll_wire_hdr_t h = coll_sched_step_hdr(s, st);
     COLL_CHECK(coll_ipc_desc_encode(x->comm, &h, st->src, rec));
     queue_record(p, rec);
     p->posted++;
@@ -249,13 +242,13 @@ static coll_result_t ipc_progress(dexec_t *x, int pi, int *moved) {
     int ack = coll_ipc_record_flags(p->in) == COLL_WIRE_IPC_ACK;
     if (ack && p->acked < p->posted) {
       int id = p->sq[p->acked];
-      coll_wire_hdr_t e = step_hdr(s, &s->steps[id]);
+      coll_wire_hdr_t e = coll_sched_step_hdr(s, &s->steps[id]);
       e.flags = COLL_WIRE_IPC_ACK;
       COLL_CHECK(coll_wire_check(x->comm, p->peer, p->in, &e));
       p->acked++;
       if (!bounced(&s->steps[id])) complete(x, id); /* a bounced one completed at its copy */
     } else if (!ack && p->ndesc < p->nrq) {
-      coll_wire_hdr_t e = step_hdr(s, &s->steps[p->rq[p->ndesc]]);
+      coll_wire_hdr_t e = coll_sched_step_hdr(s, &s->steps[p->rq[p->ndesc]]);
       e.flags = COLL_WIRE_IPC_DESC;
       COLL_CHECK(coll_wire_check(x->comm, p->peer, p->in, &e));
       memcpy(p->descs + (size_t)p->ndesc * COLL_IPC_RECORD_BYTES, p->in, COLL_IPC_RECORD_BYTES);
@@ -292,7 +285,7 @@ static coll_result_t staged_send(dexec_t *x, dpeer_t *p, int *moved) {
     coll_step_t *st = &s->steps[id];
     if (st->npred > 0) return COLL_SUCCESS;
     if (!p->shdr_ready) {
-      coll_wire_hdr_t h = step_hdr(s, st);
+      coll_wire_hdr_t h = coll_sched_step_hdr(s, st);
       coll_wire_encode(p->shdr, &h);
       p->shdr_ready = 1;
       p->shdr_done = p->sent = p->staged = 0;
@@ -310,12 +303,8 @@ static coll_result_t staged_send(dexec_t *x, dpeer_t *p, int *moved) {
       *moved = 1;
     }
     /* Send from the piece holding byte `sent`, once its copy is done. */
-    struct iovec iov[2];
-    int k = 0;
-    if (p->shdr_done < COLL_WIRE_HDR_BYTES) {
-      iov[k].iov_base = p->shdr + p->shdr_done;
-      iov[k++].iov_len = COLL_WIRE_HDR_BYTES - p->shdr_done;
-    }
+    const void *from = NULL;
+    size_t len = 0;
     if (p->sent < st->nbytes) {
       int b = (int)((p->sbase + p->sent / PIECE) % 2);
       int done = 0;
@@ -324,22 +313,17 @@ static coll_result_t staged_send(dexec_t *x, dpeer_t *p, int *moved) {
         size_t in_piece = p->sent % PIECE;
         size_t end = p->sent - in_piece + PIECE;
         if (end > st->nbytes) end = st->nbytes;
-        iov[k].iov_base = p->sbuf[b] + in_piece;
-        iov[k++].iov_len = end - p->sent;
+        from = p->sbuf[b] + in_piece;
+        len = end - p->sent;
       }
     }
-    if (k == 0) return COLL_SUCCESS; /* waiting on the device */
-    size_t want = 0, n = 0;
-    for (int i = 0; i < k; i++) want += iov[i].iov_len;
-    COLL_CHECK(p->link->tp->send(p->link, iov, k, &n));
-    if (n == 0) return COLL_SUCCESS;
+    size_t before = p->shdr_done + p->sent;
+    int full = 0;
+    COLL_CHECK(coll_link_send_framed(p->link, p->shdr, &p->shdr_done, from, len, &p->sent, &full));
+    if (p->shdr_done + p->sent == before) return COLL_SUCCESS; /* link or device busy */
     *moved = 1;
-    size_t h = COLL_WIRE_HDR_BYTES - p->shdr_done;
-    if (n < h) h = n;
-    p->shdr_done += h;
-    p->sent += n - h;
     if (p->shdr_done < COLL_WIRE_HDR_BYTES || p->sent < st->nbytes) {
-      if (n < want) return COLL_SUCCESS; /* socket full */
+      if (full) return COLL_SUCCESS; /* socket full */
       continue;
     }
     p->shdr_ready = 0;
@@ -363,7 +347,7 @@ static coll_result_t staged_recv(dexec_t *x, int pi, int *moved) {
       if (n) *moved = 1;
       p->rhdr_got += n;
       if (p->rhdr_got < COLL_WIRE_HDR_BYTES) return COLL_SUCCESS;
-      coll_wire_hdr_t e = step_hdr(s, st);
+      coll_wire_hdr_t e = coll_sched_step_hdr(s, st);
       COLL_CHECK(coll_wire_check(x->comm, p->peer, p->rhdr, &e));
       p->got = p->applied = 0;
     }
