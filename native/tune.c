@@ -62,19 +62,30 @@ typedef struct {
 } tune_row_t;
 
 /* Built-in table; rows for a rank count apply to that count and above until
- * the next listed count. From collectives-bench --tune on a 2-core machine
- * (same-host ranks, shared memory), smoothed: butterfly's log2(n) rounds win
- * below a few MiB and at every size on power-of-two counts that fit the
- * cores; with a fold (n not a power of two) the ring's lower bandwidth
- * term wins for large messages. */
+ * the next listed count, and a row without a transport to both. From
+ * collectives-bench --tune on a 2-core VM (loopback, ranks on one host),
+ * four sweeps per (transport, rank count), smoothed where algorithms are
+ * within the noise of each other (about 10% there):
+ *   - butterfly's log2(n) rounds win for small messages everywhere;
+ *   - 2 ranks over shm: the ring's pipelined segments win from 2 MiB (about
+ *     1.2x butterfly at 2 MiB; within 5% of each other above), while over
+ *     tcp the two stay within noise up to 8 MiB, so butterfly keeps them;
+ *   - 4 ranks, either transport: butterfly up to 8 MiB (up to 1.3x the
+ *     ring at 2 MiB), the ring from 32 MiB (1.05-2x butterfly at 32 and
+ *     128 MiB, where butterfly's halving exchanges with a far partner
+ *     contend for the same 2 cores).
+ * 3 and 5+ ranks keep the earlier shm-measured rows for both transports. */
 static const tune_row_t builtin[] = {
-    {2, 8u << 20, COLL_ALGO_BUTTERFLY},
-    {2, (size_t)-1, COLL_ALGO_RING},
-    {3, 128u << 10, COLL_ALGO_BUTTERFLY},
-    {3, (size_t)-1, COLL_ALGO_RING},
-    {4, (size_t)-1, COLL_ALGO_BUTTERFLY},
-    {5, 256u << 10, COLL_ALGO_BUTTERFLY},
-    {5, (size_t)-1, COLL_ALGO_RING},
+    {2, 1u << 20, COLL_ALGO_BUTTERFLY, TUNE_SHM},
+    {2, (size_t)-1, COLL_ALGO_RING, TUNE_SHM},
+    {2, 8u << 20, COLL_ALGO_BUTTERFLY, TUNE_TCP},
+    {2, (size_t)-1, COLL_ALGO_RING, TUNE_TCP},
+    {3, 128u << 10, COLL_ALGO_BUTTERFLY, TUNE_ANY},
+    {3, (size_t)-1, COLL_ALGO_RING, TUNE_ANY},
+    {4, 16u << 20, COLL_ALGO_BUTTERFLY, TUNE_ANY},
+    {4, (size_t)-1, COLL_ALGO_RING, TUNE_ANY},
+    {5, 256u << 10, COLL_ALGO_BUTTERFLY, TUNE_ANY},
+    {5, (size_t)-1, COLL_ALGO_RING, TUNE_ANY},
 };
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
