@@ -110,8 +110,11 @@ static coll_result_t link_dial(coll_comm_t *comm, int peer, double deadline) {
 }
 
 int coll_links_all_shm(coll_comm_t *comm) {
+  /* Runs on every AUTO allreduce: the parameter once, then one host-id
+   * comparison per peer (what shm_can_connect checks), no link touched. */
+  if (strcasecmp(coll_param_str(COLL_PARAM_TRANSPORT), "tcp") == 0) return 0;
   for (int i = 0; i < comm->size; i++)
-    if (i != comm->rank && !shm_allowed(comm, i)) return 0;
+    if (i != comm->rank && !coll_transport_shm.can_connect(comm, i)) return 0;
   return 1;
 }
 
