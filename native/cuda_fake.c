@@ -14,7 +14,10 @@
  * keeps all state on the communicator), guarded by a mutex.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -89,7 +92,24 @@ static void unlink_all(void) {
   pthread_mutex_unlock(&mu);
 }
 
-static void register_exit(void) { atexit(unlink_all); }
+/* Once per process: remove the files of processes that died without
+ * freeing (a killed rank), then arrange to remove our own at exit. */
+static void register_exit(void) {
+  DIR *d = opendir("/dev/shm");
+  struct dirent *e;
+  while (d && (e = readdir(d)) != NULL) {
+    int pid = 0;
+    unsigned long k = 0;
+    if (sscanf(e->d_name, "coll-fakegpu-%d-%lu", &pid, &k) == 2 && pid > 0 &&
+        kill(pid, 0) != 0 && errno == ESRCH) {
+      char name[300];
+      snprintf(name, sizeof name, "/%s", e->d_name);
+      shm_unlink(name);
+    }
+  }
+  if (d) closedir(d);
+  atexit(unlink_all);
+}
 
 coll_result_t coll_cudafake_alloc(int device, size_t n, void **p) {
   static pthread_once_t once = PTHREAD_ONCE_INIT;
