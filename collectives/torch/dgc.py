@@ -43,6 +43,7 @@ import torch
 
 from . import sparse_ops
 from ._context import as_buffer
+from .compression import NoneCompressor
 from .mpi_ops import _scale
 from .basics import Average
 from .optimizer import _DistributedOptimizer, _wait_buckets
@@ -52,12 +53,14 @@ __all__ = ["SparseCompressor", "TopKCompressor", "DGC", "DGCSGD"]
 DEFAULT_MIN_NUMEL = 1024
 
 
-class SparseCompressor:
+class SparseCompressor(NoneCompressor):
     """Common part of TopKCompressor and DGC: schedule, selection knobs, per-tensor memory.
 
     Passed as ``compression=`` to ``hvd.DistributedOptimizer``, which then
     exchanges the eligible tensors sparsely (``optimizer_mixin``). An instance
-    holds one rank's memory: use one per optimizer.
+    holds one rank's memory: use one per optimizer. Dense tensors pass through
+    unchanged (NoneCompressor's compress/decompress); momentum is applied by
+    the optimizer hook.
 
     Args:
         compress_ratio: final density (fraction of entries sent per tensor).
@@ -121,16 +124,6 @@ class SparseCompressor:
     def optimizer_mixin(self) -> type:
         """The DistributedOptimizer class that exchanges sparse tensors for this compressor."""
         return _SparseDistributedOptimizer
-
-    @staticmethod
-    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        """Dense tensors travel as they are (momentum is applied by the optimizer hook)."""
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
-        """Return `tensor` unchanged."""
-        return tensor
 
     # -- schedule ---------------------------------------------------------------------
     def density_at(self, epoch: float) -> float:
