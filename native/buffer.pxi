@@ -147,8 +147,6 @@ cdef int _gpu_view(_View v, obj, str name, bint writable, object dtype) except -
         if writable and ro:
             raise ValueError(f"{name} is read-only")
         strides = cai.get("strides")
-        if strides is not None:
-            strides = tuple(st // 1 for st in strides)
         if not _c_contiguous(shape, strides, itemsize):
             raise ValueError(f"{name} is not C-contiguous")
         if cai.get("mask") is not None:
