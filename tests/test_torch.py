@@ -274,6 +274,12 @@ t = torch.ones(1)
 dist.all_reduce(t, group=sub)
 eq("new_group", t, torch.ones(1) * n)
 dist.destroy_process_group()
+# The completion threads are joined, not left to die in interpreter finalization
+# (a daemon thread completing a torch Future there aborts the process).
+import threading
+left = [t.name for t in threading.enumerate() if t.name == "collectives-torch-pg"]
+if left:
+    fail("completion threads after destroy_process_group", str(left))
 '''
 
 
@@ -294,6 +300,25 @@ def test_backend_through_torch_store_like_torchrun():
 
     res = run_world(2, BACKEND_BODY, rank_env=torchrun_env, timeout=50).assert_ok()
     assert res[1].one("backend")["name"] == "collectives"
+
+
+@pytest.mark.timeout(60)
+def test_backend_exit_without_destroy_process_group():
+    # The completion thread is not a daemon; an exit hook must end it, or the
+    # interpreter would wait on it forever.
+    body = r'''
+import torch
+import torch.distributed as dist
+import collectives.torch
+dist.init_process_group("collectives", init_method=f"tcp://127.0.0.1:{os.environ['TORCH_PORT']}",
+                        rank=RANK, world_size=2)
+t = torch.ones(3)
+dist.all_reduce(t, async_op=True).wait()
+emit("sum", value=t.tolist())
+'''
+    res = run_world(2, body, launcher=True, timeout=50,
+                    env={"TORCH_PORT": str(free_port())}).assert_ok()
+    assert res[0].one("sum")["value"] == [2.0, 2.0, 2.0]
 
 
 def test_public_names_have_docstrings_and_hints():

@@ -100,7 +100,14 @@ def _completed(value: Any) -> _Work:
 
 
 class _Completer:
-    """One thread that waits for queued core requests in order and completes their Futures."""
+    """One thread that waits for queued core requests in order and completes their Futures.
+
+    The thread is not a daemon: completing a torch Future releases and retakes
+    the GIL, and a daemon thread doing that while the interpreter finalizes is
+    ended by a forced unwind through torch's C++ frames, which aborts the
+    process ("terminate called without an active exception"). So stop() joins
+    it, and so does an interpreter-exit hook for groups never destroyed.
+    """
 
     def __init__(self) -> None:
         self._queue: "queue.Queue" = queue.Queue()
@@ -112,9 +119,9 @@ class _Completer:
         fut: Future = Future()
         with self._lock:
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="collectives-torch-pg",
-                                                daemon=True)
+                self._thread = threading.Thread(target=self._run, name="collectives-torch-pg")
                 self._thread.start()
+                _at_exit(self.stop)
         self._queue.put((request, finish, keep, fut))
         return fut
 
@@ -134,11 +141,21 @@ class _Completer:
             del item, request, finish, keep, fut
 
     def stop(self) -> None:
-        """Let the thread end after the queued requests."""
+        """End the thread after the queued requests (each ends within the core's timeout)."""
         with self._lock:
-            if self._thread is not None:
+            thread, self._thread = self._thread, None
+            if thread is not None:
                 self._queue.put(None)
-                self._thread = None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+
+def _at_exit(fn: Callable[[], None]) -> None:
+    """Run fn when the interpreter exits, before it joins non-daemon threads."""
+    try:
+        threading._register_atexit(fn)  # type: ignore[attr-defined]  # as concurrent.futures does
+    except RuntimeError:  # already shutting down: stop() runs from shutdown() or not at all
+        pass
 
 
 class _Staged:
