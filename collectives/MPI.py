@@ -103,6 +103,16 @@ def _buf(spec: Any) -> tuple[Any, Optional[str]]:
     return spec, None
 
 
+def _pair(sendbuf: Any, recvbuf: Any) -> tuple[Any, Any, Optional[str]]:
+    """(sendbuf, or None for IN_PLACE; recvbuf; the datatype both specs agree on, or None)."""
+    if not isinstance(recvbuf, (list, tuple)) and \
+            (sendbuf is IN_PLACE or not isinstance(sendbuf, (list, tuple))):
+        return (None if sendbuf is IN_PLACE else sendbuf), recvbuf, None  # plain buffers
+    rbuf, rtype = _buf(recvbuf)
+    sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf)
+    return sbuf, rbuf, _dtype_name(stype, rtype)
+
+
 def _vbuf(spec: Any, size: int) -> tuple[Any, list[int], Optional[list[int]], Optional[str]]:
     """Split a v-spec ([buf, counts], [buf, counts, displs], [buf, (counts, displs)], + type)."""
     if not isinstance(spec, (list, tuple)) or len(spec) < 2:
@@ -207,29 +217,30 @@ class Comm:
         try:
             return fn(*args, **kwargs)
         except CollectivesError as exc:
-            from . import _world
+            raise self._explained(exc) from None
 
-            text = _world.explain_failure(self.rank, str(exc))
-            if text != str(exc):
-                raise CollectivesError(exc.error_code, text) from None
-            raise
+    def _explained(self, exc: CollectivesError) -> CollectivesError:
+        """exc, or the same error with the cause other ranks reported appended."""
+        from . import _world
+
+        text = _world.explain_failure(self.rank, str(exc))
+        return CollectivesError(exc.error_code, text) if text != str(exc) else exc
 
     # -- buffer collectives ----------------------------------------------
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, *, algorithm: str = "auto",
                   timeout: Optional[float] = None) -> None:
         """recvbuf = op over all ranks of sendbuf (sendbuf may be IN_PLACE)."""
-        rbuf, rtype = _buf(recvbuf)
-        sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf)
-        self._call(self._core.allreduce, sbuf, rbuf, _op(op), algorithm, timeout,
-                   _dtype_name(stype, rtype))
+        sbuf, rbuf, dtype = _pair(sendbuf, recvbuf)
+        try:  # inline rather than through _call: this is the latency path
+            self._core.allreduce(sbuf, rbuf, _op(op), algorithm, timeout, dtype)
+        except CollectivesError as exc:
+            raise self._explained(exc) from None
 
     def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, *, algorithm: str = "auto",
                    timeout: Optional[float] = None) -> Request:
         """Start an Allreduce; returns a Request (buffers stay in use until Wait)."""
-        rbuf, rtype = _buf(recvbuf)
-        sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf)
-        req = self._call(self._core.iallreduce, sbuf, rbuf, _op(op), algorithm, timeout,
-                         _dtype_name(stype, rtype))
+        sbuf, rbuf, dtype = _pair(sendbuf, recvbuf)
+        req = self._call(self._core.iallreduce, sbuf, rbuf, _op(op), algorithm, timeout, dtype)
         return Request(req, self)
 
     def Bcast(self, buf: Any, root: int = 0, *, timeout: Optional[float] = None) -> None:
@@ -243,10 +254,8 @@ class Comm:
         return Request(self._call(self._core.ibroadcast, b, root, timeout, dtype), self)
 
     def _allgather_args(self, sendbuf: Any, recvbuf: Any) -> tuple:
-        rbuf, rtype = _buf(recvbuf)
-        sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf)
+        sbuf, rbuf, dtype = _pair(sendbuf, recvbuf)
         n = self.size
-        dtype = _dtype_name(stype, rtype)
         total = count_of(rbuf, dtype)
         if total % n:
             raise ValueError(f"Allgather: recvbuf has {total} elements, not a multiple of {n} ranks")
@@ -281,9 +290,8 @@ class Comm:
                                   dtype), self)
 
     def _reduce_scatter_args(self, sendbuf: Any, recvbuf: Any, op: Op) -> tuple:
-        rbuf, rtype = _buf(recvbuf)
-        sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf)
-        return sbuf, rbuf, _op(op), _dtype_name(stype, rtype)
+        sbuf, rbuf, dtype = _pair(sendbuf, recvbuf)
+        return sbuf, rbuf, _op(op), dtype
 
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, *,
                              timeout: Optional[float] = None) -> None:

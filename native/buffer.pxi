@@ -9,8 +9,9 @@
 # also carries the stream the producer queued its work on (the interface's
 # "stream", else the legacy default stream): the collective runs after it.
 
+cimport cython
 from cpython.buffer cimport (PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_WRITABLE,
-                             PyBuffer_Release, PyObject_GetBuffer)
+                             PyBuffer_Release, PyObject_CheckBuffer, PyObject_GetBuffer)
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint64_t, uintptr_t
 
@@ -55,26 +56,34 @@ ALGORITHMS = {"auto": COLL_ALGO_AUTO, "ring": COLL_ALGO_RING, "tree": COLL_ALGO_
               "butterfly": COLL_ALGO_BUTTERFLY}
 
 
-cdef int format_dtype(bytes fmt, Py_ssize_t itemsize) except -2:
-    """The dtype code of a struct-module format, or -1 if unsupported."""
-    f = fmt.lstrip(b"@=<>!")
-    if f in (b"b",):
-        return COLL_INT8
-    if f in (b"B", b"c"):
+cdef int format_dtype(const char *fmt, Py_ssize_t itemsize) noexcept:
+    """The dtype code of a struct-module format (one type character after an
+    optional byte-order mark), or -1 if unsupported."""
+    if fmt == NULL:
         return COLL_UINT8
-    if f in (b"i", b"l", b"q", b"n"):
+    while fmt[0] in b"@=<>!":
+        fmt += 1
+    if fmt[0] == 0 or fmt[1] != 0:
+        return -1
+    cdef char c = fmt[0]
+    if c == b"b":
+        return COLL_INT8
+    if c == b"B" or c == b"c":
+        return COLL_UINT8
+    if c == b"i" or c == b"l" or c == b"q" or c == b"n":
         return COLL_INT32 if itemsize == 4 else (COLL_INT64 if itemsize == 8 else -1)
-    if f == b"e":
+    if c == b"e":
         return COLL_FLOAT16
-    if f == b"f":
+    if c == b"f":
         return COLL_FLOAT32
-    if f == b"d":
+    if c == b"d":
         return COLL_FLOAT64
-    if f == b"E":  # ml_dtypes' bfloat16 exports this
+    if c == b"E":  # ml_dtypes' bfloat16 exports this
         return COLL_BFLOAT16
     return -1
 
 
+@cython.no_gc  # refers to its owner only, never to itself: no cycle to collect
 cdef class _View:
     """A held buffer: released when the view is collected."""
     cdef Py_buffer buf
@@ -214,7 +223,9 @@ cdef _View as_view(obj, str name, bint writable, object dtype):
         raise TypeError(f"{name} is None")
     cdef _View v = _View()
     v.device = -1
-    if _is_gpu(obj):
+    # Buffer-protocol exporters are host memory (no GPU array exports it):
+    # the common case skips the GPU probes.
+    if not PyObject_CheckBuffer(obj) and _is_gpu(obj):
         _gpu_view(v, obj, name, writable, dtype)
         return v
     cdef int flags = PyBUF_FORMAT | PyBUF_C_CONTIGUOUS
@@ -247,16 +258,16 @@ cdef _View as_view(obj, str name, bint writable, object dtype):
     v.ptr = v.buf.buf
     v.nbytes = <size_t>v.buf.len
     v.readonly = v.buf.readonly
-    fmt = v.buf.format if v.buf.format != NULL else b"B"
     cdef int code
     if dtype is not None:
         if dtype not in DTYPES:
             raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(DTYPES)}")
         code = DTYPES[dtype]
     else:
-        code = format_dtype(fmt, v.buf.itemsize)
+        code = format_dtype(v.buf.format, v.buf.itemsize)
         if code < 0:
-            raise TypeError(f"{name} has unsupported element type {fmt.decode()!r} "
+            fmt = v.buf.format.decode("ascii", "replace")
+            raise TypeError(f"{name} has unsupported element type {fmt!r} "
                             f"(itemsize {v.buf.itemsize}); supported: {', '.join(DTYPES)}")
     v.dtype = code
     cdef size_t esize = coll_dtype_size(<coll_dtype_t>code)
@@ -290,6 +301,9 @@ cdef int set_memory(coll_args_t *a, object stream, _View first, _View second=Non
 
 
 cdef int code_of(dict table, object key, str what) except -1:
+    code = table.get(key)  # the common case: already the lower-case name
+    if code is not None:
+        return code
     try:
         return table[key.lower() if isinstance(key, str) else key]
     except (KeyError, AttributeError):
