@@ -520,6 +520,9 @@ void coll_comm_destroy(coll_comm_t *comm) {
   coll_links_close_all(comm);
   coll_tcp_shutdown(comm);
   coll_cuda_destroy(comm);
+  free(comm->keep.steps);
+  free(comm->keep.edges);
+  free(comm->keep.scratch);
   pthread_mutex_destroy(&comm->mu);
   pthread_cond_destroy(&comm->cv);
   free(comm->peers);

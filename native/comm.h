@@ -59,6 +59,11 @@ struct coll_comm {
   coll_request_t *qhead, *qtail;
 
   struct coll_cuda *cuda; /* stream, events, pools, IPC maps (cuda.c); NULL until a GPU call */
+
+  /* Arrays kept from one call to the next (calls are serialized): a
+   * schedule's steps and edges and the host executor's scratch, so that a
+   * small collective does not pay for six malloc/free pairs (schedule.c). */
+  struct { void *steps, *edges, *scratch; int cap, ecap; size_t scratch_bytes; } keep;
 };
 
 /* CLOCK_MONOTONIC seconds. */

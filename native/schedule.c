@@ -39,13 +39,56 @@ void coll_sched_init(coll_sched_t *s, coll_comm_t *comm, coll_kind_t kind, const
   size_t seg = args->segment_bytes ? args->segment_bytes : comm->segment_bytes;
   seg -= seg % s->elem;
   s->segment_bytes = seg ? seg : s->elem;
+  /* Reuse the arrays the communicator kept from its last schedule. */
+  s->steps = comm->keep.steps;
+  s->cap = comm->keep.cap;
+  s->edges = comm->keep.edges;
+  s->ecap = comm->keep.ecap;
+  comm->keep.steps = comm->keep.edges = NULL;
+  comm->keep.cap = comm->keep.ecap = 0;
 }
 
+/* Arrays up to this size go back to the communicator for the next call. */
+#define KEEP_BYTES ((size_t)4 << 20)
+
 void coll_sched_free(coll_sched_t *s) {
-  free(s->steps);
-  free(s->edges);
+  coll_comm_t *comm = s->comm;
+  if (comm && !comm->keep.steps && (size_t)s->cap * sizeof *s->steps <= KEEP_BYTES) {
+    comm->keep.steps = s->steps;
+    comm->keep.cap = s->cap;
+  } else {
+    free(s->steps);
+  }
+  if (comm && !comm->keep.edges && (size_t)s->ecap * sizeof *s->edges <= KEEP_BYTES) {
+    comm->keep.edges = s->edges;
+    comm->keep.ecap = s->ecap;
+  } else {
+    free(s->edges);
+  }
   s->steps = NULL;
   s->edges = NULL;
+  s->cap = s->ecap = 0;
+}
+
+/* The executor's scratch: the communicator's kept block when large enough. */
+static void *scratch_take(coll_comm_t *comm, size_t bytes) {
+  if (comm->keep.scratch && comm->keep.scratch_bytes >= bytes) {
+    void *p = comm->keep.scratch;
+    comm->keep.scratch = NULL;
+    return p;
+  }
+  return malloc(bytes);
+}
+
+static void scratch_give(coll_comm_t *comm, void *p, size_t bytes) {
+  if (!p) return;
+  if (bytes > KEEP_BYTES || (comm->keep.scratch && comm->keep.scratch_bytes >= bytes)) {
+    free(p);
+    return;
+  }
+  free(comm->keep.scratch);
+  comm->keep.scratch = p;
+  comm->keep.scratch_bytes = bytes;
 }
 
 static int add(coll_sched_t *s, coll_step_kind_t kind, int peer, void *dst, const void *src, size_t n,
@@ -407,16 +450,22 @@ coll_result_t coll_sched_run(coll_sched_t *s, double deadline) {
   if (n == 0) return COLL_SUCCESS;
   double start = coll_now();
 
-  /* One allocation for the edge table, queues and per-peer state. */
-  int *peer_slot = malloc((size_t)comm->size * sizeof(int));
-  int *ints = malloc((size_t)(3 * n + s->nedges + 1) * sizeof(int));
-  peer_state_t *ps = calloc((size_t)(comm->size < n ? comm->size : n) + 1, sizeof *ps);
-  /* Two descriptors per link at most (socket and doorbell). */
-  struct pollfd *pfs = malloc((2 * (size_t)(comm->size < n ? comm->size : n) + 1) * sizeof *pfs);
-  if (!peer_slot || !ints || !ps || !pfs) {
-    res = coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory running a schedule", comm->rank);
-    goto out;
+  /* One block for the per-peer state, the poll set (two descriptors per
+   * link at most: socket and doorbell), the peer slots, the edge table and
+   * the queues. */
+  size_t npeers = (size_t)(comm->size < n ? comm->size : n) + 1;
+  size_t ps_bytes = npeers * sizeof(peer_state_t), pfs_bytes = 2 * npeers * sizeof(struct pollfd);
+  size_t scratch_bytes = ps_bytes + pfs_bytes +
+                         ((size_t)comm->size + (size_t)(3 * n + s->nedges + 1)) * sizeof(int);
+  char *scratch = scratch_take(comm, scratch_bytes);
+  if (!scratch) {
+    return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory running a schedule", comm->rank);
   }
+  peer_state_t *ps = (peer_state_t *)scratch;
+  memset(ps, 0, ps_bytes);
+  struct pollfd *pfs = (struct pollfd *)(scratch + ps_bytes);
+  int *peer_slot = (int *)(scratch + ps_bytes + pfs_bytes);
+  int *ints = peer_slot + comm->size;
   exec_t x = {s, ints, NULL, ints + s->nedges, 0, n};
   int *queues = ints + s->nedges + n;  /* n slots for send/recv queues, n for succ counting */
   int *cnt = queues + n;
@@ -550,9 +599,6 @@ coll_result_t coll_sched_run(coll_sched_t *s, double deadline) {
       COLL_CHECK_GOTO(coll_link_polled(ps[i].link, pfs, npf, &ps[i].hup), res, out);
   }
 out:
-  free(peer_slot);
-  free(ints);
-  free(ps);
-  free(pfs);
+  scratch_give(comm, scratch, scratch_bytes);
   return res;
 }

@@ -301,7 +301,10 @@ static coll_result_t shm_send(coll_link_t *link, const struct iovec *iov, int io
   if (moved) {
     atomic_store_explicit(&c->head, head + moved, memory_order_release);
     atomic_thread_fence(memory_order_seq_cst);
-    if (atomic_exchange(&c->reader_waiting, 0)) ring_doorbell(link);
+    /* A plain load first: the locked exchange only when the peer sleeps. */
+    if (atomic_load_explicit(&c->reader_waiting, memory_order_relaxed) &&
+        atomic_exchange(&c->reader_waiting, 0))
+      ring_doorbell(link);
   }
   *n = moved;
   return COLL_SUCCESS;
@@ -325,7 +328,9 @@ static void shm_recv_consume(coll_link_t *link, size_t n) {
   uint64_t tail = atomic_load_explicit(&c->tail, memory_order_relaxed);
   atomic_store_explicit(&c->tail, tail + n, memory_order_release);
   atomic_thread_fence(memory_order_seq_cst);
-  if (atomic_exchange(&c->writer_waiting, 0)) ring_doorbell(link);
+  if (atomic_load_explicit(&c->writer_waiting, memory_order_relaxed) &&
+      atomic_exchange(&c->writer_waiting, 0))
+    ring_doorbell(link);
 }
 
 static coll_result_t shm_recv(coll_link_t *link, const struct iovec *iov, int iovcnt, size_t *n) {
