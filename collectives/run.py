@@ -7,7 +7,9 @@ Ranks fill the slots of the hosts in order. Ranks on this machine are child
 processes; ranks on other hosts are started with ``ssh -o BatchMode=yes``.
 Each rank gets ``COLLECTIVES_RANK``, ``_SIZE``, ``_LOCAL_RANK``,
 ``_LOCAL_SIZE`` and ``_STORE_ADDR`` (the first host and a port; rank 0 hosts
-the store there). Every output line comes back prefixed ``[rank]<stdout>:``
+the store there). Where a host runs several ranks and ``OMP_NUM_THREADS`` is
+not set, each gets its share of the cores (1 on remote hosts), as torchrun
+does, so that OpenMP/BLAS thread pools do not starve the ranks. Every output line comes back prefixed ``[rank]<stdout>:``
 or ``[rank]<stderr>:``. When a rank fails, the others are stopped and the
 launcher returns the failed rank's code (128 + signal for a signal).
 
@@ -211,6 +213,9 @@ def build_rank_commands(
             "COLLECTIVES_LOCAL_SIZE": str(local_sizes[host]),
             "COLLECTIVES_STORE_ADDR": store_addr,
         })
+        if local_sizes[host] > 1 and "OMP_NUM_THREADS" not in env and \
+                not (is_local_host(host) and "OMP_NUM_THREADS" in os.environ):
+            env["OMP_NUM_THREADS"] = str(_threads_per_rank(host, local_sizes[host]))
         if is_local_host(host):
             argv = list(command)
             local = True
@@ -222,6 +227,23 @@ def build_rank_commands(
             local = False
         out.append(RankCommand(rank, host, local_rank, local_sizes[host], local, argv, env))
     return out
+
+
+def _threads_per_rank(host: str, local_size: int) -> int:
+    """OMP_NUM_THREADS for a rank that shares its host, when the user set none.
+
+    OpenMP and BLAS pools (numpy's OpenBLAS, torch) otherwise start a thread
+    per core in every rank, and their spinning workers take the cores the
+    ranks need to make progress. Here: this machine's cores shared among its
+    ranks; on another host, whose cores are unknown here, 1 (as torchrun).
+    """
+    if not is_local_host(host):
+        return 1
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, cores // local_size)
 
 
 # ------------------------------------------------------------------ running

@@ -310,8 +310,25 @@ def test_build_rank_commands_remote_ssh_line():
     assert assignments == {
         "EXTRA": "a b", "COLLECTIVES_IFNAME": "eth0", "COLLECTIVES_RANK": "2",
         "COLLECTIVES_SIZE": "3", "COLLECTIVES_LOCAL_RANK": "1",
-        "COLLECTIVES_LOCAL_SIZE": "2", "COLLECTIVES_STORE_ADDR": "head:29400"}
+        "COLLECTIVES_LOCAL_SIZE": "2", "COLLECTIVES_STORE_ADDR": "head:29400",
+        "OMP_NUM_THREADS": "1"}  # two ranks share node7, whose cores are unknown here
     assert words[-len(cmd):] == cmd  # quoting survives: no $HOME expansion, quotes kept
+
+
+def test_build_rank_commands_share_cores_for_thread_pools(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    ranks = run.build_rank_commands(["x"], [("localhost", 4), ("node7", 1)], 5, "a:1")
+    assert [r.env.get("OMP_NUM_THREADS") for r in ranks] == ["2", "2", "2", "2", None]
+    ranks = run.build_rank_commands(["x"], [("localhost", 3)], 3, "a:1")
+    assert {r.env["OMP_NUM_THREADS"] for r in ranks} == {"2"}  # 8 cores // 3 ranks
+    # The user's choice wins: in the environment, or exported with -x.
+    ranks = run.build_rank_commands(["x"], [("localhost", 4)], 4, "a:1",
+                                    exports={"OMP_NUM_THREADS": "3"})
+    assert {r.env["OMP_NUM_THREADS"] for r in ranks} == {"3"}
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")
+    ranks = run.build_rank_commands(["x"], [("localhost", 4)], 4, "a:1")
+    assert all("OMP_NUM_THREADS" not in r.env for r in ranks)  # launch() passes the 5 on
 
 
 def test_build_rank_commands_checks():
