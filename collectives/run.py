@@ -9,7 +9,10 @@ Each rank gets ``COLLECTIVES_RANK``, ``_SIZE``, ``_LOCAL_RANK``,
 ``_LOCAL_SIZE`` and ``_STORE_ADDR`` (the first host and a port; rank 0 hosts
 the store there). Where a host runs several ranks and ``OMP_NUM_THREADS`` is
 not set, each gets its share of the cores (1 on remote hosts), as torchrun
-does, so that OpenMP/BLAS thread pools do not starve the ranks. Every output line comes back prefixed ``[rank]<stdout>:``
+does, so that OpenMP/BLAS thread pools do not starve the ranks. torchrun's
+variables are set too (``RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE
+MASTER_ADDR MASTER_PORT``, a second port for torch's own store), so a
+``torch.distributed`` script runs unchanged. Every output line comes back prefixed ``[rank]<stdout>:``
 or ``[rank]<stderr>:``. When a rank fails, the others are stopped and the
 launcher returns the failed rank's code (128 + signal for a signal).
 
@@ -172,6 +175,7 @@ def build_rank_commands(
     exports: Optional[Mapping[str, str]] = None,
     cwd: Optional[str] = None,
     ssh_options: Sequence[str] = (),
+    torch_addr: Optional[str] = None,
 ) -> list[RankCommand]:
     """Place ``np`` ranks on ``hosts`` (filling slots in order) and build their argv.
 
@@ -183,6 +187,11 @@ def build_rank_commands(
         exports: extra variables for every rank (``-x``, ``--timeout``, ...).
         cwd: directory remote ranks ``cd`` into (default: the current one).
         ssh_options: extra ``ssh`` arguments placed before the host.
+        torch_addr: "host:port" for torch.distributed's own store: when given,
+            every rank also gets torchrun's variables (``RANK WORLD_SIZE
+            LOCAL_RANK LOCAL_WORLD_SIZE``, and ``MASTER_ADDR MASTER_PORT``
+            unless ``exports`` sets them), so ``init_process_group`` works
+            without an init_method.
 
     Returns:
         One :class:`RankCommand` per rank, in rank order.
@@ -213,6 +222,12 @@ def build_rank_commands(
             "COLLECTIVES_LOCAL_SIZE": str(local_sizes[host]),
             "COLLECTIVES_STORE_ADDR": store_addr,
         })
+        if torch_addr is not None:
+            master, _, port = torch_addr.rpartition(":")
+            env.update({"RANK": str(rank), "WORLD_SIZE": str(np), "LOCAL_RANK": str(local_rank),
+                        "LOCAL_WORLD_SIZE": str(local_sizes[host])})
+            env.setdefault("MASTER_ADDR", master.strip("[]"))
+            env.setdefault("MASTER_PORT", port)
         if local_sizes[host] > 1 and "OMP_NUM_THREADS" not in env and \
                 not (is_local_host(host) and "OMP_NUM_THREADS" in os.environ):
             env["OMP_NUM_THREADS"] = str(_threads_per_rank(host, local_sizes[host]))
@@ -515,8 +530,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         ssh_options = ["-o", f"ConnectTimeout={max(1, int(args.start_timeout))}"]
 
     try:
-        ranks = build_rank_commands(command, hosts, np, choose_store_addr(hosts),
-                                    exports=exports, ssh_options=ssh_options)
+        store_addr = choose_store_addr(hosts)
+        torch_addr = choose_store_addr(hosts)
+        while torch_addr == store_addr:
+            torch_addr = choose_store_addr(hosts)
+        ranks = build_rank_commands(command, hosts, np, store_addr, exports=exports,
+                                    ssh_options=ssh_options, torch_addr=torch_addr)
     except ValueError as exc:
         parser.error(str(exc))
     try:

@@ -315,6 +315,26 @@ def test_build_rank_commands_remote_ssh_line():
     assert words[-len(cmd):] == cmd  # quoting survives: no $HOME expansion, quotes kept
 
 
+def test_build_rank_commands_torchrun_variables():
+    ranks = run.build_rank_commands(["x"], [("localhost", 2), ("node7", 1)], 3, "127.0.0.1:1000",
+                                    torch_addr="head:2000")
+    got = [{k: r.env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                                  "MASTER_ADDR", "MASTER_PORT")} for r in ranks]
+    assert got == [
+        {"RANK": "0", "WORLD_SIZE": "3", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+         "MASTER_ADDR": "head", "MASTER_PORT": "2000"},
+        {"RANK": "1", "WORLD_SIZE": "3", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+         "MASTER_ADDR": "head", "MASTER_PORT": "2000"},
+        {"RANK": "2", "WORLD_SIZE": "3", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+         "MASTER_ADDR": "head", "MASTER_PORT": "2000"}]
+    # An explicit -x MASTER_PORT=... wins; IPv6 brackets are not part of MASTER_ADDR.
+    ranks = run.build_rank_commands(["x"], [("localhost", 1)], 1, "127.0.0.1:1000",
+                                    exports={"MASTER_PORT": "29500"}, torch_addr="[::1]:2000")
+    assert (ranks[0].env["MASTER_ADDR"], ranks[0].env["MASTER_PORT"]) == ("::1", "29500")
+    # The store's own variables stay first: the library reads COLLECTIVES_*.
+    assert ranks[0].env["COLLECTIVES_STORE_ADDR"] == "127.0.0.1:1000"
+
+
 def test_build_rank_commands_share_cores_for_thread_pools(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))

@@ -223,7 +223,7 @@ import torch.distributed as dist
 import collectives.torch  # registers the backend
 
 r, n = int(os.environ.get("RANK", os.environ.get("COLLECTIVES_RANK"))), int(os.environ.get("WORLD_SIZE", os.environ.get("COLLECTIVES_SIZE")))
-if "MASTER_ADDR" in os.environ:
+if "TORCH_PORT" not in os.environ:  # torchrun's variables (torchrun or collectives-run)
     dist.init_process_group("collectives")
 else:
     dist.init_process_group("collectives", init_method=f"tcp://127.0.0.1:{os.environ['TORCH_PORT']}", rank=r, world_size=n)
@@ -305,20 +305,22 @@ def test_backend_through_torch_store_like_torchrun():
 @pytest.mark.timeout(60)
 def test_backend_exit_without_destroy_process_group():
     # The completion thread is not a daemon; an exit hook must end it, or the
-    # interpreter would wait on it forever.
+    # interpreter would wait on it forever. Also: collectives-run sets
+    # torchrun's variables, so init_process_group needs no init_method.
     body = r'''
 import torch
 import torch.distributed as dist
 import collectives.torch
-dist.init_process_group("collectives", init_method=f"tcp://127.0.0.1:{os.environ['TORCH_PORT']}",
-                        rank=RANK, world_size=2)
+dist.init_process_group("collectives")
+emit("env", rank=os.environ["RANK"], world=os.environ["WORLD_SIZE"], local=os.environ["LOCAL_RANK"])
 t = torch.ones(3)
 dist.all_reduce(t, async_op=True).wait()
 emit("sum", value=t.tolist())
 '''
-    res = run_world(2, body, launcher=True, timeout=50,
-                    env={"TORCH_PORT": str(free_port())}).assert_ok()
+    res = run_world(2, body, launcher=True, timeout=50).assert_ok()
     assert res[0].one("sum")["value"] == [2.0, 2.0, 2.0]
+    assert [(res[r].one("env")["rank"], res[r].one("env")["world"]) for r in (0, 1)] == \
+        [("0", "2"), ("1", "2")]
 
 
 def test_public_names_have_docstrings_and_hints():
