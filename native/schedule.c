@@ -70,13 +70,16 @@ void coll_sched_free(coll_sched_t *s) {
   s->cap = s->ecap = 0;
 }
 
-/* The executor's scratch: the communicator's kept block when large enough. */
-static void *scratch_take(coll_comm_t *comm, size_t bytes) {
+/* The executor's scratch: the communicator's kept block when large enough.
+ * *cap: the block's size, for scratch_give. */
+static void *scratch_take(coll_comm_t *comm, size_t bytes, size_t *cap) {
   if (comm->keep.scratch && comm->keep.scratch_bytes >= bytes) {
     void *p = comm->keep.scratch;
+    *cap = comm->keep.scratch_bytes;
     comm->keep.scratch = NULL;
     return p;
   }
+  *cap = bytes;
   return malloc(bytes);
 }
 
@@ -457,7 +460,8 @@ coll_result_t coll_sched_run(coll_sched_t *s, double deadline) {
   size_t ps_bytes = npeers * sizeof(peer_state_t), pfs_bytes = 2 * npeers * sizeof(struct pollfd);
   size_t scratch_bytes = ps_bytes + pfs_bytes +
                          ((size_t)comm->size + (size_t)(3 * n + s->nedges + 1)) * sizeof(int);
-  char *scratch = scratch_take(comm, scratch_bytes);
+  size_t scratch_cap = 0;
+  char *scratch = scratch_take(comm, scratch_bytes, &scratch_cap);
   if (!scratch) {
     return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory running a schedule", comm->rank);
   }
@@ -599,6 +603,6 @@ coll_result_t coll_sched_run(coll_sched_t *s, double deadline) {
       COLL_CHECK_GOTO(coll_link_polled(ps[i].link, pfs, npf, &ps[i].hup), res, out);
   }
 out:
-  scratch_give(comm, scratch, scratch_bytes);
+  scratch_give(comm, scratch, scratch_cap);
   return res;
 }
