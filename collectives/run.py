@@ -12,8 +12,8 @@ not set, each gets its share of the cores (1 on remote hosts), as torchrun
 does, so that OpenMP/BLAS thread pools do not starve the ranks. torchrun's
 variables are set too (``RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE
 MASTER_ADDR MASTER_PORT``, a second port for torch's own store), so a
-``torch.distributed`` script runs unchanged. Every output line comes back prefixed ``[rank]<stdout>:``
-or ``[rank]<stderr>:``. When a rank fails, the others are stopped and the
+``torch.distributed`` script runs unchanged. Every output line comes back
+prefixed ``[rank]<stdout>:`` or ``[rank]<stderr>:``. When a rank fails, the others are stopped and the
 launcher returns the failed rank's code (128 + signal for a signal).
 
 Limitation: stopping a remote rank stops its ssh client. Without a tty, sshd

@@ -113,6 +113,7 @@ class _Completer:
         self._queue: "queue.Queue" = queue.Queue()
         self._thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()
+        _at_exit(self.stop)
 
     def submit(self, request: Any, finish: Callable[[], Any], keep: Any) -> Future:
         """Complete a new Future with finish() once request is done."""
@@ -121,7 +122,6 @@ class _Completer:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="collectives-torch-pg")
                 self._thread.start()
-                _at_exit(self.stop)
         self._queue.put((request, finish, keep, fut))
         return fut
 
