@@ -23,7 +23,8 @@ import socket
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from ._core import CollectivesError, Request as _CoreRequest, count_of
+from ._core import CollectivesError, CommBase as _CommBase, Request as _CoreRequest, count_of
+from ._core import _mpi_register
 
 __all__ = [
     "COMM_WORLD", "Comm", "Request", "Op", "Datatype", "Exception", "IN_PLACE",
@@ -91,6 +92,7 @@ class _InPlace:
 
 
 IN_PLACE = _InPlace()
+_mpi_register(IN_PLACE, {op: op.name for op in (SUM, PROD, MIN, MAX, AVG)}, SUM)
 
 
 def _buf(spec: Any) -> tuple[Any, Optional[str]]:
@@ -170,15 +172,19 @@ class Request:
             r.Wait()
 
 
-class Comm:
-    """A communicator: mpi4py's names over the native core."""
+class Comm(_CommBase):
+    """A communicator: mpi4py's names over the native core.
+
+    Allreduce on plain buffers is inherited from the Cython base, which runs
+    it without a Python frame: at 8 bytes the call overhead is the latency.
+    """
 
     def __init__(self) -> None:
         raise TypeError("communicators come from MPI.COMM_WORLD or collectives.init()")
 
     @classmethod
     def _from_core(cls, core: Any, local_rank: int, local_size: int) -> "Comm":
-        self = object.__new__(cls)
+        self = _CommBase.__new__(cls)
         self._core = core
         self._local_rank = local_rank
         self._local_size = local_size
@@ -227,14 +233,13 @@ class Comm:
         return CollectivesError(exc.error_code, text) if text != str(exc) else exc
 
     # -- buffer collectives ----------------------------------------------
-    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, *, algorithm: str = "auto",
-                  timeout: Optional[float] = None) -> None:
-        """recvbuf = op over all ranks of sendbuf (sendbuf may be IN_PLACE)."""
+    # Allreduce(sendbuf, recvbuf, op=SUM, *, algorithm="auto", timeout=None): CommBase.
+
+    def _Allreduce_spec(self, sendbuf: Any, recvbuf: Any, op: Op, algorithm: str,
+                        timeout: Optional[float]) -> None:
+        """Allreduce with [buf, datatype] specs (the base handles plain buffers)."""
         sbuf, rbuf, dtype = _pair(sendbuf, recvbuf)
-        try:  # inline rather than through _call: this is the latency path
-            self._core.allreduce(sbuf, rbuf, _op(op), algorithm, timeout, dtype)
-        except CollectivesError as exc:
-            raise self._explained(exc) from None
+        self._call(self._core.allreduce, sbuf, rbuf, _op(op), algorithm, timeout, dtype)
 
     def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, *, algorithm: str = "auto",
                    timeout: Optional[float] = None) -> Request:

@@ -198,8 +198,8 @@ cdef class Communicator:
         the legacy default stream) and are final when the call returns.
         """
         cdef coll_args_t a
-        views = self._allreduce_args(&a, sendbuf, recvbuf, op, algorithm, timeout, dtype,
-                                     segment_bytes, stream)
+        views = self._allreduce_args(&a, sendbuf, recvbuf, code_of(OPS, op, "op"), algorithm,
+                                     timeout, dtype, segment_bytes, stream)
         cdef coll_result_t res
         with nogil:
             res = coll_allreduce(self.comm, &a)
@@ -210,12 +210,13 @@ cdef class Communicator:
         """Start an allreduce on the progress thread; returns a Request."""
         cdef coll_args_t a
         cdef Request r = self._request(
-            self._allreduce_args(&a, sendbuf, recvbuf, op, algorithm, timeout, dtype, 0, stream))
+            self._allreduce_args(&a, sendbuf, recvbuf, code_of(OPS, op, "op"), algorithm, timeout,
+                                 dtype, 0, stream))
         CHKERR(coll_iallreduce(self.comm, &a, &r.req), self.comm)
         return r
 
-    cdef object _allreduce_args(self, coll_args_t *a, sendbuf, recvbuf, op, algorithm, timeout,
-                                dtype, segment_bytes, stream):
+    cdef object _allreduce_args(self, coll_args_t *a, sendbuf, recvbuf, int op, algorithm,
+                                timeout, dtype, segment_bytes, stream):
         self._live()
         cdef _View rv = as_view(recvbuf, "recvbuf", True, dtype)
         cdef _View sv = rv if (sendbuf is None or sendbuf is recvbuf) else as_view(sendbuf, "sendbuf", False, dtype)
@@ -230,7 +231,7 @@ cdef class Communicator:
         a.recvbuf = rv.ptr
         a.count = rv.count
         a.dtype = <coll_dtype_t>rv.dtype
-        a.op = <coll_op_t>code_of(OPS, op, "op")
+        a.op = <coll_op_t>op
         a.algo = <coll_algo_t>code_of(ALGORITHMS, algorithm, "algorithm")
         a.timeout = as_timeout(timeout)
         a.segment_bytes = segment_bytes
@@ -424,6 +425,62 @@ cdef class Communicator:
         cdef Request r = self._request(None)
         CHKERR(coll_ibarrier(c, as_timeout(timeout), &r.req), c)
         return r
+
+
+# collectives.MPI's marker for in-place sends and its Op objects' core codes,
+# handed over by that module on import (_mpi_register).
+cdef object _mpi_in_place = object()
+cdef dict _mpi_ops = {}
+cdef object _mpi_sum = None
+
+
+cdef class _SumDefault:
+    """Allreduce's default op, which is MPI.SUM (defined after this module)."""
+    def __repr__(self):
+        return "SUM"
+
+
+cdef object _op_default = _SumDefault()
+
+
+def _mpi_register(in_place, dict ops, sum_op) -> None:
+    """collectives.MPI hands over its IN_PLACE marker, {Op: core op name} and SUM."""
+    global _mpi_in_place, _mpi_ops, _mpi_sum
+    _mpi_in_place = in_place
+    _mpi_ops = {op: OPS[name] for op, name in ops.items()}
+    _mpi_sum = sum_op
+
+
+cdef class CommBase:
+    """The base of collectives.MPI.Comm: its latency-bound buffer path in C.
+
+    An 8-byte Allreduce is mostly call overhead, so the plain-buffer case
+    (no [buf, datatype] spec) runs here without a Python frame; specs go to
+    the subclass's _Allreduce_spec. Errors get the subclass's _explained().
+    """
+    cdef public Communicator _core
+
+    def Allreduce(self, sendbuf, recvbuf, op=_op_default, *, algorithm="auto", timeout=None):
+        """recvbuf = op over all ranks of sendbuf (sendbuf may be IN_PLACE)."""
+        if op is _op_default:
+            op = _mpi_sum
+        if isinstance(recvbuf, (list, tuple)) or isinstance(sendbuf, (list, tuple)):
+            return self._Allreduce_spec(sendbuf, recvbuf, op, algorithm, timeout)
+        code = _mpi_ops.get(op)
+        if code is None:
+            raise TypeError(f"op must be an MPI.Op such as MPI.SUM, not {type(op).__name__}")
+        cdef Communicator core = self._core
+        cdef coll_args_t a
+        views = core._allreduce_args(&a, None if sendbuf is _mpi_in_place else sendbuf, recvbuf,
+                                     code, algorithm, timeout, None, 0, None)
+        cdef coll_result_t res
+        with nogil:
+            res = coll_allreduce(core.comm, &a)
+        if res != COLL_SUCCESS:
+            try:
+                CHKERR(res, core.comm)
+            except CollectivesError as exc:
+                raise self._explained(exc) from None
 
 
 cdef extern from *:

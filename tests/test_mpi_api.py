@@ -128,6 +128,10 @@ expect_raises("count mismatch", ValueError, comm.Allreduce, np.ones(4, np.float3
 expect_raises("dtype mismatch", TypeError, comm.Allreduce, np.ones(4, np.int32), np.zeros(4, np.float32))
 expect_raises("datatype spec mismatch", TypeError, comm.Allreduce, [np.ones(4, np.int32), MPI.INT], [np.zeros(4, np.float32), MPI.FLOAT])
 expect_raises("unsupported dtype", TypeError, comm.Allreduce, MPI.IN_PLACE, np.zeros(4, np.complex64))
+expect_raises("non-native byte order", TypeError, comm.Allreduce, MPI.IN_PLACE,
+              np.zeros(4, np.dtype(np.float32).newbyteorder()))
+expect_raises("non-native byte order memoryview", TypeError, comm.Allreduce, MPI.IN_PLACE,
+              memoryview(np.zeros(4, np.dtype(np.float32).newbyteorder())))
 expect_raises("bad op (core)", ValueError, comm._core.allreduce, None, np.zeros(4, np.float32), "median")
 expect_raises("bad algorithm", ValueError, comm.Allreduce, MPI.IN_PLACE, np.zeros(4, np.float32), MPI.SUM, algorithm="bogus")
 expect_raises("bad timeout", ValueError, comm.Allreduce, MPI.IN_PLACE, np.zeros(4, np.float32), timeout=-1)
