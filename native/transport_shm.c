@@ -179,7 +179,12 @@ coll_result_t coll_shm_make_offer(coll_link_t *link, int want_shm, unsigned char
   fifo_path(w0, sizeof w0, s->path, 0);
   fifo_path(w1, sizeof w1, s->path, 1);
   int fd = open(s->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0 || ftruncate(fd, (off_t)s->map_bytes) != 0 || mkfifo(w0, 0600) != 0 ||
+  /* posix_fallocate, not just ftruncate: a /dev/shm too small for the rings
+   * (a container's default 64 MiB) then fails here, and the link stays on
+   * tcp, instead of a SIGBUS at the first touch of a page tmpfs cannot back. */
+  int err = fd < 0 ? 0 : posix_fallocate(fd, 0, (off_t)s->map_bytes);
+  if (err) errno = err;
+  if (fd < 0 || err || mkfifo(w0, 0600) != 0 ||
       mkfifo(w1, 0600) != 0 || open_doorbells(s, s->path, 1) != 0) {
     COLL_INFO(COLL_LOG_NET, "rank %d: no shared memory for rank %d (%s): using tcp", comm->rank,
               link->peer, strerror(errno));

@@ -395,3 +395,37 @@ def test_stale_shm_segments_are_swept(tmp_path):
         for path in (stale, alive):
             if os.path.exists(path):
                 os.unlink(path)
+
+
+@pytest.mark.timeout(60)
+def test_full_dev_shm_falls_back_to_tcp():
+    """A /dev/shm too small for a link's rings (a container's 64 MiB default,
+    here a 4 MiB tmpfs in a private mount namespace) keeps that link on tcp:
+    no SIGBUS at first touch, and the result is right."""
+    import signal
+    import shutil
+
+    if shutil.which("unshare") is None or \
+            subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode != 0:
+        pytest.skip("needs a private mount namespace (unshare --mount, as root)")
+    script = ("import numpy as np\nfrom collectives import MPI\ncomm = MPI.COMM_WORLD\n"
+              "x = np.full(1 << 20, comm.rank + 1, np.float32)\n"
+              "comm.Allreduce(MPI.IN_PLACE, x)\n"
+              "assert (x == comm.size * (comm.size + 1) // 2).all(), x[:4]\n"
+              "print('result ok', comm.rank)\n")
+    inner = (f"mount -t tmpfs -o size=4m tmpfs /dev/shm && "
+             f"exec {sys.executable} -m collectives.run -np 2 {sys.executable} -c \"$0\"")
+    env = base_env({"COLLECTIVES_DEBUG": "INFO", "COLLECTIVES_DEBUG_SUBSYS": "NET",
+                    "COLLECTIVES_TIMEOUT": "20"})
+    proc = subprocess.Popen(["unshare", "--mount", "bash", "-c", inner, script], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=45)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, out + err
+    assert out.count("result ok") == 2, out + err
+    assert "No space left on device" in err and "via tcp" in err, err
