@@ -14,6 +14,8 @@ in-place: warm-up calls, then ``--iters`` calls each after a barrier; the
 time of an iteration is that of the slowest rank, and the reported time is
 the median over the iterations. algbw = size / time; busbw = algbw x
 2(n-1)/n (allreduce), (n-1)/n (allgather, reduce_scatter), 1 (broadcast).
+``--runs R`` (driver mode) repeats the whole sweep R times, ours and the
+peers taking turns, and reports each row's median over the runs.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -638,6 +640,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--stepfactor", type=int, default=4)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", "-w", type=int, default=5)
+    p.add_argument("--runs", type=int, default=1,
+                   help="driver mode: run the whole sweep (ours and each --compare peer, taking "
+                        "turns) N times and report each row's median time over the runs")
     p.add_argument("--check", "-c", action="store_true",
                    help="verify every result exactly; exit non-zero if any value is wrong")
     p.add_argument("--compare", default="", help=f"peers to run the same sweep: {','.join(PEERS)}")
@@ -672,6 +677,8 @@ def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         args.algos = ["ring", "tree", "butterfly"]
     if args.iters < 1 or args.warmup < 0:
         p.error("--iters must be >= 1 and --warmup >= 0")
+    if args.runs < 1:
+        p.error("--runs must be >= 1")
     try:
         args.sizes = sweep_sizes(args.minbytes, args.maxbytes, args.stepfactor)
     except ValueError as exc:
@@ -761,6 +768,27 @@ def _run_child(cmd: Sequence[str], env: dict[str, str], show_progress: bool, lab
     return proc.wait()
 
 
+def median_rows(runs: Sequence[Sequence[Row]]) -> list[Row]:
+    """One row per (implementation, size, placement): the median time over the runs that
+    measured it (bandwidths follow from it), the most wrong values any run saw."""
+    groups: dict[tuple[str, int, bool], list[Row]] = {}
+    for run in runs:
+        for r in run:
+            groups.setdefault((r.impl, r.size, r.inplace), []).append(r)
+    out = []
+    for same in groups.values():
+        row = replace(same[0])
+        timed = [r for r in same if r.time_us is not None]
+        if timed and len(same) > 1:
+            row.time_us = float(np.median([r.time_us for r in timed]))
+            row.algbw = row.size / (row.time_us * 1e-6) / 1e9 if row.time_us > 0 else None
+            row.busbw = None if row.algbw is None else row.algbw * bus_factor(row.coll, row.nranks)
+        wrongs = [r.wrong for r in same if r.wrong is not None]
+        row.wrong = max(wrongs) if wrongs else None
+        out.append(row)
+    return out
+
+
 def drive(args: argparse.Namespace) -> int:
     """Driver mode: launch our workers and the peers', collect the JSON, report."""
     from . import _bench_peers
@@ -790,21 +818,31 @@ def drive(args: argparse.Namespace) -> int:
                 continue
             path = os.path.join(tmp, f"{peer}.json")
             jobs.append((peer, _bench_peers.command(peer, args.np, worker_args(args) + extra, path)))
-        for name, cmd in jobs:
-            path = cmd[-1]
-            code = _run_child(cmd, env, show, name)
-            if not os.path.exists(path):
-                print(f"# {name}: the run failed (exit code {code}) and left no results", flush=True)
-                rc = rc or (code or 1)
-                continue
-            with open(path, encoding="utf-8") as fh:
-                data = json.load(fh)
-            rows += [Row(**r) for r in data["rows"]]
-            notes += data["notes"]
-            if name == "collectives":
-                transport = data.get("transport", "")
-            if code and name == "collectives":
-                rc = code
+        runs: list[list[Row]] = []
+        for run in range(args.runs):
+            got: list[Row] = []
+            for name, cmd in jobs:  # the libraries take turns: a noisy spell hits all of them
+                path = cmd[-1]
+                if os.path.exists(path):
+                    os.unlink(path)
+                label = name if args.runs == 1 else f"{name} (run {run + 1}/{args.runs})"
+                code = _run_child(cmd, env, show, label)
+                if not os.path.exists(path):
+                    print(f"# {label}: the run failed (exit code {code}) and left no results", flush=True)
+                    rc = rc or (code or 1)
+                    continue
+                with open(path, encoding="utf-8") as fh:
+                    data = json.load(fh)
+                got += [Row(**r) for r in data["rows"]]
+                notes += data["notes"] if run == 0 else []
+                if name == "collectives":
+                    transport = data.get("transport", "")
+                if code and name == "collectives":
+                    rc = code
+            runs.append(got)
+        rows = median_rows(runs)
+        if args.runs > 1:
+            notes.append(f"each time is the median over {args.runs} runs of the whole sweep")
     if rows:
         report(args, rows, notes, transport)
     if any(r.wrong for r in rows):

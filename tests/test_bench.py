@@ -230,3 +230,37 @@ def test_device_cuda_without_a_gpu_says_so() -> None:
     res = _run(["allreduce", "--device", "cuda", "-b", "8", "-e", "8"])
     assert res.returncode != 0
     assert "--device cuda needs a CUDA build and a GPU" in res.stderr + res.stdout
+
+
+def _row(impl: str, size: int, time_us, wrong=0, inplace=True) -> bench.Row:
+    return bench.Row("allreduce", impl, 4, size, size // 4, "float32", "sum", -1, time_us,
+                     None, None, wrong, inplace, "h")
+
+
+def test_median_rows_takes_each_rows_median_over_runs() -> None:
+    runs = [[_row("collectives-ring", 1024, 10.0), _row("gloo", 1024, 50.0, wrong=None)],
+            [_row("collectives-ring", 1024, 30.0, wrong=2), _row("gloo", 1024, None, wrong=None)],
+            [_row("collectives-ring", 1024, 20.0), _row("gloo", 1024, 70.0, wrong=None)]]
+    rows = bench.median_rows(runs)
+    assert [r.impl for r in rows] == ["collectives-ring", "gloo"]
+    ring, gloo = rows
+    assert ring.time_us == 20.0 and ring.wrong == 2
+    assert ring.algbw == pytest.approx(1024 / 20e-6 / 1e9)
+    assert ring.busbw == pytest.approx(ring.algbw * 2 * 3 / 4)
+    assert gloo.time_us == 60.0 and gloo.wrong is None  # the run without a time is left out
+    single = bench.median_rows([[_row("collectives-tree", 64, 5.0)]])
+    assert single[0].time_us == 5.0 and single[0].algbw is None  # one run: the row as measured
+
+
+@pytest.mark.timeout(120)
+def test_runs_repeats_the_sweep_and_reports_medians(tmp_path: Path) -> None:
+    out = tmp_path / "rows.json"
+    res = _run(["allreduce", "-np", "2", "-b", "8", "-e", "1K", "-f", "8", "--iters", "2",
+                "--warmup", "1", "--algo", "ring", "--runs", "2", "--check", "--json", out])
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "# note: each time is the median over 2 runs of the whole sweep" in res.stdout
+    rows = json.loads(out.read_text())
+    assert sorted((r["size"], r["inplace"]) for r in rows) == \
+        [(8, False), (8, True), (64, False), (64, True), (512, False), (512, True)]
+    assert all(r["time_us"] > 0 and r["wrong"] == 0 for r in rows)
+    assert _run(["allreduce", "-np", "2", "--runs", "0"]).returncode == 2
