@@ -470,6 +470,8 @@ cdef class CommBase:
         if code is None:
             raise TypeError(f"op must be an MPI.Op such as MPI.SUM, not {type(op).__name__}")
         cdef Communicator core = self._core
+        if core is None:
+            raise ValueError("this communicator has no core (make one with collectives.init())")
         cdef coll_args_t a
         views = core._allreduce_args(&a, None if sendbuf is _mpi_in_place else sendbuf, recvbuf,
                                      code, algorithm, timeout, None, 0, None)
