@@ -112,6 +112,7 @@ coll_result_t coll_comm_set_peer_host(coll_comm_t *comm, int peer, const char *h
       strlen(host_id) >= sizeof comm->peers[0].host_id)
     return coll_error(comm, COLL_INVALID_ARGUMENT, "invalid host id for rank %d", peer);
   snprintf(comm->peers[peer].host_id, sizeof comm->peers[peer].host_id, "%s", host_id);
+  comm->all_shm = 0; /* recomputed on the next AUTO choice */
   return COLL_SUCCESS;
 }
 

@@ -49,6 +49,7 @@ struct coll_comm {
   int sockbuf;
   double spin;           /* seconds to keep retrying before poll() */
   int spin_yield;        /* give the core away between retries (more ranks than cores) */
+  int all_shm;           /* coll_links_all_shm's answer: 0 not yet known, 1 yes, 2 no */
 
   /* Progress thread: runs queued requests in order; blocking calls made
    * meanwhile wait for the queue to drain (coll_comm_enter). */

@@ -110,12 +110,15 @@ static coll_result_t link_dial(coll_comm_t *comm, int peer, double deadline) {
 }
 
 int coll_links_all_shm(coll_comm_t *comm) {
-  /* Runs on every AUTO allreduce: the parameter once, then one host-id
-   * comparison per peer (what shm_can_connect checks), no link touched. */
-  if (strcasecmp(coll_param_str(COLL_PARAM_TRANSPORT), "tcp") == 0) return 0;
-  for (int i = 0; i < comm->size; i++)
-    if (i != comm->rank && !coll_transport_shm.can_connect(comm, i)) return 0;
-  return 1;
+  /* Asked on every AUTO allreduce; answered once per set of host ids (the
+   * parameter, then one host-id comparison per peer: what shm_can_connect
+   * checks, no link touched) and kept until a peer's host id changes. */
+  if (comm->all_shm) return comm->all_shm == 1;
+  int all = strcasecmp(coll_param_str(COLL_PARAM_TRANSPORT), "tcp") != 0;
+  for (int i = 0; i < comm->size && all; i++)
+    if (i != comm->rank && !coll_transport_shm.can_connect(comm, i)) all = 0;
+  comm->all_shm = all ? 1 : 2;
+  return all;
 }
 
 coll_result_t coll_link_get(coll_comm_t *comm, int peer, double deadline, coll_link_t **out) {
