@@ -31,6 +31,7 @@
  */
 #define _GNU_SOURCE
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <poll.h>
@@ -186,6 +187,14 @@ coll_result_t coll_shm_make_offer(coll_link_t *link, int want_shm, unsigned char
   if (err) errno = err;
   if (fd < 0 || err || mkfifo(w0, 0600) != 0 ||
       mkfifo(w1, 0600) != 0 || open_doorbells(s, s->path, 1) != 0) {
+    if (err == ENOSPC || err == EFBIG) {
+      /* Said once per process: every further link would repeat it. */
+      static atomic_int told;
+      if (!atomic_exchange(&told, 1))
+        COLL_WARN("rank %d: /dev/shm has no room for the %zu-byte rings of a link to rank %d (%s); "
+                  "such links use tcp. Enlarge /dev/shm (docker run --shm-size) or lower "
+                  "COLLECTIVES_SHM_BYTES", comm->rank, s->map_bytes, link->peer, strerror(err));
+    }
     COLL_INFO(COLL_LOG_NET, "rank %d: no shared memory for rank %d (%s): using tcp", comm->rank,
               link->peer, strerror(errno));
     if (fd >= 0) close(fd);

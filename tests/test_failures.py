@@ -429,3 +429,5 @@ def test_full_dev_shm_falls_back_to_tcp():
     assert proc.returncode == 0, out + err
     assert out.count("result ok") == 2, out + err
     assert "No space left on device" in err and "via tcp" in err, err
+    # the WARN that says what to do, once per rank that created a segment
+    assert err.count("/dev/shm has no room") == 1 and "--shm-size" in err, err
