@@ -65,18 +65,9 @@ ALGORITHMS = {"auto": COLL_ALGO_AUTO, "ring": COLL_ALGO_RING, "tree": COLL_ALGO_
               "butterfly": COLL_ALGO_BUTTERFLY}
 
 
-cdef int format_dtype(const char *fmt, Py_ssize_t itemsize) noexcept:
-    """The dtype code of a struct-module format (one type character after an
-    optional byte-order mark), or -1 if unsupported."""
-    if fmt == NULL:
-        return COLL_UINT8
-    while fmt[0] in b"@=<>!":
-        if (fmt[0] == b"<") != COLL_LITTLE_ENDIAN and fmt[0] in b"<>!":
-            return -1  # the other byte order: the kernels would misread it
-        fmt += 1
-    if fmt[0] == 0 or fmt[1] != 0:
-        return -1
-    cdef char c = fmt[0]
+cdef int char_dtype(char c, Py_ssize_t itemsize) noexcept:
+    """The dtype code of one struct-module type character (numpy's dtype.char
+    is the same alphabet), or -1 if unsupported."""
     if c == b"b":
         return COLL_INT8
     if c == b"B" or c == b"c":
@@ -92,6 +83,21 @@ cdef int format_dtype(const char *fmt, Py_ssize_t itemsize) noexcept:
     if c == b"E":  # ml_dtypes' bfloat16 exports this
         return COLL_BFLOAT16
     return -1
+
+
+cdef int format_dtype(const char *fmt, Py_ssize_t itemsize) noexcept:
+    """The dtype code of a struct-module format (one type character after an
+    optional byte-order mark), or -1 if unsupported."""
+    if fmt == NULL:
+        return COLL_UINT8
+    while fmt[0] in b"@=<>!":
+        if (fmt[0] == b"<") != COLL_LITTLE_ENDIAN and fmt[0] in b"<>!":
+            return -1  # the other byte order: the kernels would misread it
+        fmt += 1
+    if fmt[0] == 0 or fmt[1] != 0:
+        return -1
+    cdef int code = char_dtype(fmt[0], itemsize)
+    return code if code < 0 or <Py_ssize_t>coll_dtype_size(<coll_dtype_t>code) == itemsize else -1
 
 
 @cython.no_gc  # refers to its owner only, never to itself: no cycle to collect
@@ -232,19 +238,15 @@ cdef int _ndarray_dtype(cnp.ndarray arr) noexcept:
     """The dtype code of a native-order numpy array's elements, or -1 (the
     buffer protocol then decides, and words any error)."""
     cdef cnp.dtype d = <cnp.dtype>cnp.PyArray_DESCR(arr)  # borrowed: arr holds it
-    if d.byteorder != b"=" and d.byteorder != b"|":
+    if d.byteorder != b"|" and not cnp.PyArray_IsNativeByteOrder(d.byteorder):
         return -1
     cdef Py_ssize_t size = cnp.PyDataType_ELSIZE(d)
-    cdef char kind = d.kind
-    if kind == b"f":
-        return COLL_FLOAT32 if size == 4 else (COLL_FLOAT64 if size == 8 else
-                                               (COLL_FLOAT16 if size == 2 else -1))
-    if kind == b"i":
-        return COLL_INT32 if size == 4 else (COLL_INT64 if size == 8 else
-                                             (COLL_INT8 if size == 1 else -1))
-    if kind == b"u" and size == 1:
-        return COLL_UINT8
-    return -1
+    if d.kind == b"V":  # ml_dtypes' types: only bfloat16; its others reuse letters ('e' is int1)
+        return COLL_BFLOAT16 if d.type == b"E" and size == 2 else -1
+    if d.kind not in b"iuf":  # not 'S1' bytes as uint8, nor bool
+        return -1
+    cdef int code = char_dtype(d.type, size)
+    return code if code < 0 or <Py_ssize_t>coll_dtype_size(<coll_dtype_t>code) == size else -1
 
 
 cdef _View as_view(obj, str name, bint writable, object dtype):

@@ -405,3 +405,42 @@ def test_scale_by_zero_raises(backend, dtype: str) -> None:
     a = np.ones(4, dtype)
     with pytest.raises(ValueError):
         backend.scale_local(a, a, 0.0)
+
+
+# numpy arrays are read through numpy's C API (buffer.pxi, _ndarray_dtype); the
+# element type must come out as the buffer protocol reads it, for every dtype.
+_VIEW_DTYPES = ["i1", "u1", "i2", "u2", "i4", "u4", "i8", "u8", "f2", "f4", "f8", "c8", "?", "c",
+                "S1", "S4", "V1", "V2", "V4", ">f4", "<f4", "=i8", ">i8", np.intc, np.int_,
+                np.longlong, np.uintp]
+
+
+@pytest.mark.parametrize("dtype", _VIEW_DTYPES, ids=lambda d: np.dtype(d).str)
+def test_numpy_fast_path_reads_types_as_the_buffer_protocol_does(dtype) -> None:
+    from collectives import _core
+
+    def read(obj):
+        try:
+            return _core.dtype_of(obj)
+        except (TypeError, ValueError) as exc:
+            return type(exc).__name__
+
+    arr = np.zeros(4, dtype)
+    assert read(arr) == read(memoryview(arr))
+    if np.dtype(dtype).byteorder == (">" if np.little_endian else "<"):
+        assert read(arr) == "TypeError"  # never reduced as if native
+
+
+def test_ml_dtypes_bfloat16_arrays_and_its_lookalikes() -> None:
+    """ml_dtypes' bfloat16 (dtype.char 'E') is bfloat16; its 1-byte types that
+    reuse letters ('e' int1, 'E' uint1, 'c' int2) are not float16/bfloat16/uint8."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    from collectives import _core
+
+    a = np.array([1.5, -2.0, 3.0], ml_dtypes.bfloat16)
+    out = np.zeros(3, ml_dtypes.bfloat16)
+    assert _core.dtype_of(a) == "bfloat16"
+    _core.reduce_local(out, a, a, "sum")
+    np.testing.assert_array_equal(out.astype(np.float32), [3.0, -4.0, 6.0])
+    for name in ("int1", "uint1", "int2", "uint2", "int4", "float8_e4m3fn", "float8_e5m2"):
+        with pytest.raises((TypeError, ValueError)):
+            _core.dtype_of(np.zeros(4, getattr(ml_dtypes, name)))
