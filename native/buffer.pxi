@@ -67,22 +67,26 @@ ALGORITHMS = {"auto": COLL_ALGO_AUTO, "ring": COLL_ALGO_RING, "tree": COLL_ALGO_
 
 cdef int char_dtype(char c, Py_ssize_t itemsize) noexcept:
     """The dtype code of one struct-module type character (numpy's dtype.char
-    is the same alphabet), or -1 if unsupported."""
+    is the same alphabet) whose elements are itemsize bytes, or -1 if
+    unsupported or the size disagrees."""
+    cdef int code = -1
     if c == b"b":
-        return COLL_INT8
-    if c == b"B" or c == b"c":
-        return COLL_UINT8
-    if c == b"i" or c == b"l" or c == b"q" or c == b"n":
-        return COLL_INT32 if itemsize == 4 else (COLL_INT64 if itemsize == 8 else -1)
-    if c == b"e":
-        return COLL_FLOAT16
-    if c == b"f":
-        return COLL_FLOAT32
-    if c == b"d":
-        return COLL_FLOAT64
-    if c == b"E":  # ml_dtypes' bfloat16 exports this
-        return COLL_BFLOAT16
-    return -1
+        code = COLL_INT8
+    elif c == b"B" or c == b"c":
+        code = COLL_UINT8
+    elif c == b"i" or c == b"l" or c == b"q" or c == b"n":
+        code = COLL_INT32 if itemsize == 4 else COLL_INT64
+    elif c == b"e":
+        code = COLL_FLOAT16
+    elif c == b"f":
+        code = COLL_FLOAT32
+    elif c == b"d":
+        code = COLL_FLOAT64
+    elif c == b"E":  # ml_dtypes' bfloat16 exports this
+        code = COLL_BFLOAT16
+    if code < 0 or <Py_ssize_t>coll_dtype_size(<coll_dtype_t>code) != itemsize:
+        return -1
+    return code
 
 
 cdef int format_dtype(const char *fmt, Py_ssize_t itemsize) noexcept:
@@ -96,8 +100,7 @@ cdef int format_dtype(const char *fmt, Py_ssize_t itemsize) noexcept:
         fmt += 1
     if fmt[0] == 0 or fmt[1] != 0:
         return -1
-    cdef int code = char_dtype(fmt[0], itemsize)
-    return code if code < 0 or <Py_ssize_t>coll_dtype_size(<coll_dtype_t>code) == itemsize else -1
+    return char_dtype(fmt[0], itemsize)
 
 
 @cython.no_gc  # refers to its owner only, never to itself: no cycle to collect
@@ -240,13 +243,11 @@ cdef int _ndarray_dtype(cnp.ndarray arr) noexcept:
     cdef cnp.dtype d = <cnp.dtype>cnp.PyArray_DESCR(arr)  # borrowed: arr holds it
     if d.byteorder != b"|" and not cnp.PyArray_IsNativeByteOrder(d.byteorder):
         return -1
-    cdef Py_ssize_t size = cnp.PyDataType_ELSIZE(d)
-    if d.kind == b"V":  # ml_dtypes' types: only bfloat16; its others reuse letters ('e' is int1)
-        return COLL_BFLOAT16 if d.type == b"E" and size == 2 else -1
-    if d.kind not in b"iuf":  # not 'S1' bytes as uint8, nor bool
+    # ml_dtypes' types are kind 'V': only bfloat16 ('E'); its others reuse
+    # letters ('e' is int1). Other kinds: numbers only, not 'S1' bytes or bool.
+    if d.kind == b"V" and d.type != b"E" or d.kind not in b"iufV":
         return -1
-    cdef int code = char_dtype(d.type, size)
-    return code if code < 0 or <Py_ssize_t>coll_dtype_size(<coll_dtype_t>code) == size else -1
+    return char_dtype(d.type, cnp.PyDataType_ELSIZE(d))
 
 
 cdef _View as_view(obj, str name, bint writable, object dtype):

@@ -291,6 +291,13 @@ static void ring_doorbell(coll_link_t *link) {
   (void)r;
 }
 
+/* After moving head or tail (and the full fence): wake the peer if it said
+ * it sleeps. A plain load first: the locked exchange only when it does. */
+static void wake_if_waiting(coll_link_t *link, _Atomic uint32_t *waiting) {
+  if (atomic_load_explicit(waiting, memory_order_relaxed) && atomic_exchange(waiting, 0))
+    ring_doorbell(link);
+}
+
 static coll_result_t shm_dead(coll_link_t *link) {
   return coll_error(link->comm, COLL_REMOTE_ERROR,
                     "rank %d: rank %d closed the connection (it exited or failed)", link->comm->rank,
@@ -319,10 +326,7 @@ static coll_result_t shm_send(coll_link_t *link, const struct iovec *iov, int io
   if (moved) {
     atomic_store_explicit(&c->head, head + moved, memory_order_release);
     atomic_thread_fence(memory_order_seq_cst);
-    /* A plain load first: the locked exchange only when the peer sleeps. */
-    if (atomic_load_explicit(&c->reader_waiting, memory_order_relaxed) &&
-        atomic_exchange(&c->reader_waiting, 0))
-      ring_doorbell(link);
+    wake_if_waiting(link, &c->reader_waiting);
   }
   *n = moved;
   return COLL_SUCCESS;
@@ -346,9 +350,7 @@ static void shm_recv_consume(coll_link_t *link, size_t n) {
   uint64_t tail = atomic_load_explicit(&c->tail, memory_order_relaxed);
   atomic_store_explicit(&c->tail, tail + n, memory_order_release);
   atomic_thread_fence(memory_order_seq_cst);
-  if (atomic_load_explicit(&c->writer_waiting, memory_order_relaxed) &&
-      atomic_exchange(&c->writer_waiting, 0))
-    ring_doorbell(link);
+  wake_if_waiting(link, &c->writer_waiting);
 }
 
 static coll_result_t shm_recv(coll_link_t *link, const struct iovec *iov, int iovcnt, size_t *n) {
