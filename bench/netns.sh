@@ -7,7 +7,8 @@
 #   sudo bench/netns.sh down 4
 #
 # "run" starts rank i inside coll-h<i> with the COLLECTIVES_* variables set
-# (store on host 0) and COLLECTIVES_TRANSPORT=tcp, since the namespaces still
+# (store on host 0), MASTER_ADDR and GLOO_SOCKET_IFNAME for the gloo peer, and
+# COLLECTIVES_TRANSPORT=tcp, since the namespaces still
 # share /dev/shm and would otherwise talk through shared memory. Addresses
 # live only inside these namespaces. netem (delay, loss) is not in every
 # kernel; the rate limit (tbf) is.
@@ -56,6 +57,7 @@ case "$cmd" in
       ip netns exec coll-h$i env COLLECTIVES_RANK=$i COLLECTIVES_SIZE=$n \
         COLLECTIVES_LOCAL_RANK=0 COLLECTIVES_LOCAL_SIZE=1 \
         COLLECTIVES_STORE_ADDR="$(addr 0):$port" COLLECTIVES_TRANSPORT=tcp \
+        MASTER_ADDR="$(addr 0)" GLOO_SOCKET_IFNAME=veth$i \
         PYTHONPATH="${PYTHONPATH:-}" "$@" &
       pids+=($!)
     done

@@ -84,7 +84,10 @@ class TorchGlooBackend(bench.Backend):
         self.torch, self.dist = torch, dist
         self.rank = int(os.environ.get("COLLECTIVES_RANK", os.environ.get("RANK", "0")))
         self.size = int(os.environ.get("COLLECTIVES_SIZE", os.environ.get("WORLD_SIZE", "1")))
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+        # MASTER_ADDR: rank 0's address where ranks are not all on loopback
+        # (bench/netns.sh run sets it); the driver's own runs use 127.0.0.1.
+        addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+        dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}",
                                 rank=self.rank, world_size=self.size)
         R = dist.ReduceOp
         self.ops = {"sum": R.SUM, "prod": R.PRODUCT, "min": R.MIN, "max": R.MAX}

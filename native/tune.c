@@ -74,10 +74,16 @@ typedef struct {
  *     median of three --runs 3 sweeps put it 1.2x ahead of both others at
  *     8, 32 and 128 MiB, with 10-20 % less CPU per call summed over ranks
  *     (two sessions agree);
- *   - 4 ranks, either transport: butterfly up to 8 MiB (up to 1.3x the
- *     ring at 2 MiB), the ring from 32 MiB (1.05-2x butterfly at 32 and
- *     128 MiB, where butterfly's halving exchanges with a far partner
- *     contend for the same 2 cores).
+ *   - 4 ranks, either transport: butterfly up to 2 MiB (up to 1.3x the
+ *     ring at 2 MiB on one VM), the ring above. Two machines disagreed
+ *     between 4 and 8 MiB on loopback (butterfly ahead on one, the ring
+ *     1.15-1.24x ahead over shm on the other, the two within 5 % over tcp),
+ *     and across hosts the ring wins there: 4 network namespaces with
+ *     1 Gbit/s links (bench/netns.sh) gave ring 0.119 GB/s busbw against
+ *     butterfly 0.101 at 16 MiB, equal at 2 MiB, where each of butterfly's
+ *     rounds waits for the last and the link idles between them; the ring
+ *     also wins from 32 MiB on loopback (1.05-2x butterfly, whose halving
+ *     exchanges with a far partner contend for the same 2 cores).
  * 3 and 5+ ranks keep the earlier shm-measured rows for both transports. */
 static const tune_row_t builtin[] = {
     {2, 1u << 20, COLL_ALGO_BUTTERFLY, TUNE_SHM},
@@ -86,7 +92,7 @@ static const tune_row_t builtin[] = {
     {2, (size_t)-1, COLL_ALGO_TREE, TUNE_TCP},
     {3, 128u << 10, COLL_ALGO_BUTTERFLY, TUNE_ANY},
     {3, (size_t)-1, COLL_ALGO_RING, TUNE_ANY},
-    {4, 16u << 20, COLL_ALGO_BUTTERFLY, TUNE_ANY},
+    {4, 2u << 20, COLL_ALGO_BUTTERFLY, TUNE_ANY},
     {4, (size_t)-1, COLL_ALGO_RING, TUNE_ANY},
     {5, 256u << 10, COLL_ALGO_BUTTERFLY, TUNE_ANY},
     {5, (size_t)-1, COLL_ALGO_RING, TUNE_ANY},

@@ -75,7 +75,9 @@ def test_sweep_check(coll: str, nranks: int, tmp_path: Path) -> None:
             for base in (5, 9):  # out-of-place, in-place
                 t, algbw, busbw, wrong = cells[base:base + 4]
                 assert float(t) > 0
-                assert float(algbw) == pytest.approx(size / float(t) / 1e3, rel=0.02, abs=2e-3)
+                # the time is printed to 0.1 us, which is coarse below a few us
+                assert float(algbw) == pytest.approx(size / float(t) / 1e3,
+                                                     rel=0.02 + 0.05 / float(t), abs=2e-3)
                 assert float(busbw) == pytest.approx(float(algbw) * factor, abs=1.5e-3)
                 assert wrong == "0"
     assert f"# Avg bus bandwidth" in res.stdout and "Wrong values total   : 0 OK" in res.stdout
