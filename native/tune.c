@@ -69,11 +69,13 @@ typedef struct {
  *   - butterfly's log2(n) rounds win for small messages everywhere;
  *   - 2 ranks over shm: the ring's pipelined segments win from 2 MiB (about
  *     1.2x butterfly at 2 MiB; within 5% of each other above);
- *   - 2 ranks over tcp: butterfly up to 2 MiB, then the tree (at 2 ranks a
- *     pipelined reduce to rank 0 whose result streams straight back): the
- *     median of three --runs 3 sweeps put it 1.2x ahead of both others at
- *     8, 32 and 128 MiB, with 10-20 % less CPU per call summed over ranks
- *     (two sessions agree);
+ *   - 2 ranks over tcp: butterfly up to 2 MiB, then the ring. On one VM
+ *     the tree (a pipelined reduce to rank 0 whose result streams straight
+ *     back) was 1.2x ahead at 8-128 MiB; on another it was the slowest of
+ *     the three at 8, 32 and 128 MiB (0.7-0.9x the ring, with up to 25 %
+ *     more CPU per call: rank 0 does every reduction), and across two
+ *     network namespaces at 1 Gbit/s it fell to 0.110-0.116 GB/s busbw at
+ *     16-64 MiB where ring and butterfly hold the link's 0.1195;
  *   - 4 ranks, either transport: butterfly up to 2 MiB (up to 1.3x the
  *     ring at 2 MiB on one VM), the ring above. Two machines disagreed
  *     between 4 and 8 MiB on loopback (butterfly ahead on one, the ring
@@ -89,7 +91,7 @@ static const tune_row_t builtin[] = {
     {2, 1u << 20, COLL_ALGO_BUTTERFLY, TUNE_SHM},
     {2, (size_t)-1, COLL_ALGO_RING, TUNE_SHM},
     {2, 2u << 20, COLL_ALGO_BUTTERFLY, TUNE_TCP},
-    {2, (size_t)-1, COLL_ALGO_TREE, TUNE_TCP},
+    {2, (size_t)-1, COLL_ALGO_RING, TUNE_TCP},
     {3, 128u << 10, COLL_ALGO_BUTTERFLY, TUNE_ANY},
     {3, (size_t)-1, COLL_ALGO_RING, TUNE_ANY},
     {4, 2u << 20, COLL_ALGO_BUTTERFLY, TUNE_ANY},
