@@ -16,9 +16,11 @@ MASTER_ADDR MASTER_PORT``, a second port for torch's own store), so a
 prefixed ``[rank]<stdout>:`` or ``[rank]<stderr>:``. When a rank fails, the others are stopped and the
 launcher returns the failed rank's code (128 + signal for a signal).
 
-Limitation: stopping a remote rank stops its ssh client. Without a tty, sshd
-does not forward the signal; the remote process dies of SIGPIPE at its next
-write, or when its own collectives fail because a peer went away.
+A remote rank is stopped through its ssh connection. sshd forwards no signal
+without a tty, so the remote side runs the command under a small sh watcher
+(:func:`remote_script`) that reads the connection's stdin: when the launcher
+stops the rank, exits or is killed, that stdin closes, and the watcher sends
+the command SIGTERM, then SIGKILL after the grace period.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ __all__ = [
     "is_local_host",
     "choose_store_addr",
     "build_rank_commands",
+    "remote_script",
     "launch",
     "main",
 ]
@@ -167,6 +170,34 @@ def choose_store_addr(hosts: Sequence[tuple[str, int]]) -> str:
     return format_addr(first.strip("[]"), random.randint(20000, 39999))
 
 
+def remote_script(cwd: str, env: Mapping[str, str], command: Sequence[str],
+                  grace: float = DEFAULT_GRACE_S) -> str:
+    """The sh script a remote rank runs: the command, stopped when stdin closes.
+
+    Without a tty sshd forwards no signal, so killing the ssh client would
+    leave the remote command running. Instead the script keeps the
+    connection's stdin (fd 3) for a watcher, runs the command with stdin from
+    /dev/null, and when that stdin reaches EOF (the launcher closed it, or
+    the connection dropped) sends the command SIGTERM, then SIGKILL after
+    ``grace`` seconds. The command's exit status is the script's.
+    """
+    assignments = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
+    return "\n".join([
+        f"cd {shlex.quote(cwd)} || exit 127",
+        "exec 3<&0 </dev/null",
+        f"env {assignments} {shlex.join(command)} &",
+        "pid=$!",
+        "(read -r _ <&3; kill -TERM $pid 2>/dev/null; "
+        f"sleep {max(grace, 0.0):g}; kill -KILL $pid 2>/dev/null) &",
+        "watcher=$!",
+        "exec 3<&-",
+        "wait $pid",
+        "rc=$?",
+        "kill $watcher 2>/dev/null",
+        "exit $rc",
+    ])
+
+
 def build_rank_commands(
     command: Sequence[str],
     hosts: Sequence[tuple[str, int]],
@@ -176,6 +207,7 @@ def build_rank_commands(
     cwd: Optional[str] = None,
     ssh_options: Sequence[str] = (),
     torch_addr: Optional[str] = None,
+    grace: float = DEFAULT_GRACE_S,
 ) -> list[RankCommand]:
     """Place ``np`` ranks on ``hosts`` (filling slots in order) and build their argv.
 
@@ -192,6 +224,8 @@ def build_rank_commands(
             LOCAL_RANK LOCAL_WORLD_SIZE``, and ``MASTER_ADDR MASTER_PORT``
             unless ``exports`` sets them), so ``init_process_group`` works
             without an init_method.
+        grace: seconds a remote rank gets between SIGTERM and SIGKILL once
+            its ssh connection closes (:func:`remote_script`).
 
     Returns:
         One :class:`RankCommand` per rank, in rank order.
@@ -235,9 +269,7 @@ def build_rank_commands(
             argv = list(command)
             local = True
         else:
-            assignments = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
-            remote = (f"cd {shlex.quote(cwd)} && env {assignments} "
-                      f"{shlex.join(command)}")
+            remote = "sh -c " + shlex.quote(remote_script(cwd, env, command, grace))
             argv = ["ssh", "-o", "BatchMode=yes", *ssh_options, host.strip("[]"), remote]
             local = False
         out.append(RankCommand(rank, host, local_rank, local_sizes[host], local, argv, env))
@@ -340,6 +372,15 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
+def _close_stdin(proc: subprocess.Popen) -> None:
+    """Close the pipe a remote rank's ssh reads (ending the remote command)."""
+    if proc.stdin is not None and not proc.stdin.closed:
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+
+
 def _describe(code: int) -> str:
     if code < 0:
         try:
@@ -368,6 +409,7 @@ def launch(ranks: Sequence[RankCommand], grace: float = DEFAULT_GRACE_S,
 
     def stop_all(sig: int) -> None:
         for proc in alive.values():
+            _close_stdin(proc)  # a remote rank's watcher stops it (remote_script)
             _signal_group(proc, sig)
         if sig != signal.SIGKILL and state["kill_at"] is None:
             state["kill_at"] = time.monotonic() + grace
@@ -393,7 +435,10 @@ def launch(ranks: Sequence[RankCommand], grace: float = DEFAULT_GRACE_S,
                 where = "local" if rc.local else rc.host
                 print(f"collectives-run: rank {rc.rank} on {where}: {shlex.join(rc.argv)}",
                       file=sys.stderr, flush=True)
-            proc = subprocess.Popen(rc.argv, env=env, stdin=subprocess.DEVNULL,
+            # A remote rank's ssh gets a pipe that stays open while it should
+            # run; local ranks read nothing.
+            stdin = subprocess.DEVNULL if rc.local else subprocess.PIPE
+            proc = subprocess.Popen(rc.argv, env=env, stdin=stdin,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     start_new_session=True)
             procs.append(proc)
@@ -427,6 +472,7 @@ def launch(ranks: Sequence[RankCommand], grace: float = DEFAULT_GRACE_S,
                     break
     finally:
         for proc in procs:  # anything left in a rank's group: descendants included
+            _close_stdin(proc)
             if proc.poll() is None:
                 _signal_group(proc, signal.SIGKILL)
         for proc in procs:
@@ -535,7 +581,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         while torch_addr == store_addr:
             torch_addr = choose_store_addr(hosts)
         ranks = build_rank_commands(command, hosts, np, store_addr, exports=exports,
-                                    ssh_options=ssh_options, torch_addr=torch_addr)
+                                    ssh_options=ssh_options, torch_addr=torch_addr,
+                                    grace=args.kill_grace)
     except ValueError as exc:
         parser.error(str(exc))
     try:

@@ -304,9 +304,16 @@ def test_build_rank_commands_remote_ssh_line():
     argv = ranks[2].argv
     assert argv[:6] == ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "node7"]
     assert len(argv) == 7
-    words = shlex.split(argv[6])  # what the remote shell will see
-    assert words[:4] == ["cd", "/data/my job", "&&", "env"]
-    assignments = dict(w.split("=", 1) for w in words[4:-len(cmd)])
+    outer = shlex.split(argv[6])  # what the remote login shell sees: sh -c SCRIPT
+    assert outer[:2] == ["sh", "-c"] and len(outer) == 3
+    lines = outer[2].splitlines()
+    assert shlex.split(lines[0]) == ["cd", "/data/my job", "||", "exit", "127"]
+    run_line = [ln for ln in lines if ln.startswith("env ")]
+    assert len(run_line) == 1
+    words = shlex.split(run_line[0])
+    assert words[0] == "env" and words[-1] == "&"
+    words = words[1:-1]
+    assignments = dict(w.split("=", 1) for w in words[:-len(cmd)])
     assert assignments == {
         "EXTRA": "a b", "COLLECTIVES_IFNAME": "eth0", "COLLECTIVES_RANK": "2",
         "COLLECTIVES_SIZE": "3", "COLLECTIVES_LOCAL_RANK": "1",
@@ -375,3 +382,102 @@ def test_main_in_process(capfd):
     assert rc == 0
     out = capfd.readouterr().out.splitlines()
     assert sorted(out) == ["[0]<stdout>:x", "[1]<stdout>:x"]
+
+
+# ------------------------------------------------------------ remote ranks
+
+# Stands in for ssh + sshd: runs the remote command line with sh, in a session
+# of its own (a remote process is out of reach of the launcher's signals), its
+# stdin a pipe that this "client" feeds from its own stdin and that closes
+# when the client ends -- as the connection closing ends the remote stdin.
+FAKE_SSH = textwrap.dedent("""\
+    #!{python}
+    import os, signal, subprocess, sys, threading
+    with open(os.environ["FAKE_SSH_LOG"], "a") as log:
+        log.write(repr(sys.argv[1:]) + "\\n")
+    remote = subprocess.Popen(["sh", "-c", sys.argv[-1]], stdin=subprocess.PIPE,
+                              start_new_session=True)
+    def forward():
+        while True:
+            data = os.read(0, 4096)
+            if not data:
+                break
+            remote.stdin.write(data)
+            remote.stdin.flush()
+        remote.stdin.close()  # EOF from the launcher: ssh sends EOF on
+    threading.Thread(target=forward, daemon=True).start()
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(255))  # connection drops
+    sys.exit(remote.wait())
+""")
+
+
+@pytest.fixture
+def fake_ssh(tmp_path, monkeypatch):
+    """PATH with the fake ssh first; returns the file it logs its argv to."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    ssh = bindir / "ssh"
+    ssh.write_text(FAKE_SSH.format(python=sys.executable))
+    ssh.chmod(0o755)
+    log = tmp_path / "ssh.log"
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SSH_LOG", str(log))
+    return log
+
+
+def test_remote_script_stops_its_command_when_stdin_closes(tmp_path):
+    script = run.remote_script(str(tmp_path), {"MARK": "x y"},
+                               [sys.executable, "-c",
+                                "import os, time; print(os.getpid(), os.environ['MARK'], "
+                                "flush=True); time.sleep(60)"], grace=1)
+    proc = subprocess.Popen(["sh", "-c", script], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    pid, mark = proc.stdout.readline().split(" ", 1)
+    assert mark.strip() == "x y"
+    assert _alive(int(pid))
+    proc.stdin.close()
+    assert proc.wait(timeout=10) == 128 + signal.SIGTERM  # the command's status
+    assert _wait_gone([int(pid)], 2) == []
+
+
+def test_remote_script_passes_the_exit_status_and_survives_an_open_stdin(tmp_path):
+    script = run.remote_script(str(tmp_path), {}, [sys.executable, "-c",
+                                                   "import sys; sys.exit(7)"])
+    proc = subprocess.Popen(["sh", "-c", script], stdin=subprocess.PIPE)
+    assert proc.wait(timeout=10) == 7  # while stdin is still open
+    proc.stdin.close()
+    assert run.remote_script("/nonexistent-dir", {}, ["true"]).startswith(
+        "cd /nonexistent-dir || exit 127")
+
+
+def test_stopping_a_job_ends_its_remote_ranks(tmp_path, fake_ssh):
+    sync = tmp_path / "sync"
+    sync.mkdir()
+    code = SYNC + textwrap.dedent("""
+        if os.environ["COLLECTIVES_RANK"] == "0":
+            wait_ready(2)
+            sys.exit(3)
+        print(os.getpid(), flush=True)
+        ready()
+        time.sleep(60)
+    """)
+    start = time.monotonic()
+    res = subprocess.run([sys.executable, "-m", "collectives.run", "-H", "localhost:1,fakehost:2",
+                          "--kill-grace", "2", "-x", f"SYNC_DIR={sync}", sys.executable, "-c",
+                          code], capture_output=True, text=True, env=_env(), timeout=30,
+                         cwd=REPO)
+    assert res.returncode == 3, res.stderr
+    assert time.monotonic() - start < 15
+    assert "rank 0 exited with code 3 first; stopped the other 2 ranks" in res.stderr
+    assert fake_ssh.read_text().count("fakehost") == 2  # both went through ssh
+    pids = [int(line.split(":", 1)[1]) for line in res.stdout.splitlines()]
+    assert len(pids) == 2
+    assert _wait_gone(pids, 5) == []  # out of the launcher's reach, yet stopped
+
+
+def test_remote_rank_exit_code_and_output_come_back(fake_ssh):
+    res = subprocess.run([sys.executable, "-m", "collectives.run", "-H", "fakehost:1",
+                          "sh", "-c", "echo from $COLLECTIVES_RANK; exit 4"],
+                         capture_output=True, text=True, env=_env(), timeout=30, cwd=REPO)
+    assert res.returncode == 4, res.stderr
+    assert "[0]<stdout>:from 0" in res.stdout
