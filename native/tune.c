@@ -76,10 +76,11 @@ typedef struct {
  *     more CPU per call: rank 0 does every reduction), and across two
  *     network namespaces at 1 Gbit/s it fell to 0.110-0.116 GB/s busbw at
  *     16-64 MiB where ring and butterfly hold the link's 0.1195;
- *   - 4 ranks, either transport: butterfly up to 2 MiB (up to 1.3x the
- *     ring at 2 MiB on one VM), the ring above. Two machines disagreed
- *     between 4 and 8 MiB on loopback (butterfly ahead on one, the ring
- *     1.15-1.24x ahead over shm on the other, the two within 5 % over tcp),
+ *   - 4 ranks: butterfly up to 2 MiB over tcp and 1 MiB over shm (up to
+ *     1.3x the ring at 2 MiB on one VM), the ring above. Two machines
+ *     disagreed from 2 to 8 MiB on loopback (butterfly ahead on one; on the
+ *     other the ring was 1.1-1.45x ahead over shm at 2 MiB in three sweeps
+ *     and 1.15-1.24x at 8 MiB, and the two within 5 % over tcp),
  *     and across hosts the ring wins there: 4 network namespaces with
  *     1 Gbit/s links (bench/netns.sh) gave ring 0.119 GB/s busbw against
  *     butterfly 0.101 at 16 MiB, equal at 2 MiB, where each of butterfly's
@@ -94,7 +95,8 @@ static const tune_row_t builtin[] = {
     {2, (size_t)-1, COLL_ALGO_RING, TUNE_TCP},
     {3, 128u << 10, COLL_ALGO_BUTTERFLY, TUNE_ANY},
     {3, (size_t)-1, COLL_ALGO_RING, TUNE_ANY},
-    {4, 2u << 20, COLL_ALGO_BUTTERFLY, TUNE_ANY},
+    {4, 1u << 20, COLL_ALGO_BUTTERFLY, TUNE_SHM},
+    {4, 2u << 20, COLL_ALGO_BUTTERFLY, TUNE_TCP},
     {4, (size_t)-1, COLL_ALGO_RING, TUNE_ANY},
     {5, 256u << 10, COLL_ALGO_BUTTERFLY, TUNE_ANY},
     {5, (size_t)-1, COLL_ALGO_RING, TUNE_ANY},
