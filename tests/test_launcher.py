@@ -134,15 +134,21 @@ SYNC = textwrap.dedent("""
 """)
 
 
-def test_failing_rank_stops_the_others_quickly(tmp_path):
-    code = SYNC + textwrap.dedent("""
-        if os.environ["COLLECTIVES_RANK"] == "2":
-            wait_ready(3)
+def _fail_when_others_ready(failing_rank: int, others: int) -> str:
+    """A rank script: failing_rank exits 3 once the others, each printing its
+    pid and sleeping, are ready."""
+    return SYNC + textwrap.dedent(f"""
+        if os.environ["COLLECTIVES_RANK"] == "{failing_rank}":
+            wait_ready({others})
             sys.exit(3)
         print(os.getpid(), flush=True)
         ready()
         time.sleep(60)
     """)
+
+
+def test_failing_rank_stops_the_others_quickly(tmp_path):
+    code = _fail_when_others_ready(2, 3)
     start = time.monotonic()
     res = launcher("-np", "4", "-x", f"SYNC_DIR={tmp_path}", sys.executable, "-c", code)
     assert time.monotonic() - start < 10
@@ -453,19 +459,9 @@ def test_remote_script_passes_the_exit_status_and_survives_an_open_stdin(tmp_pat
 def test_stopping_a_job_ends_its_remote_ranks(tmp_path, fake_ssh):
     sync = tmp_path / "sync"
     sync.mkdir()
-    code = SYNC + textwrap.dedent("""
-        if os.environ["COLLECTIVES_RANK"] == "0":
-            wait_ready(2)
-            sys.exit(3)
-        print(os.getpid(), flush=True)
-        ready()
-        time.sleep(60)
-    """)
     start = time.monotonic()
-    res = subprocess.run([sys.executable, "-m", "collectives.run", "-H", "localhost:1,fakehost:2",
-                          "--kill-grace", "2", "-x", f"SYNC_DIR={sync}", sys.executable, "-c",
-                          code], capture_output=True, text=True, env=_env(), timeout=30,
-                         cwd=REPO)
+    res = launcher("-H", "localhost:1,fakehost:2", "--kill-grace", "2", "-x", f"SYNC_DIR={sync}",
+                   sys.executable, "-c", _fail_when_others_ready(0, 2))
     assert res.returncode == 3, res.stderr
     assert time.monotonic() - start < 15
     assert "rank 0 exited with code 3 first; stopped the other 2 ranks" in res.stderr
@@ -476,8 +472,6 @@ def test_stopping_a_job_ends_its_remote_ranks(tmp_path, fake_ssh):
 
 
 def test_remote_rank_exit_code_and_output_come_back(fake_ssh):
-    res = subprocess.run([sys.executable, "-m", "collectives.run", "-H", "fakehost:1",
-                          "sh", "-c", "echo from $COLLECTIVES_RANK; exit 4"],
-                         capture_output=True, text=True, env=_env(), timeout=30, cwd=REPO)
+    res = launcher("-H", "fakehost:1", "sh", "-c", "echo from $COLLECTIVES_RANK; exit 4")
     assert res.returncode == 4, res.stderr
     assert "[0]<stdout>:from 0" in res.stdout
