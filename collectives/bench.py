@@ -356,11 +356,44 @@ def draw_progress(done: int, total: int, label: str) -> None:
     sys.stderr.flush()
 
 
+def _warm_case(backend: Backend, coll: str, algo: str, op: str, send: Optional[np.ndarray],
+               recv: np.ndarray, root: int, refill: Callable[[], None],
+               dev: Optional[DeviceCase], warmup: int) -> tuple[Any, Any, str]:
+    """One implementation's timed call, after its warm-up calls.
+
+    Returns (fn, result, error): the call and the host view its result lands
+    in; fn None where the backend lacks the case; error, the first line of
+    the exception, where the library raised on the first call and the
+    backend tolerates that (a peer without this dtype or op).
+    """
+    refill()
+    if dev is None:
+        fn, result = backend.call(coll, algo, op, send, recv, root)
+    else:
+        dev.refill()
+        fn, _ = backend.call(coll, algo, op, dev.send, dev.recv, root)
+        result = result_view(coll, send, recv, backend.size)
+    if fn is None:
+        return None, None, ""
+    try:
+        fn()
+    except Exception as exc:
+        if not backend.tolerate_errors:
+            raise
+        return None, None, str(exc).splitlines()[0][:160]
+    for _ in range(max(0, warmup - 1)):
+        fn()
+    return fn, result, ""
+
+
 def sweep(backend: Backend, coll: str, algos: Sequence[str], dtype: str, op: str,
           sizes: Sequence[int], iters: int, warmup: int, check: bool, root: int = 0,
           progress: Optional[bool] = None, host: Optional[str] = None,
           device: Optional[int] = None) -> tuple[list[Row], list[str]]:
     """Measure every (size, placement, implementation); collective on all ranks.
+
+    Per size and placement, every implementation is warmed up, then their
+    timed calls alternate (iteration i of each before iteration i+1 of any).
 
     Returns:
         (rows, notes): rows in (impl, size, inplace) order; notes name
@@ -385,39 +418,35 @@ def sweep(backend: Backend, coll: str, algos: Sequence[str], dtype: str, op: str
         for inplace in (False, True):
             send, recv, refill = make_buffers(coll, inp, rank, n, count, inplace, root)
             dev = None if device is None else DeviceCase(send, recv, device)
+            # Prepare and warm every implementation, then time them in turns
+            # (iteration i of each before iteration i+1 of any): a noisy spell
+            # on a shared machine then hits all of them alike, and their
+            # rows compare.
+            cases: list[tuple[Row, Callable[[], None], Any]] = []
             for impl, algo in impls:
                 if show:
                     _progress(done, total, f"{impl} {human_size(size)}{' in-place' if inplace else ''}", tagged)
                 done += 1
                 row = Row(coll, impl, n, size, count, dtype, op, r, None, None, None, None, inplace, host)
                 rows[(impl, size, inplace)] = row
-                refill()
-                if dev is None:
-                    fn, result = backend.call(coll, algo, op, send, recv, root)
-                else:
-                    dev.refill()
-                    fn, _ = backend.call(coll, algo, op, dev.send, dev.recv, root)
-                    result = result_view(coll, send, recv, n)
-                if fn is None:
-                    continue
-                try:
-                    fn()
-                except Exception as exc:  # the peer lacks this dtype/op/collective
-                    if not backend.tolerate_errors:
-                        raise
+                fn, result, error = _warm_case(backend, coll, algo, op, send, recv, root, refill,
+                                               dev, warmup)
+                if error:
                     what = f"{coll} {dtype}" + (f" {op}" if coll in ("allreduce", "reduce_scatter") else "")
-                    notes.append(f"{impl}: {what} not supported: {str(exc).splitlines()[0][:160]}")
-                    continue
-                for _ in range(max(0, warmup - 1)):
-                    fn()
-                times = np.zeros(iters)
-                for i in range(iters):
+                    notes.append(f"{impl}: {what} not supported: {error}")
+                elif fn is not None:
+                    cases.append((row, fn, result))
+            times = np.zeros((len(cases), iters))
+            for i in range(iters):
+                for k, (_, fn, _) in enumerate(cases):
                     backend.barrier()
                     t0 = time.perf_counter()
                     fn()
-                    times[i] = time.perf_counter() - t0
+                    times[k, i] = time.perf_counter() - t0
+            if cases:
                 backend.allreduce_f64(times, "max")
-                t = float(np.median(times))
+            for k, (row, fn, result) in enumerate(cases):
+                t = float(np.median(times[k]))
                 row.time_us = t * 1e6
                 row.algbw = size / t / 1e9
                 row.busbw = row.algbw * bus_factor(coll, n)

@@ -159,6 +159,38 @@ def test_check_counts_wrong_values_and_fails(capsys: pytest.CaptureFixture) -> N
     assert "FAILED" in out
 
 
+class _RecordingBackend(bench.Backend):
+    """A one-rank 'library' with two algorithms that logs the calls it times."""
+
+    name = "rec"
+
+    def __init__(self) -> None:
+        self.log: list[str] = []
+
+    def impls(self, algos):
+        return [(f"rec-{a}", a) for a in algos]
+
+    def barrier(self) -> None:
+        self.log.append("|")
+
+    def allreduce_f64(self, arr: np.ndarray, op: str) -> None:
+        pass
+
+    def call(self, coll, algo, op, send, recv, root):
+        return (lambda: self.log.append(algo)), recv
+
+
+def test_sweep_alternates_the_algorithms_it_times() -> None:
+    be = _RecordingBackend()
+    rows, notes = bench.sweep(be, "allreduce", ["ring", "tree"], "float32", "sum", [64],
+                              iters=3, warmup=2, check=False, progress=False)
+    assert notes == [] and len(rows) == 4 and all(r.time_us > 0 for r in rows)
+    # per placement: each algorithm's warm-up calls, then timed calls in turns
+    # (each after a barrier)
+    one_placement = ["ring", "ring", "tree", "tree"] + ["|", "ring", "|", "tree"] * 3
+    assert be.log == one_placement * 2
+
+
 def test_expected_values_are_exact() -> None:
     for op in bench.OPS:
         for dtype in bench.DTYPES:
