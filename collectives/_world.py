@@ -194,7 +194,8 @@ def is_initialized() -> bool:
     return _state is not None
 
 
-_ECHOES = ("closed the connection", "connection to rank", "timed out", "is broken")
+_ECHOES = ("closed the connection", "connection to rank", "timed out", "is broken",
+           "failed and broke the communicator", "cannot connect to rank")
 
 
 def explain_failure(rank: int, message: str) -> str:
@@ -217,7 +218,8 @@ def explain_failure(rank: int, message: str) -> str:
         if any(echo in message for echo in _ECHOES):
             deadline = time.monotonic() + 1.0
             silent: list = []
-            while not causes and time.monotonic() < deadline:
+            found = False
+            while not found and time.monotonic() < deadline:
                 silent = []
                 for peer in range(state.comm.size):
                     if peer == rank:
@@ -227,10 +229,12 @@ def explain_failure(rank: int, message: str) -> str:
                         continue
                     text = client.get(f"failed/{peer}", timeout=0.5).decode()
                     if not any(echo in text for echo in _ECHOES):
-                        causes.append(f"rank {peer} reported: {text}")
-                if not causes:
+                        found = True
+                        if text not in message:  # an abort notice may have carried it
+                            causes.append(f"rank {peer} reported: {text}")
+                if not found:
                     time.sleep(0.05)
-            if not causes and silent:
+            if not found and silent:
                 # Everyone who is alive has reported an echo by now; the
                 # ranks that said nothing are the ones that died or hung.
                 names = ", ".join(str(p) for p in silent)

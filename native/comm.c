@@ -70,6 +70,7 @@ coll_result_t coll_comm_create(int rank, int size, const char *bind_host, const 
   c->size = size;
   memcpy(c->id, comm_id, 16);
   c->listen_fd = -1;
+  c->abort_from = -1;
   c->timeout = coll_param_double(COLL_PARAM_TIMEOUT);
   if (c->timeout <= 0) c->timeout = 300;
   long long seg = coll_param_int(COLL_PARAM_SEGMENT_BYTES);
@@ -129,7 +130,13 @@ void coll_comm_break(coll_comm_t *comm, coll_result_t code) {
   if (comm->broken) return;
   comm->broken = 1;
   comm->broken_code = code;
+  /* Peers without a link may be waiting for us to connect: tell them, unless
+   * we are failing because a peer told us (its notice reached the others). */
+  unsigned char *unlinked = comm->abort_from < 0 ? calloc((size_t)comm->size, 1) : NULL;
+  for (int i = 0; unlinked && i < comm->size; i++) unlinked[i] = comm->peers[i].link == NULL;
   coll_links_close_all(comm);
+  if (unlinked) coll_tcp_send_aborts(comm, unlinked);
+  free(unlinked);
 }
 
 /* ---- argument checks (before any byte is sent; never break the comm) ---- */

@@ -44,6 +44,10 @@ struct coll_comm {
   coll_result_t broken_code;
   int err_set;           /* the first error of the current call is kept */
   char err[1536];
+  /* The first abort notice received (a peer whose communicator broke,
+   * transport_tcp.c): its rank, or -1, and its text. */
+  int abort_from;
+  char abort_reason[COLL_ABORT_REASON_BYTES];
   double timeout;        /* default deadline, seconds */
   size_t segment_bytes;
   int sockbuf;
@@ -74,5 +78,8 @@ double coll_comm_deadline(const coll_comm_t *comm, double timeout);
 /* Marks the communicator broken after a failed collective: closes every link
  * so that the peers fail fast instead of waiting for their deadline. */
 void coll_comm_break(coll_comm_t *comm, coll_result_t code);
+/* Sends an abort notice with this rank's error to each peer marked in
+ * `unlinked` (transport_tcp.c); best effort, about a second at most. */
+void coll_tcp_send_aborts(coll_comm_t *comm, const unsigned char *unlinked);
 
 #endif

@@ -167,6 +167,27 @@ static void drop_pending(coll_comm_t *comm, int i) {
   comm->pending[i] = comm->pending[--comm->npending];
 }
 
+_Static_assert(COLL_ABORT_BYTES == COLL_OPENING_BYTES,
+               "an abort notice is read as a link's opening");
+
+void coll_tcp_send_aborts(coll_comm_t *comm, const unsigned char *unlinked) {
+  uint8_t msg[COLL_ABORT_BYTES];
+  double end = coll_now() + 1.0;
+  int kept = comm->err_set;
+  comm->err_set = 1; /* a peer that cannot be reached changes nothing */
+  for (int p = 0; p < comm->size; p++) {
+    if (!unlinked[p] || p == comm->rank || comm->peers[p].port <= 0) continue;
+    double now = coll_now();
+    if (now >= end) break;
+    int fd;
+    coll_abort_encode(msg, comm->id, comm->rank, p, comm->err);
+    if (coll_tcp_dial(comm, p, now + 0.2 < end ? now + 0.2 : end, msg, sizeof msg, &fd) ==
+        COLL_SUCCESS)
+      close(fd);
+  }
+  comm->err_set = kept;
+}
+
 /* Reads what has arrived of pending hellos; files complete ones under their
  * sender. Returns nothing: bad connections are dropped with a warning. */
 static void service_pending(coll_comm_t *comm, int i) {
@@ -180,6 +201,17 @@ static void service_pending(coll_comm_t *comm, int i) {
   }
   pd->got += (int)r;
   if (pd->got < COLL_OPENING_BYTES) return;
+  char reason[COLL_ABORT_REASON_BYTES];
+  int aborter = coll_abort_decode(pd->buf, comm->id, comm->rank, reason);
+  if (aborter >= 0) { /* that rank's communicator broke; ours is broken with it */
+    if (comm->abort_from < 0) {
+      comm->abort_from = aborter;
+      memcpy(comm->abort_reason, reason, sizeof reason);
+    }
+    close(pd->fd);
+    drop_pending(comm, i);
+    return;
+  }
   int from = coll_hello_decode(pd->buf, comm->id, comm->rank);
   unsigned char pd_copy_offer[COLL_SHM_OFFER_BYTES];
   memcpy(pd_copy_offer, pd->buf + COLL_HELLO_BYTES, sizeof pd_copy_offer);
@@ -206,6 +238,10 @@ static void service_pending(coll_comm_t *comm, int i) {
 coll_result_t coll_tcp_accept_until(coll_comm_t *comm, int peer, double deadline) {
   struct pollfd pfs[COLL_MAX_PENDING + 1];
   while (!comm->peers[peer].link) {
+    if (comm->abort_from >= 0)
+      return coll_error(comm, COLL_REMOTE_ERROR,
+                        "rank %d: rank %d failed and broke the communicator (%s)", comm->rank,
+                        comm->abort_from, comm->abort_reason);
     pfs[0].fd = comm->listen_fd;
     pfs[0].events = POLLIN;
     for (int i = 0; i < comm->npending; i++) {

@@ -122,18 +122,52 @@ coll_result_t coll_wire_check(coll_comm_t *comm, int peer, const uint8_t got[COL
   return COLL_SUCCESS;
 }
 
-void coll_hello_encode(uint8_t out[COLL_HELLO_BYTES], const uint8_t comm_id[16], int from, int to) {
-  put32(out, COLL_HELLO_MAGIC);
+static void opening_encode(uint8_t *out, uint32_t magic, const uint8_t comm_id[16], int from,
+                           int to) {
+  put32(out, magic);
   put32(out + 4, COLL_WIRE_VERSION);
   memcpy(out + 8, comm_id, 16);
   put32(out + 24, (uint32_t)from);
   put32(out + 28, (uint32_t)to);
 }
 
-int coll_hello_decode(const uint8_t in[COLL_HELLO_BYTES], const uint8_t comm_id[16], int to) {
-  if (get32(in) != COLL_HELLO_MAGIC || get32(in + 4) != COLL_WIRE_VERSION) return -1;
+static int opening_decode(const uint8_t *in, uint32_t magic, const uint8_t comm_id[16], int to) {
+  if (get32(in) != magic || get32(in + 4) != COLL_WIRE_VERSION) return -1;
   if (memcmp(in + 8, comm_id, 16) != 0) return -1;
   if ((int)get32(in + 28) != to) return -1;
   uint32_t from = get32(in + 24);
   return from > 0x7fffffffu ? -1 : (int)from;
+}
+
+void coll_hello_encode(uint8_t out[COLL_HELLO_BYTES], const uint8_t comm_id[16], int from, int to) {
+  opening_encode(out, COLL_HELLO_MAGIC, comm_id, from, to);
+}
+
+int coll_hello_decode(const uint8_t in[COLL_HELLO_BYTES], const uint8_t comm_id[16], int to) {
+  return opening_decode(in, COLL_HELLO_MAGIC, comm_id, to);
+}
+
+void coll_abort_encode(uint8_t out[COLL_ABORT_BYTES], const uint8_t comm_id[16], int from, int to,
+                       const char *reason) {
+  char *text = (char *)out + COLL_HELLO_BYTES;
+  opening_encode(out, COLL_ABORT_MAGIC, comm_id, from, to);
+  memset(text, 0, COLL_ABORT_REASON_BYTES);
+  size_t n = strlen(reason);
+  if (n < COLL_ABORT_REASON_BYTES) {
+    memcpy(text, reason, n);
+  } else {
+    memcpy(text, reason, COLL_ABORT_REASON_BYTES - 4);
+    memcpy(text + COLL_ABORT_REASON_BYTES - 4, "...", 3);
+  }
+}
+
+int coll_abort_decode(const uint8_t in[COLL_ABORT_BYTES], const uint8_t comm_id[16], int to,
+                      char reason[COLL_ABORT_REASON_BYTES]) {
+  int from = opening_decode(in, COLL_ABORT_MAGIC, comm_id, to);
+  if (from < 0 || from == to) return -1;
+  memcpy(reason, in + COLL_HELLO_BYTES, COLL_ABORT_REASON_BYTES);
+  reason[COLL_ABORT_REASON_BYTES - 1] = 0;
+  for (char *c = reason; *c; c++)  /* text from the network: printable only */
+    if ((unsigned char)*c < 0x20 || (unsigned char)*c > 0x7e) *c = '?';
+  return from;
 }

@@ -25,6 +25,12 @@
  *
  * Hello, 32 bytes, sent once by the connecting side of a link:
  *   u32 magic "CLHI" | u32 version | u8 comm_id[16] | u32 from rank | u32 to rank
+ *
+ * Abort notice, the size of a link's opening (hello + transport offer): the
+ * hello's layout with magic "CLAB", then the sender's error text, NUL-padded
+ * to COLL_ABORT_REASON_BYTES. A rank whose communicator breaks sends it to
+ * each peer it has no link with (transport_tcp.c), so that a peer waiting
+ * for it to connect fails at once instead of at its deadline.
  */
 #ifndef COLL_WIRE_H
 #define COLL_WIRE_H
@@ -38,6 +44,9 @@
 #define COLL_WIRE_VERSION 1
 #define COLL_WIRE_HDR_BYTES 40
 #define COLL_HELLO_BYTES 32
+#define COLL_ABORT_MAGIC 0x42414c43u /* "CLAB" */
+#define COLL_ABORT_REASON_BYTES 96
+#define COLL_ABORT_BYTES (COLL_HELLO_BYTES + COLL_ABORT_REASON_BYTES)
 
 typedef enum {
   COLL_KIND_ALLREDUCE = 1,
@@ -68,5 +77,13 @@ void coll_hello_encode(uint8_t out[COLL_HELLO_BYTES], const uint8_t comm_id[16],
 /* Returns the sender's rank, or -1 if the bytes are not a hello for this
  * communicator and this rank. */
 int coll_hello_decode(const uint8_t in[COLL_HELLO_BYTES], const uint8_t comm_id[16], int to);
+
+/* reason is cut to fit (ending "..."). */
+void coll_abort_encode(uint8_t out[COLL_ABORT_BYTES], const uint8_t comm_id[16], int from, int to,
+                       const char *reason);
+/* Returns the sender's rank and copies its text (NUL-terminated) to reason,
+ * or -1 if the bytes are not an abort notice for this communicator and rank. */
+int coll_abort_decode(const uint8_t in[COLL_ABORT_BYTES], const uint8_t comm_id[16], int to,
+                      char reason[COLL_ABORT_REASON_BYTES]);
 
 #endif

@@ -25,12 +25,14 @@ S = json.loads(sys.argv[1])
 kind = S["kind"]
 culprit = S.get("culprit", 1)
 
-# warm up: every link this test uses is set up before the fault
-x = np.ones(1 << 12, np.float32)
-for alg in ("ring", "tree", "butterfly"):
-    comm.Allreduce(MPI.IN_PLACE, x, algorithm=alg)
-comm.Bcast(x, root=0)
-comm.Barrier()
+# warm up: every link this test uses is set up before the fault, unless the
+# scenario is about links that do not exist yet
+if not S.get("cold"):
+    x = np.ones(1 << 12, np.float32)
+    for alg in ("ring", "tree", "butterfly"):
+        comm.Allreduce(MPI.IN_PLACE, x, algorithm=alg)
+    comm.Bcast(x, root=0)
+    comm.Barrier()
 
 def attempt(fn, *args, **kwargs):
     t0 = time.monotonic()
@@ -57,6 +59,9 @@ if kind == "count":
 elif kind == "dtype":
     buf = np.ones(5000, np.float64 if r == culprit else np.float32)
     attempt(comm.Allreduce, MPI.IN_PLACE, buf, algorithm=S.get("alg", "auto"))
+elif kind == "algorithm":
+    attempt(comm.Allreduce, MPI.IN_PLACE, np.ones(1 << 15, np.float32),
+            algorithm=S["culprit_alg"] if r == culprit else S["alg"])
 elif kind == "op":
     attempt(comm.Allreduce, MPI.IN_PLACE, np.ones(5000, np.float32),
             MPI.MAX if r == culprit else MPI.SUM)
@@ -159,6 +164,18 @@ def test_count_mismatch(alg):
 def test_count_mismatch_butterfly_non_power_of_two():
     res = scenario(5, kind="count", alg="butterfly", culprit=4)
     assert_survivors_raise(res, 4)
+
+
+@pytest.mark.timeout(70)
+@pytest.mark.parametrize("n,alg,culprit_alg", [(4, "butterfly", "tree"),
+                                               (8, "butterfly", "ring")])
+def test_failure_before_links_exist_reaches_ranks_waiting_to_accept(n, alg, culprit_alg):
+    # No warm-up: when the culprit's peers fail, some ranks are still waiting
+    # for a peer to connect. The peers that break tell every rank they have
+    # no link with (an abort notice on its listener), so those fail at once
+    # instead of at their deadline.
+    res = scenario(n, kind="algorithm", cold=True, alg=alg, culprit_alg=culprit_alg)
+    assert_survivors_raise(res, 1, limit=TIMEOUT - 1.5)
 
 
 @pytest.mark.timeout(70)
