@@ -393,7 +393,8 @@ def sweep(backend: Backend, coll: str, algos: Sequence[str], dtype: str, op: str
     """Measure every (size, placement, implementation); collective on all ranks.
 
     Per size and placement, every implementation is warmed up, then their
-    timed calls alternate (iteration i of each before iteration i+1 of any).
+    timed calls alternate (iteration i of each before iteration i+1 of any,
+    iteration i starting with implementation i mod their number).
 
     Returns:
         (rows, notes): rows in (impl, size, inplace) order; notes name
@@ -419,9 +420,10 @@ def sweep(backend: Backend, coll: str, algos: Sequence[str], dtype: str, op: str
             send, recv, refill = make_buffers(coll, inp, rank, n, count, inplace, root)
             dev = None if device is None else DeviceCase(send, recv, device)
             # Prepare and warm every implementation, then time them in turns
-            # (iteration i of each before iteration i+1 of any): a noisy spell
-            # on a shared machine then hits all of them alike, and their
-            # rows compare.
+            # (iteration i of each before iteration i+1 of any), the one that
+            # goes first rotating: a noisy spell on a shared machine then hits
+            # all of them alike, as does any effect of the place in the turn
+            # (which call follows which), and their rows compare.
             cases: list[tuple[Row, Callable[[], None], Any]] = []
             for impl, algo in impls:
                 if show:
@@ -438,7 +440,9 @@ def sweep(backend: Backend, coll: str, algos: Sequence[str], dtype: str, op: str
                     cases.append((row, fn, result))
             times = np.zeros((len(cases), iters))
             for i in range(iters):
-                for k, (_, fn, _) in enumerate(cases):
+                for j in range(len(cases)):
+                    k = (i + j) % len(cases)  # each takes each place in the turn
+                    fn = cases[k][1]
                     backend.barrier()
                     t0 = time.perf_counter()
                     fn()

@@ -186,8 +186,9 @@ def test_sweep_alternates_the_algorithms_it_times() -> None:
                               iters=3, warmup=2, check=False, progress=False)
     assert notes == [] and len(rows) == 4 and all(r.time_us > 0 for r in rows)
     # per placement: each algorithm's warm-up calls, then timed calls in turns
-    # (each after a barrier)
-    one_placement = ["ring", "ring", "tree", "tree"] + ["|", "ring", "|", "tree"] * 3
+    # (each after a barrier), the first place rotating
+    one_placement = (["ring", "ring", "tree", "tree"] + ["|", "ring", "|", "tree"]
+                     + ["|", "tree", "|", "ring"] + ["|", "ring", "|", "tree"])
     assert be.log == one_placement * 2
 
 
