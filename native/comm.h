@@ -78,8 +78,5 @@ double coll_comm_deadline(const coll_comm_t *comm, double timeout);
 /* Marks the communicator broken after a failed collective: closes every link
  * so that the peers fail fast instead of waiting for their deadline. */
 void coll_comm_break(coll_comm_t *comm, coll_result_t code);
-/* Sends an abort notice with this rank's error to each peer marked in
- * `unlinked` (transport_tcp.c); best effort, about a second at most. */
-void coll_tcp_send_aborts(coll_comm_t *comm, const unsigned char *unlinked);
 
 #endif

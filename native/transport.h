@@ -106,5 +106,8 @@ void coll_link_adopt(coll_comm_t *comm, int peer, int fd, const unsigned char *o
 coll_result_t coll_tcp_listen(coll_comm_t *comm, const char *bind_host);
 /* Closes half-open handshakes and the listener. */
 void coll_tcp_shutdown(coll_comm_t *comm);
+/* Sends an abort notice (wire.h) with this rank's error to each peer marked
+ * in `unlinked`; best effort, about a second at most. */
+void coll_tcp_send_aborts(coll_comm_t *comm, const unsigned char *unlinked);
 
 #endif

@@ -410,7 +410,7 @@ FAKE_SSH = textwrap.dedent("""\
                 break
             remote.stdin.write(data)
             remote.stdin.flush()
-        remote.stdin.close()  # EOF from the launcher: ssh sends EOF on
+        remote.stdin.close()  # EOF from the launcher: ssh passes it on
     threading.Thread(target=forward, daemon=True).start()
     signal.signal(signal.SIGTERM, lambda *_: os._exit(255))  # connection drops
     sys.exit(remote.wait())
