@@ -80,15 +80,13 @@ def _start_store(host: str, port: int):
         return _store.StoreServer("::" if family == socket.AF_INET6 else "0.0.0.0", port)
 
 
-def spin_policy(local_size: int) -> tuple:
-    """(microseconds, yield) for a waiting rank: COLLECTIVES_SPIN_US ("auto": 100), yielding
-    the core between checks when this host runs more ranks than it has cores."""
+def spin_us() -> float:
+    """Microseconds a waiting rank keeps checking: COLLECTIVES_SPIN_US ("auto": 100)."""
     text = os.environ.get("COLLECTIVES_SPIN_US", "auto").strip().lower()
-    oversubscribed = local_size > (os.cpu_count() or 1)
     if text in ("", "auto"):
-        return 100.0, oversubscribed
+        return 100.0
     try:
-        return max(0.0, float(text)), oversubscribed
+        return max(0.0, float(text))
     except ValueError:
         raise ValueError(f"COLLECTIVES_SPIN_US={text!r} is not a number of microseconds or 'auto'") from None
 
@@ -158,7 +156,8 @@ def init(timeout: Optional[float] = None):
             local_rank, local_size = 0, 1
         else:
             core, server, client, local_rank, local_size = _rendezvous(info, t)
-        core.set_spin(*spin_policy(local_size))
+        core.set_spin(spin_us())
+        core.set_oversubscribed(local_size > (os.cpu_count() or 1))
         comm = Comm._from_core(core, local_rank, local_size)
         _state = _World(comm, core, server, client)
         return comm

@@ -172,10 +172,15 @@ cdef class Communicator:
         cdef bytes h = host.encode()
         CHKERR(coll_comm_set_peer(self._live(), peer, h, port), self.comm)
 
-    def set_spin(self, double us, bint yield_core=False) -> None:
-        """Microseconds a waiting rank keeps checking before sleeping in poll() (0: never),
-        yielding its core between checks if yield_core."""
-        coll_comm_set_spin(self._live(), us, yield_core)
+    def set_spin(self, double us) -> None:
+        """Microseconds a waiting rank keeps checking before sleeping in poll() (0: never)."""
+        coll_comm_set_spin(self._live(), us)
+
+    def set_oversubscribed(self, bint oversubscribed) -> None:
+        """Whether this host runs more ranks than cores (before the first collective): a
+        waiting rank then yields its core between checks, and with
+        COLLECTIVES_SOCKET_BUFFER=auto its TCP links keep the kernel's buffer autotuning."""
+        coll_comm_set_oversubscribed(self._live(), oversubscribed)
 
     def set_peer_host(self, int peer, str host_id) -> None:
         """Mark which peers share this host (equal ids): they may use shared memory."""

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -75,7 +76,9 @@ coll_result_t coll_comm_create(int rank, int size, const char *bind_host, const 
   if (c->timeout <= 0) c->timeout = 300;
   long long seg = coll_param_int(COLL_PARAM_SEGMENT_BYTES);
   c->segment_bytes = seg > 0 ? (size_t)seg : 512 * 1024;
-  c->sockbuf = (int)coll_param_int(COLL_PARAM_SOCKET_BUFFER);
+  c->sockbuf = strcasecmp(coll_param_str(COLL_PARAM_SOCKET_BUFFER), "auto") == 0
+                   ? -1
+                   : (int)coll_param_int(COLL_PARAM_SOCKET_BUFFER);
   pthread_mutex_init(&c->mu, NULL);
   pthread_cond_init(&c->cv, NULL);
   coll_log_set_rank(rank);
@@ -94,9 +97,10 @@ coll_result_t coll_comm_create(int rank, int size, const char *bind_host, const 
 
 int coll_comm_port(const coll_comm_t *comm) { return comm->port; }
 
-void coll_comm_set_spin(coll_comm_t *comm, double us, int yield) {
-  comm->spin = us > 0 ? us * 1e-6 : 0;
-  comm->spin_yield = yield != 0;
+void coll_comm_set_spin(coll_comm_t *comm, double us) { comm->spin = us > 0 ? us * 1e-6 : 0; }
+
+void coll_comm_set_oversubscribed(coll_comm_t *comm, int oversubscribed) {
+  comm->oversubscribed = oversubscribed != 0;
 }
 
 coll_result_t coll_comm_set_peer(coll_comm_t *comm, int peer, const char *host, int port) {

@@ -50,9 +50,9 @@ struct coll_comm {
   char abort_reason[COLL_ABORT_REASON_BYTES];
   double timeout;        /* default deadline, seconds */
   size_t segment_bytes;
-  int sockbuf;
+  int sockbuf;           /* COLLECTIVES_SOCKET_BUFFER; -1: auto (coll_tcp_link_buffer) */
   double spin;           /* seconds to keep retrying before poll() */
-  int spin_yield;        /* give the core away between retries (more ranks than cores) */
+  int oversubscribed;    /* the host runs more ranks than cores (coll_comm_set_oversubscribed) */
   int all_shm;           /* coll_links_all_shm's answer: 0 not yet known, 1 yes, 2 no */
 
   /* Progress thread: runs queued requests in order; blocking calls made

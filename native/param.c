@@ -18,8 +18,10 @@ static const coll_param_decl_t params[COLL_NUM_PARAMS] = {
                             "seconds a collective waits on a peer before failing"},
     [COLL_PARAM_SEGMENT_BYTES] = {"COLLECTIVES_SEGMENT_BYTES", "512K",
                                   "pipelining segment size of ring, tree and chain schedules"},
-    [COLL_PARAM_SOCKET_BUFFER] = {"COLLECTIVES_SOCKET_BUFFER", "4M",
-                                  "SO_SNDBUF/SO_RCVBUF of each TCP link (0: kernel autotuning)"},
+    [COLL_PARAM_SOCKET_BUFFER] = {"COLLECTIVES_SOCKET_BUFFER", "auto",
+                                  "SO_SNDBUF/SO_RCVBUF of each TCP link (0: kernel autotuning; "
+                                  "auto: 4M, or autotuning when the host runs more ranks than "
+                                  "cores)"},
     [COLL_PARAM_ALGO] = {"COLLECTIVES_ALGO", "",
                          "force an allreduce algorithm: ring, tree, butterfly (overrides auto)"},
     [COLL_PARAM_TUNE_FILE] = {"COLLECTIVES_TUNE_FILE", "",

@@ -560,7 +560,7 @@ coll_result_t coll_sched_run(coll_sched_t *s, double deadline) {
         sockets = !ps[i].link->tp->recv_peek && (head_ready(s, ps[i].sq, ps[i].nsq, ps[i].sh) ||
                                                  head_ready(s, ps[i].rq, ps[i].nrq, ps[i].rh));
       if (!sockets) {
-        if (comm->spin_yield) sched_yield();
+        if (comm->oversubscribed) sched_yield();
         continue;
       }
     }
@@ -590,7 +590,7 @@ coll_result_t coll_sched_run(coll_sched_t *s, double deadline) {
     int ms = spinning ? 0 : left > 2e6 ? 2000000000 : (int)(left * 1000.0) + 1;
     int r = poll(pfs, (nfds_t)npf, ms);
     if (r == 0 && spinning) {
-      if (comm->spin_yield) sched_yield();
+      if (comm->oversubscribed) sched_yield();
       sockets_idle = 1;
       continue;
     }

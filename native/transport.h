@@ -102,6 +102,9 @@ coll_result_t coll_tcp_accept_until(coll_comm_t *comm, int peer, double deadline
  * offer (transport_select.c). */
 void coll_link_adopt(coll_comm_t *comm, int peer, int fd, const unsigned char *offer);
 
+/* SO_SNDBUF/SO_RCVBUF each TCP link gets, in bytes; 0: the kernel's
+ * autotuning (COLLECTIVES_SOCKET_BUFFER, "auto" resolved). */
+int coll_tcp_link_buffer(const coll_comm_t *comm);
 /* The TCP listener every rank opens at creation (transport_tcp.c). */
 coll_result_t coll_tcp_listen(coll_comm_t *comm, const char *bind_host);
 /* Closes half-open handshakes and the listener. */

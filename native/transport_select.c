@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -66,8 +67,14 @@ static coll_result_t link_ready(coll_comm_t *comm, coll_link_t *link, int shm) {
     return coll_error(comm, COLL_INVALID_USAGE,
                       "rank %d: COLLECTIVES_TRANSPORT=shm but rank %d cannot share memory with it",
                       comm->rank, link->peer);
-  COLL_INFO(COLL_LOG_NET, "rank %d <-> rank %d via %s (%s:%d)", comm->rank, link->peer,
-            link->tp->name, p->host, p->port);
+  char buffers[48] = "";
+  if (!shm) {
+    int bytes = coll_tcp_link_buffer(comm);
+    if (bytes > 0) snprintf(buffers, sizeof buffers, ", socket buffers %d B", bytes);
+    else snprintf(buffers, sizeof buffers, ", socket buffers autotuned");
+  }
+  COLL_INFO(COLL_LOG_NET, "rank %d <-> rank %d via %s (%s:%d%s)", comm->rank, link->peer,
+            link->tp->name, p->host, p->port, buffers);
   p->link = link;
   return COLL_SUCCESS;
 }

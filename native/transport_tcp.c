@@ -13,7 +13,8 @@
  * Sockets are non-blocking with TCP_NODELAY (every message is a header plus
  * payload written in one sendmsg, so Nagle would only add latency) and large
  * buffers (COLLECTIVES_SOCKET_BUFFER) so that a pipelined ring keeps several
- * segments in flight.
+ * segments in flight; on a host with more ranks than cores, the kernel's
+ * autotuned ones (coll_comm_set_oversubscribed in coll.h says why).
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -33,11 +34,21 @@
 #include "transport.h"
 #include "wire.h"
 
+/* Set on each link's socket, not on the listener: "auto" depends on
+ * coll_comm_set_oversubscribed, which comes after the listener exists. An
+ * accepted socket's window scale is agreed before this runs, but Linux sizes
+ * it for the largest buffer the sysctls allow (tcp_rmem[2], rmem_max), so a
+ * buffer set afterwards is still advertised whole. */
+int coll_tcp_link_buffer(const coll_comm_t *comm) {
+  return comm->sockbuf >= 0 ? comm->sockbuf : comm->oversubscribed ? 0 : 4 << 20;
+}
+
 static void set_buffers(coll_comm_t *comm, int fd) {
-  if (comm->sockbuf > 0) {
+  int bytes = coll_tcp_link_buffer(comm);
+  if (bytes > 0) {
     /* Best effort: the kernel caps these at net.core.[rw]mem_max. */
-    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &comm->sockbuf, sizeof comm->sockbuf);
-    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &comm->sockbuf, sizeof comm->sockbuf);
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
   }
 }
 
@@ -68,7 +79,6 @@ coll_result_t coll_tcp_listen(coll_comm_t *comm, const char *bind_host) {
     if (fd < 0) continue;
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    set_buffers(comm, fd); /* inherited by accepted sockets, before window scaling is agreed */
     if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 512) == 0) break;
     close(fd);
     fd = -1;
@@ -262,6 +272,7 @@ coll_result_t coll_tcp_accept_until(coll_comm_t *comm, int peer, double deadline
       for (;;) {
         int fd = accept4(comm->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) break;
+        set_buffers(comm, fd);
         if (comm->npending == COLL_MAX_PENDING) { /* evict the oldest half-open one */
           close(comm->pending[0].fd);
           drop_pending(comm, 0);

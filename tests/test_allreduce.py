@@ -218,3 +218,36 @@ def test_allreduce_random_cases(n, count, alg, op, dtype, seed, seg):
 
     spec = dict(alg=alg, op=op, dtype=dtype, count=count, seed=seed, seg=seg)
     run_world(n, ONE_BODY, args=[json.dumps(spec)], timeout=30).assert_ok()
+
+
+BUFFERS_BODY = r"""
+import os
+if sys.argv[1] == "one-core":  # this host now has fewer cores than ranks
+    os.cpu_count = lambda: 1
+from collectives import MPI
+comm = MPI.COMM_WORLD
+x = np.full(1 << 18, comm.rank + 1, np.float32)
+comm.Allreduce(MPI.IN_PLACE, x)
+check(dict(cores=sys.argv[1]), x, np.full_like(x, comm.size * (comm.size + 1) // 2))
+"""
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("cores,setting,expect", [
+    ("all", None, "socket buffers 4194304 B"),
+    ("one-core", None, "socket buffers autotuned"),
+    ("one-core", "1M", "socket buffers 1048576 B"),
+    ("all", "0", "socket buffers autotuned"),
+])
+def test_tcp_link_buffers_follow_the_hosts_load(cores, setting, expect):
+    """COLLECTIVES_SOCKET_BUFFER=auto (the default): fixed 4 MiB buffers while each rank has
+    a core, the kernel's autotuning when the host runs more ranks than cores; a value set
+    by the user wins either way. The NET log names what each TCP link got."""
+    env = {"COLLECTIVES_TRANSPORT": "tcp", "COLLECTIVES_DEBUG": "INFO",
+           "COLLECTIVES_DEBUG_SUBSYS": "NET"}
+    if setting is not None:
+        env["COLLECTIVES_SOCKET_BUFFER"] = setting
+    res = run_world(2, BUFFERS_BODY, args=[cores], env=env, timeout=60).assert_ok()
+    for rr in res.ranks:
+        links = [line for line in rr.stderr.splitlines() if " via tcp " in line]
+        assert len(links) == 1 and expect in links[0], rr.stderr
