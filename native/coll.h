@@ -123,11 +123,11 @@ void coll_comm_set_spin(coll_comm_t *comm, double us);
  * that spins without yielding steals the core a peer needs to make progress,
  * while one that yields hands it over and still avoids the slow wake-up from
  * poll(). And with COLLECTIVES_SOCKET_BUFFER=auto its TCP links keep the
- * kernel's buffer autotuning instead of fixed 4 MiB buffers: ranks that take
- * turns on a core then keep less data queued in the kernel, and loopback
- * allreduce ran 5-40 % faster that way (4 ranks on 2 cores, 2 on 1), while
- * with a core per rank the fixed buffers were up to 2x faster (2 ranks on 2
- * cores, 1-8 MiB). */
+ * kernel's buffer autotuning instead of fixed 4 MiB buffers: loopback
+ * allreduce took 5-40 % less time and less CPU that way (4 ranks on 2 cores,
+ * 2 on 1; less data queued in the kernel while a peer waits for its turn on
+ * a core is the likely cause), while with a core per rank the fixed buffers
+ * took up to 2x less time (2 ranks on 2 cores, 1-8 MiB). */
 void coll_comm_set_oversubscribed(coll_comm_t *comm, int oversubscribed);
 /* Stops the progress thread, closes every link and the listener, frees comm. */
 void coll_comm_destroy(coll_comm_t *comm);
