@@ -16,6 +16,11 @@ the median over the iterations. algbw = size / time; busbw = algbw x
 2(n-1)/n (allreduce), (n-1)/n (allgather, reduce_scatter), 1 (broadcast).
 ``--runs R`` (driver mode) repeats the whole sweep R times, ours and the
 peers taking turns, and reports each row's median over the runs.
+
+Our allreduce algorithms are timed in turns, to compare them with each other;
+each peer is timed alone, in its own job. With ``--compare`` the driver also
+times ``auto`` alone, in a job of its own ("collectives-auto-alone"), and the
+ratios to the peers use that row: like against like.
 """
 from __future__ import annotations
 
@@ -46,6 +51,7 @@ ALGOS = ("ring", "tree", "butterfly", "auto")
 PEERS = ("gloo", "mpi", "mpi-shm")
 DEFAULT_TUNE_FILE = "collectives-tune.txt"
 PROGRESS_TAG = "@@collectives-bench-progress"
+ALONE = "collectives-auto-alone"  # auto timed in a job of its own (driver mode, --compare)
 _ALL_BYTES = 18446744073709551615  # "every size" in a tune file (SIZE_MAX)
 
 
@@ -528,7 +534,7 @@ def print_comparison(rows: Sequence[Row], out: Any = None) -> None:
     peers = [i for i in impls if not i.startswith("collectives")]
     if not ours or not peers:
         return
-    ref = "collectives-auto" if "collectives-auto" in ours else ours[-1]
+    ref = next((i for i in (ALONE, "collectives-auto") if i in ours), ours[-1])
     short = {i: i.split("-", 1)[1] if i.startswith("collectives-") else i for i in impls}
     cell = {(r.impl, r.size): r for r in rows if r.inplace}
     sizes = sorted({r.size for r in rows})
@@ -608,8 +614,9 @@ def tune_table(rows: Sequence[Row]) -> list[tuple[int, int, str]]:
     best: dict[int, tuple[float, str]] = {}
     per: dict[tuple[int, str], list[float]] = {}
     for r in rows:
-        if r.impl.startswith("collectives-") and r.time_us is not None and not r.impl.endswith("auto"):
-            per.setdefault((r.size, r.impl.split("-", 1)[1]), []).append(r.time_us)
+        algo = r.impl.split("-", 1)[1] if r.impl.startswith("collectives-") else "auto"
+        if r.time_us is not None and not algo.startswith("auto"):
+            per.setdefault((r.size, algo), []).append(r.time_us)
     for (size, algo), ts in per.items():
         t = sum(ts) / len(ts)
         if size not in best or t < best[size][0]:
@@ -718,9 +725,10 @@ def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(str(exc))
 
 
-def worker_args(args: argparse.Namespace) -> list[str]:
-    """The sweep options to pass on to a worker (never -np, --compare or outputs)."""
-    out = [args.coll, "--algo", ",".join(args.algos), "--dtype", args.dtype, "--op", args.op,
+def worker_args(args: argparse.Namespace, algos: Optional[Sequence[str]] = None) -> list[str]:
+    """The sweep options to pass on to a worker (never -np, --compare or outputs); algos
+    replaces --algo."""
+    out = [args.coll, "--algo", ",".join(algos or args.algos), "--dtype", args.dtype, "--op", args.op,
            "--root", str(args.root), "-b", str(args.minbytes), "-e", str(args.maxbytes),
            "-f", str(args.stepfactor), "--iters", str(args.iters), "--warmup", str(args.warmup),
            "--device", args.device]
@@ -838,10 +846,14 @@ def drive(args: argparse.Namespace) -> int:
     rc = 0
     with tempfile.TemporaryDirectory(prefix="collectives-bench-") as tmp:
         jobs: list[tuple[str, list[str]]] = []
-        out = os.path.join(tmp, "collectives.json")
-        jobs.append(("collectives", [sys.executable, "-m", "collectives.run", "-np", str(args.np),
-                                     sys.executable, "-m", "collectives.bench", *worker_args(args),
-                                     *extra, "--worker-json", out]))
+
+        def ours(name: str, algos: Optional[Sequence[str]] = None) -> tuple[str, list[str]]:
+            out = os.path.join(tmp, f"{name}.json")
+            return (name, [sys.executable, "-m", "collectives.run", "-np", str(args.np),
+                           sys.executable, "-m", "collectives.bench", *worker_args(args, algos),
+                           *extra, "--worker-json", out])
+
+        jobs.append(ours("collectives"))
         for peer in args.peers:
             why = _bench_peers.missing(peer)
             if args.device == "cuda":
@@ -851,6 +863,8 @@ def drive(args: argparse.Namespace) -> int:
                 continue
             path = os.path.join(tmp, f"{peer}.json")
             jobs.append((peer, _bench_peers.command(peer, args.np, worker_args(args) + extra, path)))
+        if len(jobs) > 1 and "auto" in args.algos and len(args.algos) > 1:
+            jobs.insert(1, ours(ALONE, ["auto"]))  # timed like the peers: a job of its own
         runs: list[list[Row]] = []
         for run in range(args.runs):
             got: list[Row] = []
@@ -866,11 +880,12 @@ def drive(args: argparse.Namespace) -> int:
                     continue
                 with open(path, encoding="utf-8") as fh:
                     data = json.load(fh)
-                got += [Row(**r) for r in data["rows"]]
+                got += [Row(**{**r, "impl": ALONE}) if name == ALONE else Row(**r)
+                        for r in data["rows"]]
                 notes += data["notes"] if run == 0 else []
                 if name == "collectives":
                     transport = data.get("transport", "")
-                if code and name == "collectives":
+                if code and name in ("collectives", ALONE):
                     rc = code
             runs.append(got)
         rows = median_rows(runs)

@@ -240,7 +240,8 @@ def test_sizes_and_tune_table() -> None:
     mk = lambda size, algo, t: bench.Row("allreduce", f"collectives-{algo}", 4, size, size // 4,
                                          "float32", "sum", -1, t, 1.0, 1.0, None, False, "h")
     rows = [mk(8, "butterfly", 1), mk(8, "ring", 2), mk(64, "butterfly", 1), mk(64, "ring", 2),
-            mk(512, "ring", 1), mk(512, "butterfly", 2), mk(512, "auto", 0.1)]
+            mk(512, "ring", 1), mk(512, "butterfly", 2), mk(512, "auto", 0.1),
+            mk(512, "auto-alone", 0.1)]
     assert bench.tune_table(rows) == [(4, 64, "butterfly"), (4, 18446744073709551615, "ring")]
 
 
@@ -299,3 +300,25 @@ def test_runs_repeats_the_sweep_and_reports_medians(tmp_path: Path) -> None:
         [(8, False), (8, True), (64, False), (64, True), (512, False), (512, True)]
     assert all(r["time_us"] > 0 and r["wrong"] == 0 for r in rows)
     assert _run(["allreduce", "-np", "2", "--runs", "0"]).returncode == 2
+
+
+@pytest.mark.timeout(150)
+def test_compare_times_auto_alone_like_the_peers(tmp_path: Path) -> None:
+    """Our algorithms are timed in turns, each peer in a job of its own; the ratios to the
+    peers use auto timed alone too (collectives-auto-alone), and every row is checked."""
+    if _bench_peers.missing("gloo"):
+        pytest.skip(f"gloo: {_bench_peers.missing('gloo')}")
+    out = tmp_path / "rows.json"
+    res = _run(["allreduce", "-np", "2", "-b", "8", "-e", "64", "-f", "8", "--iters", "2",
+                "--warmup", "1", "--algo", "ring,auto", "--compare", "gloo", "--check",
+                "--json", out], timeout=140)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert list(_tables(res.stdout)) == ["collectives-ring", "collectives-auto",
+                                         "collectives-auto-alone", "gloo"], res.stdout
+    assert "ratio = collectives-auto-alone / peer" in res.stdout, res.stdout
+    ratios = [line.split()[-1] for line in res.stdout.splitlines()
+              if re.match(r"\s+(8|64)\s", line) and line.rstrip().endswith("x")]
+    assert len(ratios) == 2 and all(float(r[:-1]) > 0 for r in ratios), res.stdout
+    rows = json.loads(out.read_text())
+    alone = [r for r in rows if r["impl"] == "collectives-auto-alone"]
+    assert len(alone) == 4 and all(r["wrong"] == 0 and r["time_us"] > 0 for r in alone)
