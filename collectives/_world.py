@@ -91,6 +91,13 @@ def spin_us() -> float:
         raise ValueError(f"COLLECTIVES_SPIN_US={text!r} is not a number of microseconds or 'auto'") from None
 
 
+def apply_host_policy(core, local_size: int) -> None:
+    """How a rank whose host runs local_size ranks waits and sizes its TCP buffers
+    (coll_comm_set_spin and coll_comm_set_oversubscribed in native/coll.h)."""
+    core.set_spin(spin_us())
+    core.set_oversubscribed(local_size > (os.cpu_count() or 1))
+
+
 def host_id() -> str:
     """Equal for processes that share a host and its /dev/shm: hostname + boot id."""
     try:
@@ -156,8 +163,7 @@ def init(timeout: Optional[float] = None):
             local_rank, local_size = 0, 1
         else:
             core, server, client, local_rank, local_size = _rendezvous(info, t)
-        core.set_spin(spin_us())
-        core.set_oversubscribed(local_size > (os.cpu_count() or 1))
+        apply_host_policy(core, local_size)
         comm = Comm._from_core(core, local_rank, local_size)
         _state = _World(comm, core, server, client)
         return comm

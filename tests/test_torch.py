@@ -292,14 +292,19 @@ def test_backend_collectives_under_launcher():
 
 @pytest.mark.timeout(60)
 def test_backend_through_torch_store_like_torchrun():
+    """Under torchrun the groups rendezvous through torch's store, and still learn which
+    peers share their host: those links use shared memory, as in a collectives world."""
     port = free_port()
 
     def torchrun_env(rank, n):
         return {"RANK": rank, "WORLD_SIZE": n, "LOCAL_RANK": rank, "LOCAL_WORLD_SIZE": n,
                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
 
-    res = run_world(2, BACKEND_BODY, rank_env=torchrun_env, timeout=50).assert_ok()
+    res = run_world(2, BACKEND_BODY, rank_env=torchrun_env, timeout=50,
+                    env={"COLLECTIVES_DEBUG": "INFO", "COLLECTIVES_DEBUG_SUBSYS": "NET"}).assert_ok()
     assert res[1].one("backend")["name"] == "collectives"
+    for rr in res.ranks:  # the world group and new_group's, one link each
+        assert rr.stderr.count(" via shm ") == 2 and " via tcp " not in rr.stderr, rr.stderr
 
 
 @pytest.mark.timeout(60)

@@ -402,10 +402,15 @@ def _communicator(store: Any, rank: int, size: int, timeout: timedelta) -> tuple
     master, port = _store_address(store)
     host = _env.advertise_address(master, port)
     core = Communicator(rank, size, host, comm_id)
-    store.set(f"collectives/addr/{rank}", f"{host}\n{core.port}")
+    mine = _world.host_id()
+    store.set(f"collectives/addr/{rank}", f"{host}\n{core.port}\n{mine}")
+    local_size = 0
     for peer in range(size):
-        addr, peer_port = store.get(f"collectives/addr/{peer}").decode().split("\n")
+        addr, peer_port, peer_host = store.get(f"collectives/addr/{peer}").decode().split("\n")
         core.set_peer(peer, addr, int(peer_port))
+        core.set_peer_host(peer, peer_host)  # same-host peers then use shared memory
+        local_size += peer_host == mine
+    _world.apply_host_policy(core, local_size)
     return core, True
 
 
