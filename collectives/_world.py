@@ -157,6 +157,7 @@ def init(timeout: Optional[float] = None):
         from .MPI import Comm
 
         info = _env.detect()
+        _env.check_size_vars()
         t = float(timeout) if timeout else _default_timeout()
         if info.size == 1:
             core, server, client = Communicator(0, 1), None, None

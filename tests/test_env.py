@@ -1,5 +1,6 @@
 """Tests of collectives._env: sources and their precedence, addresses, interfaces."""
 
+import re
 import socket
 
 import pytest
@@ -263,3 +264,45 @@ def test_advertise_address_ipv6_store():
 
 def test_advertise_address_unresolvable_store_falls_back():
     assert advertise_address("no-such-host.invalid", 1, environ={}) == "127.0.0.1"
+
+
+@pytest.mark.parametrize("text,value", [("65536", 65536), ("4M", 4 << 20), ("512k", 512 << 10),
+                                        ("4MiB", 4 << 20), ("1G", 1 << 30), ("0", 0),
+                                        ("8b", 8), (" 2M ", 2 << 20)])
+def test_byte_size_reads_what_the_core_reads(text, value):
+    assert _env.byte_size("COLLECTIVES_SEGMENT_BYTES", text) == value
+
+
+@pytest.mark.parametrize("name,text", [("COLLECTIVES_SEGMENT_BYTES", "4 M"),
+                                       ("COLLECTIVES_SOCKET_BUFFER", "-1"),
+                                       ("COLLECTIVES_SHM_BYTES", "big"),
+                                       ("COLLECTIVES_FUSION_THRESHOLD", "1.5M"),
+                                       ("COLLECTIVES_CUDA_SEGMENT_BYTES", "4T")])
+def test_size_variables_the_core_would_misread_are_refused(name, text):
+    with pytest.raises(ValueError, match=f"{name}='{re.escape(text)}' is not a number of bytes"):
+        _env.check_size_vars({name: text})
+
+
+def test_size_variables_accept_auto_only_for_the_socket_buffer():
+    _env.check_size_vars({"COLLECTIVES_SOCKET_BUFFER": "auto", "COLLECTIVES_SEGMENT_BYTES": "1M"})
+    with pytest.raises(ValueError, match="COLLECTIVES_SEGMENT_BYTES='auto'"):
+        _env.check_size_vars({"COLLECTIVES_SEGMENT_BYTES": "auto"})
+
+
+@pytest.mark.timeout(60)
+def test_init_refuses_a_misread_size_before_the_rendezvous():
+    """A bad size fails collectives.init() at once, naming the variable (no store is up:
+    the rank never gets as far as connecting to one)."""
+    import subprocess
+    import sys
+
+    from conftest import base_env, free_port
+
+    env = base_env({"COLLECTIVES_RANK": "1", "COLLECTIVES_SIZE": "2",
+                    "COLLECTIVES_STORE_ADDR": f"127.0.0.1:{free_port()}",
+                    "COLLECTIVES_SEGMENT_BYTES": "4 M", "COLLECTIVES_TIMEOUT": "30"})
+    res = subprocess.run([sys.executable, "-c", "import collectives; collectives.init()"],
+                         env=env, capture_output=True, text=True, timeout=50)
+    assert res.returncode != 0
+    assert "ValueError: COLLECTIVES_SEGMENT_BYTES='4 M' is not a number of bytes" in res.stderr, \
+        res.stderr

@@ -156,3 +156,17 @@ def test_example_pytorch_synthetic_runs_under_launcher():
     assert res.launcher_rc == 0, res.report()
     out = res[0].stdout
     assert "final loss" in out and "parameters equal on all ranks: True" in out, res.report()
+
+
+@pytest.mark.parametrize("text,value", [("", 128 << 20), ("0", 0), ("64M", 64 << 20),
+                                        ("1048576", 1 << 20)])
+def test_fusion_threshold_reads_sizes_like_the_other_variables(monkeypatch, text, value):
+    """COLLECTIVES_FUSION_THRESHOLD takes the form the README's table shows (128M), as the
+    core's size variables do; anything else names the variable."""
+    from collectives.torch._context import FUSION_ENV, fusion_threshold
+
+    monkeypatch.setenv(FUSION_ENV, text)
+    assert fusion_threshold() == value
+    monkeypatch.setenv(FUSION_ENV, "-5")
+    with pytest.raises(ValueError, match="COLLECTIVES_FUSION_THRESHOLD='-5' is not a number"):
+        fusion_threshold()

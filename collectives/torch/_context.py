@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 import collectives
+from collectives._env import byte_size
 
 # torch dtype -> the core's dtype name (what travels on the wire unchanged)
 CORE_DTYPES = {
@@ -35,15 +36,7 @@ DEFAULT_FUSION_BYTES = 128 * 1024 * 1024
 def fusion_threshold() -> int:
     """Bytes per fusion buffer: COLLECTIVES_FUSION_THRESHOLD (default 128 MiB, 0 = no fusion)."""
     text = os.environ.get(FUSION_ENV, "").strip()
-    if not text:
-        return DEFAULT_FUSION_BYTES
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"{FUSION_ENV}={text!r} is not a number of bytes") from None
-    if value < 0:
-        raise ValueError(f"{FUSION_ENV} must be >= 0, got {value}")
-    return value
+    return byte_size(FUSION_ENV, text) if text else DEFAULT_FUSION_BYTES
 
 
 def wire_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -394,6 +394,7 @@ def _communicator(store: Any, rank: int, size: int, timeout: timedelta) -> tuple
         world = collectives.init()
         if world.rank == rank and world.size == size:
             return world._core, False
+    _env.check_size_vars()
     if size == 1:
         return Communicator(0, 1), True
     if rank == 0:
