@@ -227,7 +227,6 @@ def check_size_vars(env: Optional[Mapping[str, str]] = None) -> None:
             byte_size(name, text)
 
 
-
 def _int_var(env: Mapping[str, str], name: str, minimum: int = 0) -> int:
     text = env.get(name)
     if text is None:

@@ -614,8 +614,10 @@ def tune_table(rows: Sequence[Row]) -> list[tuple[int, int, str]]:
     best: dict[int, tuple[float, str]] = {}
     per: dict[tuple[int, str], list[float]] = {}
     for r in rows:
-        algo = r.impl.split("-", 1)[1] if r.impl.startswith("collectives-") else "auto"
-        if r.time_us is not None and not algo.startswith("auto"):
+        if not r.impl.startswith("collectives-") or r.time_us is None:
+            continue
+        algo = r.impl.split("-", 1)[1]
+        if not algo.startswith("auto"):  # auto and auto-alone run one of the others
             per.setdefault((r.size, algo), []).append(r.time_us)
     for (size, algo), ts in per.items():
         t = sum(ts) / len(ts)
