@@ -108,6 +108,19 @@ def host_id() -> str:
     return f"{socket.gethostname()}/{boot}"
 
 
+def exchange_addresses(core, rank: int, size: int, advertise: str, put, get) -> list:
+    """Publish where this rank listens and its host id through a store (put(key, bytes),
+    get(key) -> bytes), point core at every peer, and return the ranks' host ids."""
+    put(f"addr/{rank}", f"{advertise}\n{core.port}\n{host_id()}".encode())
+    hosts = []
+    for peer in range(size):
+        addr, port, peer_host = get(f"addr/{peer}").decode().split("\n")
+        core.set_peer(peer, addr, int(port))
+        core.set_peer_host(peer, peer_host)  # same-host peers may then use shared memory
+        hosts.append(peer_host)
+    return hosts
+
+
 def _rendezvous(info: _env.WorldInfo, timeout: float):
     from ._core import Communicator
 
@@ -126,14 +139,8 @@ def _rendezvous(info: _env.WorldInfo, timeout: float):
             client.set("comm_id", os.urandom(16))
         comm_id = client.get("comm_id", timeout=timeout)
         core = Communicator(info.rank, info.size, advertise, comm_id)
-        host = host_id()
-        client.set(f"addr/{info.rank}", f"{advertise}\n{core.port}\n{host}".encode())
-        hosts = []
-        for peer in range(info.size):
-            addr, port, peer_host = client.get(f"addr/{peer}", timeout=timeout).decode().split("\n")
-            core.set_peer(peer, addr, int(port))
-            core.set_peer_host(peer, peer_host)
-            hosts.append(peer_host)
+        hosts = exchange_addresses(core, info.rank, info.size, advertise, client.set,
+                                   lambda key: client.get(key, timeout=timeout))
     except BaseException:
         client.close()
         if server is not None:

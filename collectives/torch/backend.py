@@ -403,15 +403,10 @@ def _communicator(store: Any, rank: int, size: int, timeout: timedelta) -> tuple
     master, port = _store_address(store)
     host = _env.advertise_address(master, port)
     core = Communicator(rank, size, host, comm_id)
-    mine = _world.host_id()
-    store.set(f"collectives/addr/{rank}", f"{host}\n{core.port}\n{mine}")
-    local_size = 0
-    for peer in range(size):
-        addr, peer_port, peer_host = store.get(f"collectives/addr/{peer}").decode().split("\n")
-        core.set_peer(peer, addr, int(peer_port))
-        core.set_peer_host(peer, peer_host)  # same-host peers then use shared memory
-        local_size += peer_host == mine
-    _world.apply_host_policy(core, local_size)
+    hosts = _world.exchange_addresses(core, rank, size, host,
+                                      lambda key, value: store.set(f"collectives/{key}", value),
+                                      lambda key: store.get(f"collectives/{key}"))
+    _world.apply_host_policy(core, hosts.count(hosts[rank]))
     return core, True
 
 
