@@ -3,9 +3,10 @@
 The only module that knows both the environment readers and the core. Rank 0
 hosts the store; every rank creates its native communicator (which starts
 listening), publishes ``address port hostname`` under ``addr/<rank>``, reads
-every peer's entry, and from the hostnames derives local rank and size when
-the launcher did not say. No link is opened here: the core connects to the
-peers an algorithm needs on first use.
+every peer's entry, and says so under ``joined/<rank>`` (rank 0 keeps the
+store until every rank has). From the hostnames it derives local rank and
+size when the launcher did not say. No link is opened here: the core
+connects to the peers an algorithm needs on first use.
 
 After a collective fails, a rank reports its error under ``failed/<rank>``;
 a rank whose own error is only the echo ("closed the connection", timeout)
@@ -27,6 +28,10 @@ _lock = threading.RLock()
 _state: Optional["_World"] = None
 
 
+# Seconds rank 0 keeps the store at exit for ranks still reading addresses.
+JOIN_WAIT = 10.0
+
+
 class _World:
     """What init() built: the communicator and, at rank 0, the store server."""
 
@@ -40,6 +45,15 @@ class _World:
 
     def close(self) -> None:
         self.core.close()
+        if self.server is not None and not self.failed:
+            # A rank may still be reading the others' addresses from the store,
+            # which goes with rank 0: wait (bounded) until every rank has them.
+            try:
+                deadline = time.monotonic() + JOIN_WAIT
+                for peer in range(self.comm.size):
+                    self.client.get(f"joined/{peer}", timeout=max(0.01, deadline - time.monotonic()))
+            except (OSError, TimeoutError, ConnectionError):
+                pass
         if self.server is not None and self.failed:
             # The store lives in rank 0: after a failure, give the other ranks
             # a moment to read each other's reports before it goes.
@@ -141,6 +155,7 @@ def _rendezvous(info: _env.WorldInfo, timeout: float):
         core = Communicator(info.rank, info.size, advertise, comm_id)
         hosts = exchange_addresses(core, info.rank, info.size, advertise, client.set,
                                    lambda key: client.get(key, timeout=timeout))
+        client.set(f"joined/{info.rank}", b"")
     except BaseException:
         client.close()
         if server is not None:

@@ -251,3 +251,12 @@ def test_tcp_link_buffers_follow_the_hosts_load(cores, setting, expect):
     for rr in res.ranks:
         links = [line for line in rr.stderr.splitlines() if " via tcp " in line]
         assert len(links) == 1 and expect in links[0], rr.stderr
+
+
+@pytest.mark.timeout(90)
+def test_rank_zero_keeps_the_store_until_every_rank_has_joined():
+    """Rank 0 hosts the store; when it leaves right after init, the others may still be
+    reading addresses from it. It waits for them (each rank that was slow failed with
+    'lost the store' before)."""
+    for _ in range(3):
+        run_world(4, "from collectives import MPI\nMPI.COMM_WORLD\n", timeout=60).assert_ok()
