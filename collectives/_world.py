@@ -2,10 +2,12 @@
 
 The only module that knows both the environment readers and the core. Rank 0
 hosts the store; every rank creates its native communicator (which starts
-listening), publishes ``address port hostname`` under ``addr/<rank>``, reads
-every peer's entry, and says so under ``joined/<rank>`` (rank 0 keeps the
-store until every rank has). From the hostnames it derives local rank and
-size when the launcher did not say. No link is opened here: the core
+listening), publishes its address, port, host id and CPU mask under
+``addr/<rank>``, reads every peer's entry, and says so under ``joined/<rank>``
+(rank 0 keeps the store until every rank has). From the host ids it derives
+local rank and size when the launcher did not say, and from the masks of the
+ranks on its host whether the host is oversubscribed (the host policy: how a
+rank waits, its socket buffers, its CPU). No link is opened here: the core
 connects to the peers an algorithm needs on first use.
 
 After a collective fails, a rank reports its error under ``failed/<rank>``;
@@ -105,11 +107,50 @@ def spin_us() -> float:
         raise ValueError(f"COLLECTIVES_SPIN_US={text!r} is not a number of microseconds or 'auto'") from None
 
 
-def apply_host_policy(core, local_size: int) -> None:
-    """How a rank whose host runs local_size ranks waits and sizes its TCP buffers
-    (coll_comm_set_spin and coll_comm_set_oversubscribed in native/coll.h)."""
+BIND_MODES = ("auto", "core", "none")
+
+
+def bind_mode() -> str:
+    """COLLECTIVES_BIND: auto (pin when the host runs more ranks than CPUs), core, none."""
+    text = os.environ.get("COLLECTIVES_BIND", "auto").strip().lower() or "auto"
+    if text not in BIND_MODES:
+        raise ValueError(f"COLLECTIVES_BIND={text!r} is not one of {', '.join(BIND_MODES)}")
+    return text
+
+
+def check_host_policy() -> None:
+    """ValueError for a COLLECTIVES_SPIN_US or COLLECTIVES_BIND the policy cannot read,
+    raised before the rank connects to anyone."""
+    spin_us()
+    bind_mode()
+
+
+_cpus: Optional[list] = None
+
+
+def process_cpus() -> list:
+    """The CPUs this process may run on (its affinity mask, as taskset, cgroup cpusets and
+    launchers that bind leave it), read once: before this module pins the process."""
+    global _cpus
+    if _cpus is None:
+        try:
+            _cpus = sorted(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            _cpus = list(range(os.cpu_count() or 1))
+    return _cpus
+
+
+def apply_host_policy(core, local_rank: int, local_size: int, host_cpus: set) -> None:
+    """How a rank waits, sizes its TCP buffers and where it runs, given that its host runs
+    local_size ranks on host_cpus (the union of their affinity masks); see
+    coll_comm_set_spin, coll_comm_set_oversubscribed and coll_comm_bind_cpu in native/coll.h."""
+    oversubscribed = local_size > len(host_cpus)
     core.set_spin(spin_us())
-    core.set_oversubscribed(local_size > (os.cpu_count() or 1))
+    core.set_oversubscribed(oversubscribed)
+    mine = process_cpus()
+    mode = bind_mode()
+    if len(mine) > 1 and (mode == "core" or (mode == "auto" and oversubscribed)):
+        core.bind_cpu(mine[local_rank % len(mine)])
 
 
 def host_id() -> str:
@@ -122,17 +163,21 @@ def host_id() -> str:
     return f"{socket.gethostname()}/{boot}"
 
 
-def exchange_addresses(core, rank: int, size: int, advertise: str, put, get) -> list:
-    """Publish where this rank listens and its host id through a store (put(key, bytes),
-    get(key) -> bytes), point core at every peer, and return the ranks' host ids."""
-    put(f"addr/{rank}", f"{advertise}\n{core.port}\n{host_id()}".encode())
-    hosts = []
+def exchange_addresses(core, rank: int, size: int, advertise: str, put, get) -> tuple:
+    """Publish where this rank listens, its host id and its CPUs through a store
+    (put(key, bytes), get(key) -> bytes), point core at every peer, and return the ranks'
+    host ids and the union of the CPU masks of the ranks on this rank's host."""
+    cpus = ",".join(map(str, process_cpus()))
+    put(f"addr/{rank}", f"{advertise}\n{core.port}\n{host_id()}\n{cpus}".encode())
+    records = []
     for peer in range(size):
-        addr, port, peer_host = get(f"addr/{peer}").decode().split("\n")
+        addr, port, peer_host, peer_cpus = get(f"addr/{peer}").decode().split("\n")
         core.set_peer(peer, addr, int(port))
         core.set_peer_host(peer, peer_host)  # same-host peers may then use shared memory
-        hosts.append(peer_host)
-    return hosts
+        records.append((peer_host, peer_cpus))
+    hosts = [host for host, _ in records]
+    host_cpus = {int(c) for host, text in records if host == hosts[rank] for c in text.split(",")}
+    return hosts, host_cpus
 
 
 def _rendezvous(info: _env.WorldInfo, timeout: float):
@@ -153,8 +198,8 @@ def _rendezvous(info: _env.WorldInfo, timeout: float):
             client.set("comm_id", os.urandom(16))
         comm_id = client.get("comm_id", timeout=timeout)
         core = Communicator(info.rank, info.size, advertise, comm_id)
-        hosts = exchange_addresses(core, info.rank, info.size, advertise, client.set,
-                                   lambda key: client.get(key, timeout=timeout))
+        hosts, host_cpus = exchange_addresses(core, info.rank, info.size, advertise, client.set,
+                                              lambda key: client.get(key, timeout=timeout))
         client.set(f"joined/{info.rank}", b"")
     except BaseException:
         client.close()
@@ -166,7 +211,7 @@ def _rendezvous(info: _env.WorldInfo, timeout: float):
     if local_rank is None or local_size is None:
         local_rank = sum(1 for r in range(info.rank) if hosts[r] == hosts[info.rank])
         local_size = sum(1 for h in hosts if h == hosts[info.rank])
-    return core, server, client, local_rank, local_size
+    return core, server, client, local_rank, local_size, host_cpus
 
 
 def init(timeout: Optional[float] = None):
@@ -180,13 +225,14 @@ def init(timeout: Optional[float] = None):
 
         info = _env.detect()
         _env.check_size_vars()
+        check_host_policy()
         t = float(timeout) if timeout else _default_timeout()
         if info.size == 1:
             core, server, client = Communicator(0, 1), None, None
-            local_rank, local_size = 0, 1
+            local_rank, local_size, host_cpus = 0, 1, set(process_cpus())
         else:
-            core, server, client, local_rank, local_size = _rendezvous(info, t)
-        apply_host_policy(core, local_size)
+            core, server, client, local_rank, local_size, host_cpus = _rendezvous(info, t)
+        apply_host_policy(core, local_rank, local_size, host_cpus)
         comm = Comm._from_core(core, local_rank, local_size)
         _state = _World(comm, core, server, client)
         return comm

@@ -182,6 +182,10 @@ cdef class Communicator:
         COLLECTIVES_SOCKET_BUFFER=auto its TCP links keep the kernel's buffer autotuning."""
         coll_comm_set_oversubscribed(self._live(), oversubscribed)
 
+    def bind_cpu(self, int cpu) -> None:
+        """Pin every thread of this process to `cpu` (COLLECTIVES_BIND's policy picks it)."""
+        coll_comm_bind_cpu(self._live(), cpu)
+
     def set_peer_host(self, int peer, str host_id) -> None:
         """Mark which peers share this host (equal ids): they may use shared memory."""
         cdef bytes h = host_id.encode()

@@ -129,6 +129,13 @@ void coll_comm_set_spin(coll_comm_t *comm, double us);
  * a core is the likely cause), while with a core per rank the fixed buffers
  * took up to 2x less time (2 ranks on 2 cores, 1-8 MiB). */
 void coll_comm_set_oversubscribed(coll_comm_t *comm, int oversubscribed);
+/* Pins every thread of this process to `cpu` (COLLECTIVES_BIND; the policy
+ * in collectives/_world.py picks the CPU). With more ranks than cores, the
+ * scheduler otherwise tends to put a ring's neighbours on one core, where
+ * each hand-off waits for the other to be descheduled while the second core
+ * idles: 4 ranks on 2 cores took 25-30 % less time at 4 MiB bound round
+ * robin. Best effort: a CPU the process may not use is a warning. */
+void coll_comm_bind_cpu(coll_comm_t *comm, int cpu);
 /* Stops the progress thread, closes every link and the listener, frees comm. */
 void coll_comm_destroy(coll_comm_t *comm);
 /* The text of the last error (empty if none). Valid until the next call. */

@@ -7,6 +7,9 @@
 #define _GNU_SOURCE
 #include "comm.h"
 
+#include <dirent.h>
+#include <errno.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -101,6 +104,32 @@ void coll_comm_set_spin(coll_comm_t *comm, double us) { comm->spin = us > 0 ? us
 
 void coll_comm_set_oversubscribed(coll_comm_t *comm, int oversubscribed) {
   comm->oversubscribed = oversubscribed != 0;
+}
+
+void coll_comm_bind_cpu(coll_comm_t *comm, int cpu) {
+  if (cpu < 0 || cpu >= CPU_SETSIZE) {
+    COLL_WARN("rank %d: no CPU %d to bind to", comm->rank, cpu);
+    return;
+  }
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  if (sched_setaffinity(0, sizeof set, &set) != 0) {
+    COLL_WARN("rank %d: cannot bind to CPU %d: %s", comm->rank, cpu, strerror(errno));
+    return;
+  }
+  /* The other threads (BLAS and framework pools, the store) follow: each
+   * keeps the mask it was created with. One that exits meanwhile is skipped. */
+  int threads = 1;
+  pid_t self = (pid_t)gettid();
+  DIR *dir = opendir("/proc/self/task");
+  for (struct dirent *e; dir && (e = readdir(dir)) != NULL;) {
+    pid_t tid = (pid_t)atoi(e->d_name);
+    if (tid > 0 && tid != self && sched_setaffinity(tid, sizeof set, &set) == 0) threads++;
+  }
+  if (dir) closedir(dir);
+  COLL_INFO(COLL_LOG_INIT, "rank %d: bound %d thread%s to CPU %d", comm->rank, threads,
+            threads == 1 ? "" : "s", cpu);
 }
 
 coll_result_t coll_comm_set_peer(coll_comm_t *comm, int peer, const char *host, int port) {

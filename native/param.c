@@ -41,6 +41,9 @@ static const coll_param_decl_t params[COLL_NUM_PARAMS] = {
                             "microseconds a waiting rank keeps checking before it sleeps in poll() "
                             "(auto: 100); it yields its core between checks when the host runs more "
                             "ranks than cores"},
+    [COLL_PARAM_BIND] = {"COLLECTIVES_BIND", "auto",
+                         "pin each rank to one CPU of its affinity mask, local rank i to the i-th: "
+                         "auto when the host runs more ranks than CPUs, core always, none never"},
     [COLL_PARAM_RANK] = {"COLLECTIVES_RANK", "", "this process's rank (set by collectives-run)"},
     [COLL_PARAM_SIZE] = {"COLLECTIVES_SIZE", "", "number of ranks (set by collectives-run)"},
     [COLL_PARAM_LOCAL_RANK] = {"COLLECTIVES_LOCAL_RANK", "",

@@ -6,6 +6,8 @@ integers (rule 31); every rank's results are hashed and compared across ranks.
 bfloat16 goes through the core Communicator (collectives.MPI has no datatype
 for it); everything else through collectives.MPI.
 """
+import os
+
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
@@ -222,8 +224,8 @@ def test_allreduce_random_cases(n, count, alg, op, dtype, seed, seg):
 
 BUFFERS_BODY = r"""
 import os
-if sys.argv[1] == "one-core":  # this host now has fewer cores than ranks
-    os.cpu_count = lambda: 1
+if sys.argv[1] == "one-core":  # both ranks may only use one CPU, as under taskset -c 0
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 from collectives import MPI
 comm = MPI.COMM_WORLD
 x = np.full(1 << 18, comm.rank + 1, np.float32)
@@ -251,6 +253,46 @@ def test_tcp_link_buffers_follow_the_hosts_load(cores, setting, expect):
     for rr in res.ranks:
         links = [line for line in rr.stderr.splitlines() if " via tcp " in line]
         assert len(links) == 1 and expect in links[0], rr.stderr
+
+
+BIND_BODY = r"""
+import os, threading
+cpus = sorted(os.sched_getaffinity(0))[:2]
+os.sched_setaffinity(0, set(cpus))  # a host of two CPUs, whatever this machine has
+stop = threading.Event()
+pool = threading.Thread(target=stop.wait)  # a thread started before init, as a BLAS pool's
+pool.start()
+from collectives import MPI
+comm = MPI.COMM_WORLD
+x = np.full(1 << 16, comm.rank + 1, np.float32)
+comm.Allreduce(MPI.IN_PLACE, x)
+check(dict(bind=os.environ.get("COLLECTIVES_BIND")), x, np.full_like(x, comm.size * (comm.size + 1) // 2))
+emit("mask", cpus=cpus, main=sorted(os.sched_getaffinity(0)),
+     pool=sorted(os.sched_getaffinity(pool.native_id)))
+stop.set()
+pool.join()
+"""
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="binding needs two CPUs")
+@pytest.mark.parametrize("n,setting,bound", [
+    (3, None, True),      # auto, more ranks than CPUs: local rank i on the i-th CPU
+    (2, None, False),     # auto, a CPU per rank: left to the scheduler
+    (2, "core", True),
+    (3, "none", False),
+])
+def test_ranks_are_bound_to_cpus_when_the_host_is_oversubscribed(n, setting, bound):
+    """COLLECTIVES_BIND=auto (the default) pins each rank, every thread of it, to one CPU
+    of its mask when the host runs more ranks than CPUs; core always; none never."""
+    env = {"COLLECTIVES_TRANSPORT": "tcp"}
+    if setting is not None:
+        env["COLLECTIVES_BIND"] = setting
+    res = run_world(n, BIND_BODY, env=env, timeout=60).assert_ok()
+    for rr in res.ranks:
+        got = rr.one("mask")
+        want = [got["cpus"][rr.rank % 2]] if bound else got["cpus"]
+        assert got["main"] == want and got["pool"] == want, (rr.rank, got)
 
 
 @pytest.mark.timeout(90)

@@ -290,9 +290,14 @@ def test_size_variables_accept_auto_only_for_the_socket_buffer():
 
 
 @pytest.mark.timeout(60)
-def test_init_refuses_a_misread_size_before_the_rendezvous():
-    """A bad size fails collectives.init() at once, naming the variable (no store is up:
-    the rank never gets as far as connecting to one)."""
+@pytest.mark.parametrize("name,text,message", [
+    ("COLLECTIVES_SEGMENT_BYTES", "4 M", "is not a number of bytes"),
+    ("COLLECTIVES_BIND", "socket", "is not one of auto, core, none"),
+    ("COLLECTIVES_SPIN_US", "fast", "is not a number of microseconds"),
+])
+def test_init_refuses_a_misread_setting_before_the_rendezvous(name, text, message):
+    """A bad size or host policy fails collectives.init() at once, naming the variable (no
+    store is up: the rank never gets as far as connecting to one)."""
     import subprocess
     import sys
 
@@ -300,9 +305,8 @@ def test_init_refuses_a_misread_size_before_the_rendezvous():
 
     env = base_env({"COLLECTIVES_RANK": "1", "COLLECTIVES_SIZE": "2",
                     "COLLECTIVES_STORE_ADDR": f"127.0.0.1:{free_port()}",
-                    "COLLECTIVES_SEGMENT_BYTES": "4 M", "COLLECTIVES_TIMEOUT": "30"})
+                    name: text, "COLLECTIVES_TIMEOUT": "30"})
     res = subprocess.run([sys.executable, "-c", "import collectives; collectives.init()"],
                          env=env, capture_output=True, text=True, timeout=50)
     assert res.returncode != 0
-    assert "ValueError: COLLECTIVES_SEGMENT_BYTES='4 M' is not a number of bytes" in res.stderr, \
-        res.stderr
+    assert f"ValueError: {name}='{text}' {message}" in res.stderr, res.stderr

@@ -395,6 +395,7 @@ def _communicator(store: Any, rank: int, size: int, timeout: timedelta) -> tuple
         if world.rank == rank and world.size == size:
             return world._core, False
     _env.check_size_vars()
+    _world.check_host_policy()
     if size == 1:
         return Communicator(0, 1), True
     if rank == 0:
@@ -403,10 +404,11 @@ def _communicator(store: Any, rank: int, size: int, timeout: timedelta) -> tuple
     master, port = _store_address(store)
     host = _env.advertise_address(master, port)
     core = Communicator(rank, size, host, comm_id)
-    hosts = _world.exchange_addresses(core, rank, size, host,
-                                      lambda key, value: store.set(f"collectives/{key}", value),
-                                      lambda key: store.get(f"collectives/{key}"))
-    _world.apply_host_policy(core, hosts.count(hosts[rank]))
+    hosts, host_cpus = _world.exchange_addresses(
+        core, rank, size, host, lambda key, value: store.set(f"collectives/{key}", value),
+        lambda key: store.get(f"collectives/{key}"))
+    _world.apply_host_policy(core, hosts[:rank].count(hosts[rank]), hosts.count(hosts[rank]),
+                             host_cpus)
     return core, True
 
 
