@@ -76,18 +76,22 @@ typedef struct {
  *     more CPU per call: rank 0 does every reduction), and across two
  *     network namespaces at 1 Gbit/s it fell to 0.110-0.116 GB/s busbw at
  *     16-64 MiB where ring and butterfly hold the link's 0.1195;
- *   - 4 ranks: butterfly up to 2 MiB over tcp and 1 MiB over shm (up to
- *     1.3x the ring at 2 MiB on one VM), the ring above. Two machines
- *     disagreed from 2 to 8 MiB on loopback (butterfly ahead on one; on the
- *     other the ring was 1.1-1.45x ahead over shm at 2 MiB in three sweeps
- *     and 1.15-1.24x at 8 MiB, and the two within 5 % over tcp),
- *     and across hosts the ring wins there: 4 network namespaces with
+ *   - 4 ranks: butterfly up to 512 KiB over tcp and 64 KiB over shm, the
+ *     ring above. Since ranks on an oversubscribed host are pinned round
+ *     robin (COLLECTIVES_BIND), a ring's neighbours sit on different cores
+ *     and the ring took 1.1-1.4x less time than butterfly at 1-4 MiB over
+ *     tcp and 128 KiB-2 MiB over shm (four and three interleaved runs;
+ *     unpinned, butterfly had been ahead up to 1-2 MiB), and across hosts
+ *     the ring wins there too: 4 network namespaces with
  *     1 Gbit/s links (bench/netns.sh) gave ring 0.119 GB/s busbw against
  *     butterfly 0.101 at 16 MiB, equal at 2 MiB, where each of butterfly's
  *     rounds waits for the last and the link idles between them; the ring
  *     also wins from 32 MiB on loopback (1.05-2x butterfly, whose halving
  *     exchanges with a far partner contend for the same 2 cores).
- * 3 and 5+ ranks keep the earlier shm-measured rows for both transports. */
+ *   - 5+ ranks over tcp: butterfly up to 1 MiB (1.2-1.5x the ring at
+ *     8 ranks, pinned, 64 KiB-1 MiB), the ring from 4 MiB.
+ * 3 ranks, and 5+ over shm, keep the earlier shm-measured rows (8 ranks
+ * pinned over shm agreed: butterfly up to 256 KiB, the ring from 1 MiB). */
 static const tune_row_t builtin[] = {
     {2, 1u << 20, COLL_ALGO_BUTTERFLY, TUNE_SHM},
     {2, (size_t)-1, COLL_ALGO_RING, TUNE_SHM},
@@ -95,10 +99,11 @@ static const tune_row_t builtin[] = {
     {2, (size_t)-1, COLL_ALGO_RING, TUNE_TCP},
     {3, 128u << 10, COLL_ALGO_BUTTERFLY, TUNE_ANY},
     {3, (size_t)-1, COLL_ALGO_RING, TUNE_ANY},
-    {4, 1u << 20, COLL_ALGO_BUTTERFLY, TUNE_SHM},
-    {4, 2u << 20, COLL_ALGO_BUTTERFLY, TUNE_TCP},
+    {4, 64u << 10, COLL_ALGO_BUTTERFLY, TUNE_SHM},
+    {4, 512u << 10, COLL_ALGO_BUTTERFLY, TUNE_TCP},
     {4, (size_t)-1, COLL_ALGO_RING, TUNE_ANY},
-    {5, 256u << 10, COLL_ALGO_BUTTERFLY, TUNE_ANY},
+    {5, 256u << 10, COLL_ALGO_BUTTERFLY, TUNE_SHM},
+    {5, 1u << 20, COLL_ALGO_BUTTERFLY, TUNE_TCP},
     {5, (size_t)-1, COLL_ALGO_RING, TUNE_ANY},
 };
 
