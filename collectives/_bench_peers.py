@@ -22,7 +22,7 @@ import shutil
 import socket
 import sys
 import warnings
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -138,8 +138,10 @@ class Mpi4pyBackend(bench.CollectivesBackend):
         """One implementation: OpenMPI chooses its own algorithm."""
         return [(self.name, "")]
 
-    def _allreduce_options(self, algo: str) -> dict:
-        return {}
+    def _allreduce_call(self, send: Any, recv: np.ndarray, mop: Any, algo: str) -> Callable[[], None]:
+        """mpi4py's Allreduce, which has no algorithm keyword."""
+        c = self.comm
+        return lambda: c.Allreduce(send, recv, op=mop)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

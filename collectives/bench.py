@@ -305,9 +305,11 @@ class CollectivesBackend(Backend):
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.ops = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
 
-    def _allreduce_options(self, algo: str) -> dict:
-        """Extra keywords of Allreduce: our algorithm choice."""
-        return {"algorithm": algo or "auto"}
+    def _allreduce_call(self, send: Any, recv: np.ndarray, mop: Any, algo: str) -> Callable[[], None]:
+        """The timed Allreduce, our algorithm choice a plain keyword: passing it through
+        ``**options`` cost either library about 0.2 us a call, a fifth of an 8-byte one."""
+        c, algorithm = self.comm, algo or "auto"
+        return lambda: c.Allreduce(send, recv, op=mop, algorithm=algorithm)
 
     def impls(self, algos: Sequence[str]) -> list[tuple[str, str]]:
         """One implementation per requested algorithm."""
@@ -333,8 +335,7 @@ class CollectivesBackend(Backend):
         c, mop = self.comm, self.ops[op]
         s = self.MPI.IN_PLACE if send is None else send
         if coll == "allreduce":
-            kw = self._allreduce_options(algo)
-            return (lambda: c.Allreduce(s, recv, op=mop, **kw)), recv
+            return self._allreduce_call(s, recv, mop, algo), recv
         if coll == "allgather":
             return (lambda: c.Allgather(s, recv)), recv
         if coll == "broadcast":
