@@ -118,8 +118,9 @@ void coll_comm_bind_cpu(coll_comm_t *comm, int cpu) {
     COLL_WARN("rank %d: cannot bind to CPU %d: %s", comm->rank, cpu, strerror(errno));
     return;
   }
-  /* The other threads (BLAS and framework pools, the store) follow: each
-   * keeps the mask it was created with. One that exits meanwhile is skipped. */
+  /* That moved only this thread; the others (BLAS and framework pools, the
+   * store's) would keep the mask they were created with, so each is moved
+   * too. One that exits meanwhile is skipped. */
   int threads = 1;
   pid_t self = (pid_t)gettid();
   DIR *dir = opendir("/proc/self/task");
