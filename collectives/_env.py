@@ -203,9 +203,12 @@ def _simple_tasks_per_node(text: str) -> Optional[int]:
 
 _BYTES = re.compile(r"(\d+)(?:([kmg])(?:i?b)?|b)?", re.IGNORECASE)
 
-# Byte counts the core reads (param.c); "auto" is also allowed for the socket buffer.
+# Byte counts the core reads (param.c); "auto" is also allowed where the core has one.
 SIZE_VARS = ("COLLECTIVES_SEGMENT_BYTES", "COLLECTIVES_SOCKET_BUFFER", "COLLECTIVES_SHM_BYTES",
              "COLLECTIVES_CUDA_SEGMENT_BYTES", "COLLECTIVES_FUSION_THRESHOLD")
+
+
+AUTO_SIZE_VARS = ("COLLECTIVES_SEGMENT_BYTES", "COLLECTIVES_SOCKET_BUFFER")
 
 
 def byte_size(name: str, text: str) -> int:
@@ -223,7 +226,7 @@ def check_size_vars(env: Optional[Mapping[str, str]] = None) -> None:
     env = os.environ if env is None else env
     for name in SIZE_VARS:
         text = env.get(name, "").strip()
-        if text and not (name == "COLLECTIVES_SOCKET_BUFFER" and text.lower() == "auto"):
+        if text and not (name in AUTO_SIZE_VARS and text.lower() == "auto"):
             byte_size(name, text)
 
 

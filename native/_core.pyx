@@ -163,6 +163,12 @@ cdef class Communicator:
         return bool(coll_comm_is_broken(self._live()))
 
     @property
+    def segment_bytes(self) -> int:
+        """The pipelining segment of host-memory collectives now (COLLECTIVES_SEGMENT_BYTES,
+        "auto" resolved by the host policy)."""
+        return coll_comm_segment_bytes(self._live())
+
+    @property
     def num_links(self) -> int:
         """Open links to peers (0 after close)."""
         return 0 if self.comm == NULL else coll_comm_num_links(self.comm)

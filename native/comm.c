@@ -23,6 +23,7 @@
 #include "param.h"
 #include "pattern.h"
 #include "status.h"
+#include "transport.h"
 #include "wire.h"
 
 double coll_now(void) {
@@ -78,7 +79,7 @@ coll_result_t coll_comm_create(int rank, int size, const char *bind_host, const 
   c->timeout = coll_param_double(COLL_PARAM_TIMEOUT);
   if (c->timeout <= 0) c->timeout = 300;
   long long seg = coll_param_int(COLL_PARAM_SEGMENT_BYTES);
-  c->segment_bytes = seg > 0 ? (size_t)seg : 512 * 1024;
+  c->segment_bytes = seg > 0 ? (size_t)seg : 0; /* 0: auto, coll_comm_segment_bytes */
   c->sockbuf = strcasecmp(coll_param_str(COLL_PARAM_SOCKET_BUFFER), "auto") == 0
                    ? -1
                    : (int)coll_param_int(COLL_PARAM_SOCKET_BUFFER);
@@ -153,6 +154,11 @@ coll_result_t coll_comm_set_peer_host(coll_comm_t *comm, int peer, const char *h
 
 const char *coll_comm_last_error(const coll_comm_t *comm) { return comm->err; }
 int coll_comm_is_broken(const coll_comm_t *comm) { return comm->broken; }
+
+size_t coll_comm_segment_bytes(coll_comm_t *comm) {
+  if (comm->segment_bytes) return comm->segment_bytes;
+  return comm->oversubscribed && !coll_links_all_shm(comm) ? (size_t)1 << 20 : (size_t)512 << 10;
+}
 
 int coll_comm_num_links(const coll_comm_t *comm) {
   int n = 0;

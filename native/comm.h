@@ -49,7 +49,7 @@ struct coll_comm {
   int abort_from;
   char abort_reason[COLL_ABORT_REASON_BYTES];
   double timeout;        /* default deadline, seconds */
-  size_t segment_bytes;
+  size_t segment_bytes;  /* COLLECTIVES_SEGMENT_BYTES; 0: auto (coll_comm_segment_bytes) */
   int sockbuf;           /* COLLECTIVES_SOCKET_BUFFER; -1: auto (coll_tcp_link_buffer) */
   double spin;           /* seconds to keep retrying before poll() */
   int oversubscribed;    /* the host runs more ranks than cores (coll_comm_set_oversubscribed) */

@@ -80,6 +80,7 @@ cdef extern from "coll.h" nogil:
     const char *coll_comm_last_error(const coll_comm_t *comm)
     int coll_comm_is_broken(const coll_comm_t *comm)
     int coll_comm_num_links(const coll_comm_t *comm)
+    size_t coll_comm_segment_bytes(coll_comm_t *comm)
 
     coll_result_t coll_allreduce(coll_comm_t *comm, const coll_args_t *args)
     coll_result_t coll_allgatherv(coll_comm_t *comm, const coll_args_t *args)

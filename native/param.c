@@ -16,8 +16,10 @@ typedef struct {
 static const coll_param_decl_t params[COLL_NUM_PARAMS] = {
     [COLL_PARAM_TIMEOUT] = {"COLLECTIVES_TIMEOUT", "300",
                             "seconds a collective waits on a peer before failing"},
-    [COLL_PARAM_SEGMENT_BYTES] = {"COLLECTIVES_SEGMENT_BYTES", "512K",
-                                  "pipelining segment size of ring, tree and chain schedules"},
+    [COLL_PARAM_SEGMENT_BYTES] = {"COLLECTIVES_SEGMENT_BYTES", "auto",
+                                  "pipelining segment size of ring, tree and chain schedules (auto: "
+                                  "512K, or 1M when the host runs more ranks than cores and a peer "
+                                  "is reached over TCP)"},
     [COLL_PARAM_SOCKET_BUFFER] = {"COLLECTIVES_SOCKET_BUFFER", "auto",
                                   "SO_SNDBUF/SO_RCVBUF of each TCP link (0: kernel autotuning; "
                                   "auto: 4M, or autotuning when the host runs more ranks than "

@@ -36,7 +36,7 @@ void coll_sched_init(coll_sched_t *s, coll_comm_t *comm, coll_kind_t kind, const
   s->elem = coll_dtype_size(args->dtype);
   if (s->elem == 0) s->elem = 1;
   s->reduce = reducing ? coll_reduce_kernel(args->dtype, args->op) : NULL;
-  size_t seg = args->segment_bytes ? args->segment_bytes : comm->segment_bytes;
+  size_t seg = args->segment_bytes ? args->segment_bytes : coll_comm_segment_bytes(comm);
   seg -= seg % s->elem;
   s->segment_bytes = seg ? seg : s->elem;
   /* Reuse the arrays the communicator kept from its last schedule. */

@@ -255,6 +255,34 @@ def test_tcp_link_buffers_follow_the_hosts_load(cores, setting, expect):
         assert len(links) == 1 and expect in links[0], rr.stderr
 
 
+SEGMENT_BODY = r"""
+import os
+if sys.argv[1] == "one-core":
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+from collectives import MPI
+comm = MPI.COMM_WORLD
+x = np.full(3 << 20, comm.rank + 1, np.float32)  # 12 MiB: several segments per ring chunk
+comm.Allreduce(MPI.IN_PLACE, x)
+check(dict(cores=sys.argv[1]), x, np.full_like(x, comm.size * (comm.size + 1) // 2))
+emit("segment", bytes=comm._core.segment_bytes)
+"""
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("cores,env,expect", [
+    ("all", {"COLLECTIVES_TRANSPORT": "tcp"}, 512 << 10),
+    ("one-core", {"COLLECTIVES_TRANSPORT": "tcp"}, 1 << 20),
+    ("one-core", {}, 512 << 10),  # shared memory pipelines better in small segments
+    ("one-core", {"COLLECTIVES_TRANSPORT": "tcp", "COLLECTIVES_SEGMENT_BYTES": "256K"}, 256 << 10),
+])
+def test_segment_size_follows_the_hosts_load(cores, env, expect):
+    """COLLECTIVES_SEGMENT_BYTES=auto (the default): 512 KiB, and 1 MiB when the host runs
+    more ranks than cores and peers are reached over TCP; a value set by the user wins."""
+    res = run_world(2, SEGMENT_BODY, args=[cores], env=env, timeout=60).assert_ok()
+    for rr in res.ranks:
+        assert rr.one("segment")["bytes"] == expect, rr.text()
+
+
 BIND_BODY = r"""
 import os, threading
 cpus = sorted(os.sched_getaffinity(0))[:2]

@@ -283,10 +283,10 @@ def test_size_variables_the_core_would_misread_are_refused(name, text):
         _env.check_size_vars({name: text})
 
 
-def test_size_variables_accept_auto_only_for_the_socket_buffer():
-    _env.check_size_vars({"COLLECTIVES_SOCKET_BUFFER": "auto", "COLLECTIVES_SEGMENT_BYTES": "1M"})
-    with pytest.raises(ValueError, match="COLLECTIVES_SEGMENT_BYTES='auto'"):
-        _env.check_size_vars({"COLLECTIVES_SEGMENT_BYTES": "auto"})
+def test_size_variables_accept_auto_only_where_the_core_has_one():
+    _env.check_size_vars({"COLLECTIVES_SOCKET_BUFFER": "auto", "COLLECTIVES_SEGMENT_BYTES": "AUTO"})
+    with pytest.raises(ValueError, match="COLLECTIVES_SHM_BYTES='auto'"):
+        _env.check_size_vars({"COLLECTIVES_SHM_BYTES": "auto"})
 
 
 @pytest.mark.timeout(60)
