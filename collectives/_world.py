@@ -47,20 +47,13 @@ class _World:
 
     def close(self) -> None:
         self.core.close()
-        if self.server is not None and not self.failed:
-            # A rank may still be reading the others' addresses from the store,
-            # which goes with rank 0: wait (bounded) until every rank has them.
-            try:
-                deadline = time.monotonic() + JOIN_WAIT
-                for peer in range(self.comm.size):
-                    self.client.get(f"joined/{peer}", timeout=max(0.01, deadline - time.monotonic()))
-            except (OSError, TimeoutError, ConnectionError):
-                pass
-        if self.server is not None and self.failed:
-            # The store lives in rank 0: after a failure, give the other ranks
-            # a moment to read each other's reports before it goes.
-            keys = [f"explained/{r}" for r in range(self.comm.size)]
-            deadline = time.monotonic() + 2.0
+        if self.server is not None:
+            # The store lives in rank 0. A rank may still be reading the
+            # others' addresses from it, or, after a failure, their reports:
+            # give them a moment (bounded) before it goes.
+            stage, seconds = ("explained", 2.0) if self.failed else ("joined", JOIN_WAIT)
+            keys = [f"{stage}/{r}" for r in range(self.comm.size)]
+            deadline = time.monotonic() + seconds
             try:
                 while time.monotonic() < deadline and not self.client.check(keys):
                     time.sleep(0.05)
