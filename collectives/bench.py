@@ -393,6 +393,27 @@ def _warm_case(backend: Backend, coll: str, algo: str, op: str, send: Optional[n
     return fn, result, ""
 
 
+def turn_orders(n: int) -> list[list[int]]:
+    """The orders in which n implementations take their turns, one per iteration in
+    rotation: a Williams design, where within the turns each implementation follows each
+    other one equally often and takes each place equally often (n orders for even n; for
+    odd n, those n and their reverses). A call can run slower after some other algorithm's
+    call than after its own kind: with a plain rotation (ring, tree, butterfly, auto, then
+    tree, butterfly, auto, ring, ...) auto nearly always followed butterfly, and an 8-byte
+    auto call, which is a butterfly there, timed 10.7 us against butterfly's 6.6 us."""
+    if n == 0:
+        return [[]]
+    first, lo, hi = [0], 1, n - 1
+    while len(first) < n:
+        first.append(lo)
+        lo += 1
+        if len(first) < n:
+            first.append(hi)
+            hi -= 1
+    orders = [[(x + k) % n for x in first] for k in range(n)]
+    return orders + [o[::-1] for o in orders] if n % 2 else orders
+
+
 def sweep(backend: Backend, coll: str, algos: Sequence[str], dtype: str, op: str,
           sizes: Sequence[int], iters: int, warmup: int, check: bool, root: int = 0,
           progress: Optional[bool] = None, host: Optional[str] = None,
@@ -400,8 +421,8 @@ def sweep(backend: Backend, coll: str, algos: Sequence[str], dtype: str, op: str
     """Measure every (size, placement, implementation); collective on all ranks.
 
     Per size and placement, every implementation is warmed up, then their
-    timed calls alternate (iteration i of each before iteration i+1 of any,
-    iteration i starting with implementation i mod their number).
+    timed calls alternate (iteration i of each before iteration i+1 of any),
+    each iteration in the next order of turn_orders.
 
     Returns:
         (rows, notes): rows in (impl, size, inplace) order; notes name
@@ -427,10 +448,10 @@ def sweep(backend: Backend, coll: str, algos: Sequence[str], dtype: str, op: str
             send, recv, refill = make_buffers(coll, inp, rank, n, count, inplace, root)
             dev = None if device is None else DeviceCase(send, recv, device)
             # Prepare and warm every implementation, then time them in turns
-            # (iteration i of each before iteration i+1 of any), the one that
-            # goes first rotating: a noisy spell on a shared machine then hits
-            # all of them alike, as does any effect of the place in the turn
-            # (which call follows which), and their rows compare.
+            # (iteration i of each before iteration i+1 of any): a noisy spell
+            # on a shared machine then hits all of them alike, and so, with the
+            # orders of turn_orders, does any effect of which call follows
+            # which, and their rows compare.
             cases: list[tuple[Row, Callable[[], None], Any]] = []
             for impl, algo in impls:
                 if show:
@@ -446,9 +467,9 @@ def sweep(backend: Backend, coll: str, algos: Sequence[str], dtype: str, op: str
                 elif fn is not None:
                     cases.append((row, fn, result))
             times = np.zeros((len(cases), iters))
+            orders = turn_orders(len(cases))
             for i in range(iters):
-                for j in range(len(cases)):
-                    k = (i + j) % len(cases)  # each takes each place in the turn
+                for k in orders[i % len(orders)]:
                     fn = cases[k][1]
                     backend.barrier()
                     t0 = time.perf_counter()

@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -186,10 +187,22 @@ def test_sweep_alternates_the_algorithms_it_times() -> None:
                               iters=3, warmup=2, check=False, progress=False)
     assert notes == [] and len(rows) == 4 and all(r.time_us > 0 for r in rows)
     # per placement: each algorithm's warm-up calls, then timed calls in turns
-    # (each after a barrier), the first place rotating
+    # (each after a barrier), in the orders of turn_orders(2)
     one_placement = (["ring", "ring", "tree", "tree"] + ["|", "ring", "|", "tree"]
                      + ["|", "tree", "|", "ring"] + ["|", "ring", "|", "tree"])
     assert be.log == one_placement * 2
+
+
+@pytest.mark.parametrize("n", range(0, 8))
+def test_turn_orders_balance_which_call_follows_which(n: int) -> None:
+    """Every order is a permutation; within them each implementation follows each other
+    one equally often and takes each place equally often."""
+    orders = bench.turn_orders(n)
+    assert all(sorted(o) == list(range(n)) for o in orders)
+    follows = Counter((a, b) for o in orders for a, b in zip(o, o[1:]))
+    assert len(follows) == n * (n - 1) and len(set(follows.values())) <= 1, follows
+    places = Counter((pos, x) for o in orders for pos, x in enumerate(o))
+    assert len(places) == n * n and len(set(places.values())) <= 1, places
 
 
 def test_expected_values_are_exact() -> None:
