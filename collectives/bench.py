@@ -14,13 +14,15 @@ in-place: warm-up calls, then ``--iters`` calls each after a barrier; the
 time of an iteration is that of the slowest rank, and the reported time is
 the median over the iterations. algbw = size / time; busbw = algbw x
 2(n-1)/n (allreduce), (n-1)/n (allgather, reduce_scatter), 1 (broadcast).
-``--runs R`` (driver mode) repeats the whole sweep R times, ours and the
-peers taking turns, and reports each row's median over the runs.
+``--runs R`` (driver mode) repeats the whole sweep R times and reports each
+row's median over the runs.
 
 Our allreduce algorithms are timed in turns, to compare them with each other;
-each peer is timed alone, in its own job. With ``--compare`` the driver also
-times ``auto`` alone, in a job of its own ("collectives-auto-alone"), and the
-ratios to the peers use that row: like against like.
+each peer is timed in a job of its own. With ``--compare`` the driver also
+times ``auto`` in a job of its own ("collectives-auto-alone"), and the ratios
+to the peers use that row: like against like. The driver's jobs run at once
+and measure in turns, size by size (collectives/_bench_turns.py), so that
+every library meets the same noisy minute.
 """
 from __future__ import annotations
 
@@ -31,7 +33,6 @@ import json
 import os
 import shutil
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -417,87 +418,124 @@ def turn_orders(n: int) -> list[list[int]]:
 def sweep(backend: Backend, coll: str, algos: Sequence[str], dtype: str, op: str,
           sizes: Sequence[int], iters: int, warmup: int, check: bool, root: int = 0,
           progress: Optional[bool] = None, host: Optional[str] = None,
-          device: Optional[int] = None) -> tuple[list[Row], list[str]]:
+          device: Optional[int] = None,
+          gate: Optional[Callable[[int], None]] = None) -> tuple[list[Row], list[str]]:
     """Measure every (size, placement, implementation); collective on all ranks.
 
     Per size and placement, every implementation is warmed up, then their
     timed calls alternate (iteration i of each before iteration i+1 of any),
-    each iteration in the next order of turn_orders.
+    each iteration in the next order of turn_orders. ``gate(i)``, when given,
+    is called before size i (holding no buffer) and ``gate(len(sizes))`` after
+    the last: the driver's turns (TurnGate).
 
     Returns:
         (rows, notes): rows in (impl, size, inplace) order; notes name
         cases the library does not support. With `device` (a CUDA ordinal),
         the collectives run on GPU copies of the buffers.
     """
-    n, rank = backend.size, backend.rank
-    host = host or socket.gethostname()
-    itemsize = np.dtype(dtype).itemsize
     impls = backend.impls(algos)
     rows: dict[tuple[str, int, bool], Row] = {}
     notes: list[str] = []
-    total, done = len(sizes) * 2 * len(impls), 0
-    show = rank == 0 and (progress if progress is not None else sys.stderr.isatty())
+    show = backend.rank == 0 and (progress if progress is not None else sys.stderr.isatty())
     tagged = bool(progress) and not sys.stderr.isatty()
-    r = root if coll == "broadcast" else -1
-    for nbytes in sizes:
-        count = element_count(coll, nbytes, itemsize, n)
-        inp = rank_input(coll, op, dtype, rank, n, count)
-        want = expected_output(coll, op, dtype, rank, n, count) if check else None
-        size = count * itemsize
-        for inplace in (False, True):
-            send, recv, refill = make_buffers(coll, inp, rank, n, count, inplace, root)
-            dev = None if device is None else DeviceCase(send, recv, device)
-            # Prepare and warm every implementation, then time them in turns
-            # (iteration i of each before iteration i+1 of any): a noisy spell
-            # on a shared machine then hits all of them alike, and so, with the
-            # orders of turn_orders, does any effect of which call follows
-            # which, and their rows compare.
-            cases: list[tuple[Row, Callable[[], None], Any]] = []
-            for impl, algo in impls:
-                if show:
-                    _progress(done, total, f"{impl} {human_size(size)}{' in-place' if inplace else ''}", tagged)
-                done += 1
-                row = Row(coll, impl, n, size, count, dtype, op, r, None, None, None, None, inplace, host)
-                rows[(impl, size, inplace)] = row
-                fn, result, error = _warm_case(backend, coll, algo, op, send, recv, root, refill,
-                                               dev, warmup)
-                if error:
-                    what = f"{coll} {dtype}" + (f" {op}" if coll in ("allreduce", "reduce_scatter") else "")
-                    notes.append(f"{impl}: {what} not supported: {error}")
-                elif fn is not None:
-                    cases.append((row, fn, result))
-            times = np.zeros((len(cases), iters))
-            orders = turn_orders(len(cases))
-            for i in range(iters):
-                for k in orders[i % len(orders)]:
-                    fn = cases[k][1]
-                    backend.barrier()
-                    t0 = time.perf_counter()
-                    fn()
-                    times[k, i] = time.perf_counter() - t0
-            if cases:
-                backend.allreduce_f64(times, "max")
-            for k, (row, fn, result) in enumerate(cases):
-                t = float(np.median(times[k]))
-                row.time_us = t * 1e6
-                row.algbw = size / t / 1e9
-                row.busbw = row.algbw * bus_factor(coll, n)
-                if check:
-                    refill()
-                    if dev is not None:
-                        dev.refill()
-                    backend.barrier()
-                    fn()
-                    if dev is not None:
-                        dev.fetch()
-                    bad = np.array([float(np.count_nonzero(result != want))])
-                    backend.allreduce_f64(bad, "sum")
-                    row.wrong = int(bad[0])
+    plan = _SweepPlan(backend, coll, impls, dtype, op, iters, warmup, check, root,
+                      host or socket.gethostname(), device,
+                      (len(sizes) * 2 * len(impls)) if show else 0, tagged)
+    for step, nbytes in enumerate(sizes):
+        if gate is not None:
+            gate(step)
+        _sweep_size(plan, nbytes, rows, notes)
+    if gate is not None:
+        gate(len(sizes))
     if show:
-        _progress(total, total, "", tagged)
+        _progress(plan.total, plan.total, "", tagged)
     order = {impl: i for i, (impl, _) in enumerate(impls)}
     out = sorted(rows.values(), key=lambda x: (order[x.impl], x.size, x.inplace))
     return out, notes
+
+
+@dataclass
+class _SweepPlan:
+    """What every size of one sweep shares; `done` counts cases for the progress bar
+    (drawn when total > 0)."""
+
+    backend: Backend
+    coll: str
+    impls: list
+    dtype: str
+    op: str
+    iters: int
+    warmup: int
+    check: bool
+    root: int
+    host: str
+    device: Optional[int]
+    total: int
+    tagged: bool
+    done: int = 0
+
+
+def _sweep_size(plan: _SweepPlan, nbytes: int, rows: dict, notes: list) -> None:
+    """Measure one size, out of place then in place, into rows; its buffers are freed
+    on return (a job waiting for its turn holds none)."""
+    backend, coll, n, rank = plan.backend, plan.coll, plan.backend.size, plan.backend.rank
+    itemsize = np.dtype(plan.dtype).itemsize
+    count = element_count(coll, nbytes, itemsize, n)
+    inp = rank_input(coll, plan.op, plan.dtype, rank, n, count)
+    want = expected_output(coll, plan.op, plan.dtype, rank, n, count) if plan.check else None
+    size = count * itemsize
+    root, row_root = plan.root, (plan.root if coll == "broadcast" else -1)
+    for inplace in (False, True):
+        send, recv, refill = make_buffers(coll, inp, rank, n, count, inplace, root)
+        dev = None if plan.device is None else DeviceCase(send, recv, plan.device)
+        # Prepare and warm every implementation, then time them in turns
+        # (iteration i of each before iteration i+1 of any): a noisy spell
+        # on a shared machine then hits all of them alike, and so, with the
+        # orders of turn_orders, does any effect of which call follows
+        # which, and their rows compare.
+        cases: list[tuple[Row, Callable[[], None], Any]] = []
+        for impl, algo in plan.impls:
+            if plan.total:
+                _progress(plan.done, plan.total,
+                          f"{impl} {human_size(size)}{' in-place' if inplace else ''}", plan.tagged)
+            plan.done += 1
+            row = Row(coll, impl, n, size, count, plan.dtype, plan.op, row_root, None, None, None,
+                      None, inplace, plan.host)
+            rows[(impl, size, inplace)] = row
+            fn, result, error = _warm_case(backend, coll, algo, plan.op, send, recv, root, refill,
+                                           dev, plan.warmup)
+            if error:
+                what = f"{coll} {plan.dtype}" + (f" {plan.op}" if coll in ("allreduce", "reduce_scatter") else "")
+                notes.append(f"{impl}: {what} not supported: {error}")
+            elif fn is not None:
+                cases.append((row, fn, result))
+        times = np.zeros((len(cases), plan.iters))
+        orders = turn_orders(len(cases))
+        for i in range(plan.iters):
+            for k in orders[i % len(orders)]:
+                fn = cases[k][1]
+                backend.barrier()
+                t0 = time.perf_counter()
+                fn()
+                times[k, i] = time.perf_counter() - t0
+        if cases:
+            backend.allreduce_f64(times, "max")
+        for k, (row, fn, result) in enumerate(cases):
+            t = float(np.median(times[k]))
+            row.time_us = t * 1e6
+            row.algbw = size / t / 1e9
+            row.busbw = row.algbw * bus_factor(coll, n)
+            if plan.check:
+                refill()
+                if dev is not None:
+                    dev.refill()
+                backend.barrier()
+                fn()
+                if dev is not None:
+                    dev.fetch()
+                bad = np.array([float(np.count_nonzero(result != want))])
+                backend.allreduce_f64(bad, "sum")
+                row.wrong = int(bad[0])
 
 
 # ---------------------------------------------------------------- output
@@ -706,7 +744,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", "-w", type=int, default=5)
     p.add_argument("--runs", type=int, default=1,
                    help="driver mode: run the whole sweep (ours and each --compare peer, taking "
-                        "turns) N times and report each row's median time over the runs")
+                        "turns size by size) N times and report each row's median time over the runs")
     p.add_argument("--check", "-c", action="store_true",
                    help="verify every result exactly; exit non-zero if any value is wrong")
     p.add_argument("--compare", default="", help=f"peers to run the same sweep: {','.join(PEERS)}")
@@ -720,6 +758,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "CUDA IPC between same-host ranks (compared with the device's copy "
                         "bandwidth; the peers run on host memory only and are skipped)")
     p.add_argument("--worker-json", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--turns", default=None, help=argparse.SUPPRESS)  # HOST:PORT,JOB (_bench_turns)
     p.add_argument("--progress", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -773,9 +812,18 @@ def run_worker(args: argparse.Namespace, backend: Backend) -> int:
                              f"(cuda_built() is {collectives.cuda_built()}, "
                              f"{_core.cuda_device_count()} devices)")
         device = backend.comm.local_rank % _core.cuda_device_count()
-    rows, notes = sweep(backend, args.coll, args.algos, args.dtype, args.op, args.sizes,
-                        args.iters, args.warmup, args.check, args.root,
-                        progress=True if args.progress else None, device=device)
+    gate = None
+    if args.turns:
+        from ._bench_turns import TurnGate
+
+        gate = TurnGate(args.turns, backend.rank, backend.size)
+    try:
+        rows, notes = sweep(backend, args.coll, args.algos, args.dtype, args.op, args.sizes,
+                            args.iters, args.warmup, args.check, args.root,
+                            progress=True if args.progress else None, device=device, gate=gate)
+    finally:
+        if gate is not None:
+            gate.close()
     if device is not None and backend.rank == 0:
         notes = notes + device_note(device, rows)
     backend.finish()
@@ -818,19 +866,17 @@ def report(args: argparse.Namespace, rows: list[Row], notes: Sequence[str],
     sys.stdout.flush()
 
 
-def _run_child(cmd: Sequence[str], env: dict[str, str], show_progress: bool, label: str) -> int:
-    """Run a worker job; draws its progress lines as a bar, passes other stderr through."""
-    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, errors="replace")
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        at = line.find(PROGRESS_TAG)
-        if at >= 0:
-            parts = line[at + len(PROGRESS_TAG):].split(None, 2)
-            if show_progress and len(parts) >= 2:
-                draw_progress(int(parts[0]), int(parts[1]), f"{label}: {parts[2].strip() if len(parts) > 2 else ''}")
-            continue
+def _child_stderr(show_progress: bool, label: str, line: str) -> None:
+    """A line a worker job wrote to stderr: its progress lines drawn as a bar, others
+    passed through."""
+    at = line.find(PROGRESS_TAG)
+    if at < 0:
         sys.stderr.write(line)
-    return proc.wait()
+        return
+    parts = line[at + len(PROGRESS_TAG):].split(None, 2)
+    if show_progress and len(parts) >= 2:
+        draw_progress(int(parts[0]), int(parts[1]),
+                      f"{label}: {parts[2].strip() if len(parts) > 2 else ''}")
 
 
 def median_rows(runs: Sequence[Sequence[Row]]) -> list[Row]:
@@ -856,7 +902,7 @@ def median_rows(runs: Sequence[Sequence[Row]]) -> list[Row]:
 
 def drive(args: argparse.Namespace) -> int:
     """Driver mode: launch our workers and the peers', collect the JSON, report."""
-    from . import _bench_peers
+    from . import _bench_peers, _bench_turns
 
     env = dict(os.environ)
     pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -891,15 +937,21 @@ def drive(args: argparse.Namespace) -> int:
             jobs.insert(1, ours(ALONE, ["auto"]))  # timed like the peers: a job of its own
         runs: list[list[Row]] = []
         for run in range(args.runs):
+            # All jobs at once, measuring in turns size by size (_bench_turns): a
+            # noisy spell on a shared machine hits every library alike.
+            for _, cmd in jobs:
+                if os.path.exists(cmd[-1]):
+                    os.unlink(cmd[-1])
+            suffix = "" if args.runs == 1 else f" (run {run + 1}/{args.runs})"
+            codes = _bench_turns.run_in_turns(
+                jobs, env, len(args.sizes), turn_orders,
+                lambda name, line: _child_stderr(show, name + suffix, line))
             got: list[Row] = []
-            for name, cmd in jobs:  # the libraries take turns: a noisy spell hits all of them
-                path = cmd[-1]
-                if os.path.exists(path):
-                    os.unlink(path)
-                label = name if args.runs == 1 else f"{name} (run {run + 1}/{args.runs})"
-                code = _run_child(cmd, env, show, label)
+            for name, cmd in jobs:
+                path, code = cmd[-1], codes[name]
                 if not os.path.exists(path):
-                    print(f"# {label}: the run failed (exit code {code}) and left no results", flush=True)
+                    print(f"# {name}{suffix}: the run failed (exit code {code}) and left no results",
+                          flush=True)
                     rc = rc or (code or 1)
                     continue
                 with open(path, encoding="utf-8") as fh:

@@ -335,3 +335,125 @@ def test_compare_times_auto_alone_like_the_peers(tmp_path: Path) -> None:
     rows = json.loads(out.read_text())
     alone = [r for r in rows if r["impl"] == "collectives-auto-alone"]
     assert len(alone) == 4 and all(r["wrong"] == 0 and r["time_us"] > 0 for r in alone)
+
+
+# A stand-in for a bench job: the launcher starts NRANKS rank processes, each
+# takes its turns through TurnGate like a real worker and logs, per size, when
+# it became ready and when it measured ("measuring" is a 30 ms sleep). A rank
+# told to fail at a size exits with code 3 instead of measuring it.
+_FAKE_JOB = r'''
+import os, subprocess, sys, time
+sys.path.insert(0, os.environ["REPO"])
+from collectives._bench_turns import TurnGate
+args = sys.argv[1:]
+turns = args[args.index("--turns") + 1]
+out = args[-1]
+nranks, nsteps, log, fail = int(args[0]), int(args[1]), args[2], args[3]
+job = turns.rpartition(",")[2]
+if "RANK" not in os.environ:
+    if fail == f"start":
+        sys.exit(5)
+    procs = [subprocess.Popen([sys.executable, __file__, *args], env={**os.environ, "RANK": str(r)})
+             for r in range(nranks)]
+    codes = [p.wait() for p in procs]
+    if not any(codes):
+        open(out, "w").write("done")
+    sys.exit(max(codes))
+rank = int(os.environ["RANK"])
+gate = TurnGate(turns, rank, nranks)
+def note(*words):
+    with open(log, "a") as fh:
+        fh.write(" ".join(map(str, (f"{time.time():.6f}", job, rank) + words)) + "\n")
+for step in range(nsteps):
+    note("ready", step)
+    gate(step)
+    if fail == f"{rank}@{step}":
+        sys.exit(3)
+    t0 = time.time()
+    time.sleep(0.03)
+    note("measured", step, f"{t0:.6f}")
+note("ready", nsteps)
+gate(nsteps)
+note("finished", nsteps)
+gate.close()
+'''
+
+
+def _fake_jobs(tmp_path: Path, names: list, nranks: int, nsteps: int, fail: dict) -> tuple:
+    script = tmp_path / "fake_job.py"
+    script.write_text(_FAKE_JOB)
+    log = tmp_path / "turns.log"
+    jobs = [(name, [sys.executable, str(script), str(nranks), str(nsteps), str(log),
+                    fail.get(name, "-"), "--worker-json", str(tmp_path / f"{name}.out")])
+            for name in names]
+    return jobs, log
+
+
+def _turns_log(log: Path) -> tuple[dict, list]:
+    """({(job, step): time every rank was ready}, [(start, end, job, step) per rank measured],
+    {job: time its first rank was let finish})."""
+    ready: dict = {}
+    finished: dict = {}
+    measured = []
+    for line in log.read_text().splitlines():
+        w = line.split()
+        if w[3] == "ready":
+            key = (w[1], int(w[4]))
+            ready[key] = max(ready.get(key, 0.0), float(w[0]))
+        elif w[3] == "finished":
+            finished[w[1]] = min(finished.get(w[1], float(w[0])), float(w[0]))
+        else:
+            measured.append((float(w[5]), float(w[0]), w[1], int(w[4])))
+    return ready, sorted(measured), finished
+
+
+@pytest.mark.timeout(60)
+def test_jobs_measure_each_size_in_turns(tmp_path: Path) -> None:
+    """The driver's jobs run at once but measure one at a time, size by size, in the orders
+    of turn_orders; none measures before all are ready, none ends before all have measured."""
+    from collectives import _bench_turns
+
+    names, nsteps = ["ours", "alone", "gloo"], 4
+    jobs, log = _fake_jobs(tmp_path, names, 2, nsteps, {})
+    lines: list = []
+    codes = _bench_turns.run_in_turns(jobs, _env({"REPO": str(REPO)}), nsteps, bench.turn_orders,
+                                      lambda name, line: lines.append((name, line)))
+    assert codes == {name: 0 for name in names}, lines
+    assert all((tmp_path / f"{name}.out").read_text() == "done" for name in names)
+    ready, measured, finished = _turns_log(log)
+    assert len(measured) == len(names) * 2 * nsteps
+    # nobody measures before every job is ready for the first size
+    assert min(m[0] for m in measured) > max(ready[(name, 0)] for name in names)
+    # one job at a time: the turns, in time order, never overlap
+    turns: list = []
+    for start, end, job, step in measured:
+        if turns and turns[-1][2:] == (job, step):
+            turns[-1] = (turns[-1][0], max(turns[-1][1], end), job, step)
+        else:
+            turns.append((start, end, job, step))
+    assert all(a[1] <= b[0] for a, b in zip(turns, turns[1:])), turns
+    orders = bench.turn_orders(len(names))
+    want = [(names[k], step) for step in range(nsteps) for k in orders[step % len(orders)]]
+    assert [t[2:] for t in turns] == want
+    # no job is let finish (write its results, exit) before every job has measured
+    assert sorted(finished) == sorted(names)
+    assert min(finished.values()) >= max(m[1] for m in measured)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("fail", ["1@1", "start"])
+def test_a_failed_job_leaves_the_others_their_turns(tmp_path: Path, fail: str) -> None:
+    """A job whose rank dies mid-sweep, or that dies before connecting, is dropped (its
+    launcher ended) and the other jobs measure every size."""
+    from collectives import _bench_turns
+
+    names, nsteps = ["ours", "mpi"], 3
+    jobs, log = _fake_jobs(tmp_path, names, 2, nsteps, {"mpi": fail})
+    codes = _bench_turns.run_in_turns(jobs, _env({"REPO": str(REPO)}), nsteps, bench.turn_orders,
+                                      lambda name, line: None)
+    assert codes["ours"] == 0 and codes["mpi"] != 0, codes
+    assert not (tmp_path / "mpi.out").exists()
+    _, measured, _ = _turns_log(log)
+    assert sorted({(m[2], m[3]) for m in measured if m[2] == "ours"}) == \
+        [("ours", s) for s in range(nsteps)]
+    assert all(m[3] <= 1 for m in measured if m[2] == "mpi")  # none after the failure
