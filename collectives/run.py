@@ -381,6 +381,23 @@ def _close_stdin(proc: subprocess.Popen) -> None:
             pass
 
 
+def _watch_exit(sel: selectors.BaseSelector, proc: subprocess.Popen, rank: int) -> Optional[int]:
+    """A pidfd for the rank's process, registered in sel (readable once it exits), or None
+    where the system has none (Linux < 5.3): the launcher then checks every 50 ms."""
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        return None
+    sel.register(fd, selectors.EVENT_READ, rank)
+    return fd
+
+
+def _unwatch(sel: selectors.BaseSelector, fd: Optional[int]) -> None:
+    if fd is not None:
+        sel.unregister(fd)
+        os.close(fd)
+
+
 def _describe(code: int) -> str:
     if code < 0:
         try:
@@ -406,6 +423,7 @@ def launch(ranks: Sequence[RankCommand], grace: float = DEFAULT_GRACE_S,
     pump = _OutputPump(sel)
     state = {"signal": 0, "kill_at": None, "signals_seen": 0}
     alive: dict[int, subprocess.Popen] = {}
+    exits: dict[int, Optional[int]] = {}  # rank -> pidfd (_watch_exit)
 
     def stop_all(sig: int) -> None:
         for proc in alive.values():
@@ -445,17 +463,28 @@ def launch(ranks: Sequence[RankCommand], grace: float = DEFAULT_GRACE_S,
             alive[rc.rank] = proc
             pump.add(rc.rank, "stdout", proc.stdout)
             pump.add(rc.rank, "stderr", proc.stderr)
+            exits[rc.rank] = _watch_exit(sel, proc, rc.rank)
             if state["signal"]:  # a signal arrived while we were starting ranks
                 break
         all_exited_at: Optional[float] = None
         while True:
-            for key, _ in sel.select(timeout=0.05):
-                pump.read(key)
+            # Asleep in epoll until a rank writes or exits: the launcher shares
+            # the cores with the ranks. It looks every second anyway (a signal
+            # may have set kill_at), and every 50 ms without pidfds or while
+            # draining the pipes of exited ranks.
+            watched = all_exited_at is None and all(exits.get(r) is not None for r in alive)
+            timeout = 1.0 if watched else 0.05
+            if state["kill_at"] is not None:
+                timeout = max(0.0, min(timeout, state["kill_at"] - time.monotonic()))
+            for key, _ in sel.select(timeout=timeout):
+                if isinstance(key.data, tuple):  # an output pipe, not a pidfd
+                    pump.read(key)
             for rank in list(alive):
                 code = alive[rank].poll()
                 if code is None:
                     continue
                 del alive[rank]
+                _unwatch(sel, exits.pop(rank, None))
                 if code != 0 and first_failure is None and not state["signal"]:
                     first_failure = (rank, code, len(alive))
                     stop_all(signal.SIGTERM)
@@ -483,6 +512,8 @@ def launch(ranks: Sequence[RankCommand], grace: float = DEFAULT_GRACE_S,
             _signal_group(proc, signal.SIGKILL)
         if pump.open:
             pump.close_all()
+        for fd in exits.values():
+            _unwatch(sel, fd)
         sel.close()
         for sig, handler in old_handlers.items():
             signal.signal(sig, handler)

@@ -160,6 +160,30 @@ def test_failing_rank_stops_the_others_quickly(tmp_path):
     assert _wait_gone(pids, 2) == []
 
 
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="no os.pidfd_open on this system")
+def test_launcher_sleeps_while_its_ranks_run():
+    """The launcher shares the cores with its ranks: while they run quietly it sleeps in
+    epoll (woken by a rank's exit through its pidfd), not every 50 ms as it used to."""
+    proc = subprocess.Popen([sys.executable, "-m", "collectives.run", "-np", "2", sys.executable,
+                             "-c", "import time; print('up', flush=True); time.sleep(3.5)"],
+                            stdout=subprocess.PIPE, text=True, env=_env(), cwd=REPO)
+    try:
+        for _ in range(2):
+            assert proc.stdout.readline().endswith("up\n")
+
+        def switches() -> int:
+            with open(f"/proc/{proc.pid}/status") as fh:
+                return sum(int(line.split()[1]) for line in fh if "ctxt_switches" in line)
+        before = switches()
+        time.sleep(2)
+        woke = switches() - before
+        assert proc.wait(timeout=20) == 0
+        assert woke <= 8, f"the launcher woke {woke} times in 2 s"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_rank_killed_by_signal_returns_128_plus_signal():
     code = ("import os, signal, time\n"
             "if os.environ['COLLECTIVES_RANK'] == '1': os.kill(os.getpid(), signal.SIGKILL)\n"
