@@ -42,7 +42,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 __all__ = ["Row", "parse_size", "bus_factor", "sweep_sizes", "element_count", "rank_input",
-           "expected_output", "sweep", "print_table", "print_comparison", "tune_table",
+           "expected_output", "sweep", "print_table", "run_ratios", "print_comparison", "tune_table",
            "write_tune_file", "build_parser", "main"]
 
 COLLS = ("allreduce", "allgather", "broadcast", "reduce_scatter")
@@ -586,8 +586,21 @@ def print_table(rows: Sequence[Row], out: Any = None) -> None:
         print(f"# Avg bus bandwidth    : {avg} ({impl})", file=out)
 
 
-def print_comparison(rows: Sequence[Row], out: Any = None) -> None:
-    """Per size, every implementation's in-place busbw and the ratios ours / each peer."""
+def run_ratios(runs: Sequence[Sequence[Row]], ours: str, peer: str, size: int) -> list[float]:
+    """ours / peer in-place speed (their time over ours) in each run that timed both."""
+    out = []
+    for run in runs:
+        cell = {r.impl: r for r in run if r.size == size and r.inplace}
+        a, b = cell.get(ours), cell.get(peer)
+        if a and b and a.time_us and b.time_us:
+            out.append(b.time_us / a.time_us)
+    return out
+
+
+def print_comparison(rows: Sequence[Row], out: Any = None,
+                     runs: Sequence[Sequence[Row]] = ()) -> None:
+    """Per size, every implementation's in-place busbw and the ratios ours / each peer;
+    with several runs, also each ratio's lowest and highest over the runs."""
     out = out or sys.stdout
     impls = list(dict.fromkeys(r.impl for r in rows))
     ours = [i for i in impls if i.startswith("collectives")]
@@ -598,10 +611,15 @@ def print_comparison(rows: Sequence[Row], out: Any = None) -> None:
     short = {i: i.split("-", 1)[1] if i.startswith("collectives-") else i for i in impls}
     cell = {(r.impl, r.size): r for r in rows if r.inplace}
     sizes = sorted({r.size for r in rows})
+    spread = len(runs) > 1
     cols = [short[i] for i in ours + peers] + [f"{short[ref]}/{p}" for p in peers]
+    if spread:
+        cols += [f"{short[ref]}/{p} in runs" for p in peers]
     w = max(10, max(len(c) for c in cols) + 2)
     print(f"#\n# Comparison: in-place busbw (GB/s), {rows[0].coll} on {rows[0].nranks} ranks; "
-          f"ratio = {ref} / peer (>1: ours faster)", file=out)
+          f"ratio = {ref} / peer (>1: ours faster)"
+          + (f"; 'in runs': the lowest and highest ratio of the {len(runs)} runs" if spread else ""),
+          file=out)
     print("#" + f"{'size':>10}" + "".join(f"{c:>{w}}" for c in cols), file=out)
     for size in sizes:
         vals = [cell.get((i, size)) for i in ours + peers]
@@ -611,6 +629,9 @@ def print_comparison(rows: Sequence[Row], out: Any = None) -> None:
             theirs = cell.get((p, size))
             ok = base and theirs and base.busbw and theirs.busbw
             text.append(f"{base.busbw / theirs.busbw:.2f}x" if ok else "-")
+        for p in peers if spread else ():
+            each = run_ratios(runs, ref, p, size)
+            text.append(f"{min(each):.2f}-{max(each):.2f}x" if each else "-")
         print(f"{size:>11}" + "".join(f"{t:>{w}}" for t in text), file=out)
     small = sizes[0]
     lat = "  ".join(f"{i} {_num(cell[(i, small)].time_us if (i, small) in cell else None, '.1f')}"
@@ -838,9 +859,10 @@ def run_worker(args: argparse.Namespace, backend: Backend) -> int:
 
 
 def report(args: argparse.Namespace, rows: list[Row], notes: Sequence[str],
-           transport: str = "") -> None:
+           transport: str = "", runs: Sequence[Sequence[Row]] = ()) -> None:
     """Print the tables and write --csv/--json/--plot/--tune (on the driver or rank 0);
-    transport keys the --tune rows (see write_tune_file)."""
+    transport keys the --tune rows (see write_tune_file); runs, each run's rows where
+    there were several, give the comparison each ratio's spread."""
     seen = set()
     for note in notes:
         if note not in seen:
@@ -850,7 +872,7 @@ def report(args: argparse.Namespace, rows: list[Row], notes: Sequence[str],
     if args.check:
         wrong = sum(r.wrong or 0 for r in rows)
         print(f"# Wrong values total   : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
-    print_comparison(rows)
+    print_comparison(rows, runs=runs)
     if args.csv:
         write_csv(rows, args.csv)
     if args.json:
@@ -968,7 +990,7 @@ def drive(args: argparse.Namespace) -> int:
         if args.runs > 1:
             notes.append(f"each time is the median over {args.runs} runs of the whole sweep")
     if rows:
-        report(args, rows, notes, transport)
+        report(args, rows, notes, transport, runs)
     if any(r.wrong for r in rows):
         rc = rc or 1
     return rc

@@ -301,6 +301,24 @@ def test_median_rows_takes_each_rows_median_over_runs() -> None:
     assert single[0].time_us == 5.0 and single[0].algbw is None  # one run: the row as measured
 
 
+def test_comparison_shows_each_ratio_over_the_runs(capsys: pytest.CaptureFixture) -> None:
+    """With several runs the comparison prints the ratio of the medians and, beside it,
+    the lowest and highest of the per-run ratios."""
+    alone = bench.ALONE
+    runs = [[_row(alone, 1024, 10.0), _row("mpi", 1024, 20.0)],   # 2.0x
+            [_row(alone, 1024, 40.0), _row("mpi", 1024, 20.0)],   # 0.5x
+            [_row(alone, 1024, 20.0), _row("mpi", 1024, 25.0)]]   # 1.25x
+    assert bench.run_ratios(runs, alone, "mpi", 1024) == [2.0, 0.5, 1.25]
+    assert bench.run_ratios(runs, alone, "gloo", 1024) == []
+    bench.print_comparison(bench.median_rows(runs), runs=runs)
+    out = capsys.readouterr().out
+    assert "'in runs': the lowest and highest ratio of the 3 runs" in out
+    row = [line.split() for line in out.splitlines() if line.strip().startswith("1024")]
+    assert row and row[0][-2:] == ["1.00x", "0.50-2.00x"], out  # medians 20 us and 20 us
+    bench.print_comparison(bench.median_rows(runs[:1]), runs=runs[:1])
+    assert "in runs" not in capsys.readouterr().out  # one run: no spread to show
+
+
 @pytest.mark.timeout(120)
 def test_runs_repeats_the_sweep_and_reports_medians(tmp_path: Path) -> None:
     out = tmp_path / "rows.json"
