@@ -615,12 +615,12 @@ def print_comparison(rows: Sequence[Row], out: Any = None,
     cols = [short[i] for i in ours + peers] + [f"{short[ref]}/{p}" for p in peers]
     if spread:
         cols += [f"{short[ref]}/{p} in runs" for p in peers]
-    w = max(10, max(len(c) for c in cols) + 2)
+    widths = [max(10, len(c) + 2) for c in cols]
     print(f"#\n# Comparison: in-place busbw (GB/s), {rows[0].coll} on {rows[0].nranks} ranks; "
           f"ratio = {ref} / peer (>1: ours faster)"
           + (f"; 'in runs': the lowest and highest ratio of the {len(runs)} runs" if spread else ""),
           file=out)
-    print("#" + f"{'size':>10}" + "".join(f"{c:>{w}}" for c in cols), file=out)
+    print("#" + f"{'size':>10}" + "".join(f"{c:>{w}}" for c, w in zip(cols, widths)), file=out)
     for size in sizes:
         vals = [cell.get((i, size)) for i in ours + peers]
         text = [_num(v.busbw if v else None, ".4g") for v in vals]
@@ -632,7 +632,7 @@ def print_comparison(rows: Sequence[Row], out: Any = None,
         for p in peers if spread else ():
             each = run_ratios(runs, ref, p, size)
             text.append(f"{min(each):.2f}-{max(each):.2f}x" if each else "-")
-        print(f"{size:>11}" + "".join(f"{t:>{w}}" for t in text), file=out)
+        print(f"{size:>11}" + "".join(f"{t:>{w}}" for t, w in zip(text, widths)), file=out)
     small = sizes[0]
     lat = "  ".join(f"{i} {_num(cell[(i, small)].time_us if (i, small) in cell else None, '.1f')}"
                     for i in ours + peers)
