@@ -7,8 +7,9 @@ the same sweep as ours (collectives.bench.sweep) through the peer's library.
 
 - ``gloo``: launched with ``collectives-run`` (rank and size from
   ``COLLECTIVES_RANK``/``COLLECTIVES_SIZE``), ``init_process_group("gloo",
-  init_method="tcp://127.0.0.1:PORT")``; CPU tensors sharing the numpy
-  buffers. gloo's all_reduce and broadcast work in place only: out-of-place
+  init_method="file://...")`` on a store file in the run's folder (``--port P``
+  instead: a TCP store at MASTER_ADDR:P, as bench/netns.sh uses); CPU tensors
+  sharing the numpy buffers. gloo's all_reduce and broadcast work in place only: out-of-place
   allreduce is reported as not supported ("-"), broadcast is the same call
   in both columns (as ours).
 - ``mpi``: mpi4py under ``mpirun`` with OpenMPI's TCP transport on loopback.
@@ -19,7 +20,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-import socket
 import sys
 import warnings
 from typing import Any, Callable, Optional, Sequence
@@ -55,18 +55,15 @@ def missing(peer: str) -> Optional[str]:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def command(peer: str, nranks: int, args: Sequence[str], json_path: str) -> list[str]:
     """The command line that runs peer's workers on nranks ranks (ending with the JSON path)."""
     worker = [sys.executable, "-m", "collectives._bench_peers"]
     if peer == "gloo":
+        # Rendezvous through a file beside the results, not a port picked here:
+        # a port free now can be taken by another job's rank before gloo binds it.
+        store = os.path.splitext(json_path)[0] + ".store"
         return [sys.executable, "-m", "collectives.run", "-np", str(nranks), *worker,
-                "gloo", "--port", str(_free_port()), *args, "--worker-json", json_path]
+                "gloo", "--store-file", store, *args, "--worker-json", json_path]
     mca = MPIRUN_TCP if peer == "mpi" else []
     return ["mpirun", "-np", str(nranks), *MPIRUN_BASE, *mca, "-x", "PYTHONPATH",
             *worker, peer, *args, "--worker-json", json_path]
@@ -77,18 +74,15 @@ class TorchGlooBackend(bench.Backend):
 
     name = "gloo"
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, init_method: str) -> None:
         import torch
         import torch.distributed as dist
 
         self.torch, self.dist = torch, dist
         self.rank = int(os.environ.get("COLLECTIVES_RANK", os.environ.get("RANK", "0")))
         self.size = int(os.environ.get("COLLECTIVES_SIZE", os.environ.get("WORLD_SIZE", "1")))
-        # MASTER_ADDR: rank 0's address where ranks are not all on loopback
-        # (bench/netns.sh run sets it); the driver's own runs use 127.0.0.1.
-        addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
-        dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}",
-                                rank=self.rank, world_size=self.size)
+        dist.init_process_group("gloo", init_method=init_method, rank=self.rank,
+                                world_size=self.size)
         R = dist.ReduceOp
         self.ops = {"sum": R.SUM, "prod": R.PRODUCT, "min": R.MIN, "max": R.MAX}
 
@@ -145,22 +139,29 @@ class Mpi4pyBackend(bench.CollectivesBackend):
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Worker entry: ``gloo --port P <bench options>`` or ``mpi|mpi-shm <bench options>``."""
+    """Worker entry: ``gloo --store-file F|--port P <bench options>`` or
+    ``mpi|mpi-shm <bench options>``. gloo meets at a file store, or at a TCP store on
+    port P of MASTER_ADDR (default 127.0.0.1; bench/netns.sh run sets it)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in REQUIREMENTS:
         raise SystemExit(f"usage: python -m collectives._bench_peers {{{','.join(REQUIREMENTS)}}} ...")
     peer, rest = argv[0], argv[1:]
     warnings.filterwarnings("ignore", category=FutureWarning)  # torch's renamed collectives
-    port = None
+    init_method = ""
     if peer == "gloo":
-        if len(rest) < 2 or rest[0] != "--port":
-            raise SystemExit("gloo workers need --port PORT")
-        port, rest = int(rest[1]), rest[2:]
+        if len(rest) < 2 or rest[0] not in ("--store-file", "--port") or \
+                (rest[0] == "--port" and not rest[1].isdigit()):
+            raise SystemExit("gloo workers need --store-file FILE or --port PORT")
+        if rest[0] == "--port":
+            init_method = f"tcp://{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{rest[1]}"
+        else:
+            init_method = "file://" + os.path.abspath(rest[1])
+        rest = rest[2:]
     p = bench.build_parser()
     args = p.parse_args(rest)
     bench._check_args(p, args)
     args.algos = ["auto"]
-    backend = TorchGlooBackend(port) if peer == "gloo" else Mpi4pyBackend(peer)  # type: ignore[arg-type]
+    backend = TorchGlooBackend(init_method) if peer == "gloo" else Mpi4pyBackend(peer)  # type: ignore[arg-type]
     return bench.run_worker(args, backend)
 
 

@@ -936,34 +936,41 @@ def drive(args: argparse.Namespace) -> int:
     notes: list[str] = []
     transport = ""
     rc = 0
-    with tempfile.TemporaryDirectory(prefix="collectives-bench-") as tmp:
-        jobs: list[tuple[str, list[str]]] = []
+    peers = []
+    for peer in args.peers:
+        why = _bench_peers.missing(peer)
+        if args.device == "cuda":
+            why = "--device cuda measures this library against the device copy bandwidth"
+        if why:
+            print(f"# skipping {peer}: {why}", flush=True)
+        else:
+            peers.append(peer)
+    alone = bool(peers) and "auto" in args.algos and len(args.algos) > 1
 
+    def jobs_in(folder: str) -> list[tuple[str, list[str]]]:
+        """The run's jobs, each command ending with --worker-json <folder>/<job>.json."""
         def ours(name: str, algos: Optional[Sequence[str]] = None) -> tuple[str, list[str]]:
-            out = os.path.join(tmp, f"{name}.json")
             return (name, [sys.executable, "-m", "collectives.run", "-np", str(args.np),
                            sys.executable, "-m", "collectives.bench", *worker_args(args, algos),
-                           *extra, "--worker-json", out])
+                           *extra, "--worker-json", os.path.join(folder, f"{name}.json")])
 
-        jobs.append(ours("collectives"))
-        for peer in args.peers:
-            why = _bench_peers.missing(peer)
-            if args.device == "cuda":
-                why = "--device cuda measures this library against the device copy bandwidth"
-            if why:
-                print(f"# skipping {peer}: {why}", flush=True)
-                continue
-            path = os.path.join(tmp, f"{peer}.json")
-            jobs.append((peer, _bench_peers.command(peer, args.np, worker_args(args) + extra, path)))
-        if len(jobs) > 1 and "auto" in args.algos and len(args.algos) > 1:
-            jobs.insert(1, ours(ALONE, ["auto"]))  # timed like the peers: a job of its own
+        jobs = [ours("collectives")]
+        if alone:
+            jobs.append(ours(ALONE, ["auto"]))  # timed like the peers: a job of its own
+        for peer in peers:
+            jobs.append((peer, _bench_peers.command(peer, args.np, worker_args(args) + extra,
+                                                    os.path.join(folder, f"{peer}.json"))))
+        return jobs
+
+    with tempfile.TemporaryDirectory(prefix="collectives-bench-") as tmp:
         runs: list[list[Row]] = []
         for run in range(args.runs):
             # All jobs at once, measuring in turns size by size (_bench_turns): a
-            # noisy spell on a shared machine hits every library alike.
-            for _, cmd in jobs:
-                if os.path.exists(cmd[-1]):
-                    os.unlink(cmd[-1])
+            # noisy spell on a shared machine hits every library alike. Each run
+            # in a folder of its own: no file of an earlier run is read again.
+            folder = os.path.join(tmp, f"run{run + 1}")
+            os.mkdir(folder)
+            jobs = jobs_in(folder)
             suffix = "" if args.runs == 1 else f" (run {run + 1}/{args.runs})"
             codes = _bench_turns.run_in_turns(
                 jobs, env, len(args.sizes), turn_orders,

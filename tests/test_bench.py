@@ -301,6 +301,16 @@ def test_median_rows_takes_each_rows_median_over_runs() -> None:
     assert single[0].time_us == 5.0 and single[0].algbw is None  # one run: the row as measured
 
 
+def test_gloo_meets_at_a_store_file_beside_its_results() -> None:
+    """No port is picked ahead for gloo (another job's rank could take it first)."""
+    cmd = _bench_peers.command("gloo", 2, ["allreduce"], "/tmp/run1/gloo.json")
+    assert cmd[-2:] == ["--worker-json", "/tmp/run1/gloo.json"]
+    at = cmd.index("--store-file")
+    assert cmd[at - 1] == "gloo" and cmd[at + 1] == "/tmp/run1/gloo.store"
+    with pytest.raises(SystemExit, match="--store-file FILE or --port PORT"):
+        _bench_peers.main(["gloo", "--port", "x", "allreduce"])
+
+
 def test_comparison_shows_each_ratio_over_the_runs(capsys: pytest.CaptureFixture) -> None:
     """With several runs the comparison prints the ratio of the medians and, beside it,
     the lowest and highest of the per-run ratios."""
@@ -336,20 +346,24 @@ def test_runs_repeats_the_sweep_and_reports_medians(tmp_path: Path) -> None:
 @pytest.mark.timeout(150)
 def test_compare_times_auto_alone_like_the_peers(tmp_path: Path) -> None:
     """Our algorithms are timed in turns, each peer in a job of its own; the ratios to the
-    peers use auto timed alone too (collectives-auto-alone), and every row is checked."""
+    peers use auto timed alone too (collectives-auto-alone), and every row is checked.
+    Two runs: each starts its jobs afresh (gloo meets at a new store file each time)."""
     if _bench_peers.missing("gloo"):
         pytest.skip(f"gloo: {_bench_peers.missing('gloo')}")
     out = tmp_path / "rows.json"
     res = _run(["allreduce", "-np", "2", "-b", "8", "-e", "64", "-f", "8", "--iters", "2",
                 "--warmup", "1", "--algo", "ring,auto", "--compare", "gloo", "--check",
-                "--json", out], timeout=140)
+                "--runs", "2", "--json", out], timeout=140)
     assert res.returncode == 0, res.stdout + res.stderr
     assert list(_tables(res.stdout)) == ["collectives-ring", "collectives-auto",
                                          "collectives-auto-alone", "gloo"], res.stdout
     assert "ratio = collectives-auto-alone / peer" in res.stdout, res.stdout
-    ratios = [line.split()[-1] for line in res.stdout.splitlines()
+    assert "'in runs': the lowest and highest ratio of the 2 runs" in res.stdout, res.stdout
+    ratios = [line.split()[-2:] for line in res.stdout.splitlines()
               if re.match(r"\s+(8|64)\s", line) and line.rstrip().endswith("x")]
-    assert len(ratios) == 2 and all(float(r[:-1]) > 0 for r in ratios), res.stdout
+    assert len(ratios) == 2 and all(float(r[:-1]) > 0 for r, _ in ratios), res.stdout
+    spans = [[float(v) for v in span[:-1].split("-")] for _, span in ratios]
+    assert all(0 < lo <= hi for lo, hi in spans), res.stdout
     rows = json.loads(out.read_text())
     alone = [r for r in rows if r["impl"] == "collectives-auto-alone"]
     assert len(alone) == 4 and all(r["wrong"] == 0 and r["time_us"] > 0 for r in alone)
