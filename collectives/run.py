@@ -47,6 +47,7 @@ __all__ = [
     "parse_hostfile",
     "is_local_host",
     "choose_store_addr",
+    "free_port",
     "build_rank_commands",
     "remote_script",
     "launch",
@@ -146,11 +147,52 @@ def is_local_host(host: str) -> bool:
     return host in names
 
 
-def _free_port() -> int:
-    """A port that was free a moment ago (bind to port 0, read it, release it)."""
+def _ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel hands out for port 0 (Linux's ip_local_port_range)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as fh:
+            lo, hi = (int(x) for x in fh.read().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def _bindable(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
+        try:
+            sock.bind(("", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port(pair: bool = False) -> int:
+    """A TCP port free now (with pair=True, port+1 too), for a store some process binds later.
+
+    Picked at random outside the kernel's ephemeral range where there is room:
+    ranks bind their listeners to port 0 while rank 0 starts its store, and
+    one of them could otherwise be handed the store's port first. Falls back
+    to the kernel's choice (bind to port 0) where the range leaves no room.
+    """
+    lo, hi = _ephemeral_range()
+    spans = [(a, b) for a, b in ((10000, lo - 2), (hi + 1, 65534)) if b >= a]
+    total = sum(b - a + 1 for a, b in spans)
+    for _ in range(100 if total else 0):
+        k = random.randrange(total)
+        for a, b in spans:
+            if k <= b - a:
+                port = a + k
+                break
+            k -= b - a + 1
+        if _bindable(port) and (not pair or _bindable(port + 1)):
+            return port
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        if port < 65535 and (not pair or _bindable(port + 1)):
+            return port
+    raise OSError("no free TCP port found")
 
 
 def choose_store_addr(hosts: Sequence[tuple[str, int]]) -> str:
@@ -164,9 +206,9 @@ def choose_store_addr(hosts: Sequence[tuple[str, int]]) -> str:
     first = hosts[0][0]
     if is_local_host(first):
         if all(is_local_host(h) for h, _ in hosts):
-            return format_addr("127.0.0.1", _free_port())
+            return format_addr("127.0.0.1", free_port())
         name = socket.gethostname() if first.strip("[]") in _LOCAL_NAMES else first
-        return format_addr(name.strip("[]"), _free_port())
+        return format_addr(name.strip("[]"), free_port())
     return format_addr(first.strip("[]"), random.randint(20000, 39999))
 
 

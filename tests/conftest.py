@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,22 +33,11 @@ _LIVE: set = set()  # Popen objects not yet reaped, killed by the autouse fixtur
 
 
 def free_port(pair: bool = False) -> int:
-    """A TCP port free on 127.0.0.1 now (with pair=True, port+1 is free too)."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if not pair:
-            return port
-        if port >= 65535:
-            continue
-        with socket.socket() as s2:
-            try:
-                s2.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port pair found")
+    """A TCP port free on 127.0.0.1 now (with pair=True, port+1 is free too), outside the
+    kernel's ephemeral range: see collectives.run.free_port."""
+    from collectives.run import free_port as pick
+
+    return pick(pair)
 
 
 def base_env(extra: Optional[Mapping[str, str]] = None) -> dict:

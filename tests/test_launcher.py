@@ -397,6 +397,20 @@ def test_build_rank_commands_checks():
     assert [r.host for r in ranks] == ["a", "a"] and ranks[0].local_size == 2
 
 
+def test_free_port_stays_out_of_the_kernels_ephemeral_range():
+    """The store's port is picked where no rank's listener (bound to port 0) can be
+    handed it before rank 0 binds it."""
+    lo, hi = run._ephemeral_range()
+    for pair in (False, True, False):
+        port = run.free_port(pair)
+        assert not lo <= port <= hi and not lo <= port + int(pair) <= hi, (port, lo, hi)
+        for p in range(port, port + 1 + int(pair)):
+            with socket.socket() as s:
+                s.bind(("", p))  # free
+    host, port = run.choose_store_addr([("localhost", 2)]).rsplit(":", 1)
+    assert host == "127.0.0.1" and not lo <= int(port) <= hi
+
+
 def test_choose_store_addr():
     host, port = run.choose_store_addr([("localhost", 2)]).rsplit(":", 1)
     assert host == "127.0.0.1" and 0 < int(port) < 65536
