@@ -9,9 +9,9 @@ the same sweep as ours (collectives.bench.sweep) through the peer's library.
   ``COLLECTIVES_RANK``/``COLLECTIVES_SIZE``), ``init_process_group("gloo",
   init_method="file://...")`` on a store file in the run's folder (``--port P``
   instead: a TCP store at MASTER_ADDR:P, as bench/netns.sh uses); CPU tensors
-  sharing the numpy buffers. gloo's all_reduce and broadcast work in place only: out-of-place
-  allreduce is reported as not supported ("-"), broadcast is the same call
-  in both columns (as ours).
+  sharing the numpy buffers. gloo's all_reduce and broadcast work in place
+  only: out-of-place allreduce is reported as not supported ("-"), broadcast
+  is the same call in both columns (as ours).
 - ``mpi``: mpi4py under ``mpirun`` with OpenMPI's TCP transport on loopback.
 - ``mpi-shm``: mpi4py under ``mpirun`` with OpenMPI's defaults (shared memory).
 """
