@@ -173,6 +173,12 @@ def exchange_addresses(core, rank: int, size: int, advertise: str, put, get) -> 
     return hosts, host_cpus
 
 
+def local_place(hosts: list, rank: int) -> tuple:
+    """(local rank, local size) of rank from every rank's host id: its position among
+    the ranks on its host, and how many there are."""
+    return hosts[:rank].count(hosts[rank]), hosts.count(hosts[rank])
+
+
 def _rendezvous(info: _env.WorldInfo, timeout: float):
     from ._core import Communicator
 
@@ -202,8 +208,7 @@ def _rendezvous(info: _env.WorldInfo, timeout: float):
     local_rank = info.local_rank
     local_size = info.local_size
     if local_rank is None or local_size is None:
-        local_rank = sum(1 for r in range(info.rank) if hosts[r] == hosts[info.rank])
-        local_size = sum(1 for h in hosts if h == hosts[info.rank])
+        local_rank, local_size = local_place(hosts, info.rank)
     return core, server, client, local_rank, local_size, host_cpus
 
 

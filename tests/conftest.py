@@ -26,18 +26,14 @@ from typing import Callable, Mapping, Optional, Sequence
 
 import pytest
 
+# A port for a store rank 0 binds later, outside the kernel's ephemeral range (the
+# tests import it from here).
+from collectives.run import free_port  # noqa: F401
+
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
 
 _LIVE: set = set()  # Popen objects not yet reaped, killed by the autouse fixture
-
-
-def free_port(pair: bool = False) -> int:
-    """A TCP port free on 127.0.0.1 now (with pair=True, port+1 is free too), outside the
-    kernel's ephemeral range: see collectives.run.free_port."""
-    from collectives.run import free_port as pick
-
-    return pick(pair)
 
 
 def base_env(extra: Optional[Mapping[str, str]] = None) -> dict:

@@ -407,8 +407,7 @@ def _communicator(store: Any, rank: int, size: int, timeout: timedelta) -> tuple
     hosts, host_cpus = _world.exchange_addresses(
         core, rank, size, host, lambda key, value: store.set(f"collectives/{key}", value),
         lambda key: store.get(f"collectives/{key}"))
-    _world.apply_host_policy(core, hosts[:rank].count(hosts[rank]), hosts.count(hosts[rank]),
-                             host_cpus)
+    _world.apply_host_policy(core, *_world.local_place(hosts, rank), host_cpus)
     return core, True
 
 
