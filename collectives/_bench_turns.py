@@ -6,22 +6,25 @@ measures size i, then job B measures size i, ..., then A measures size i+1. On
 a shared machine a noisy spell lasts seconds to minutes; run one after another,
 whole sweeps of several minutes each, one library got the quiet minute and the
 next the noisy one, and their ratio at 2 MiB moved between 0.8x and 1.4x from
-one invocation to the next. In turns, both see the same minute.
+one invocation to the next. In turns, both see the same minute. A step is a
+size, or a share of its iterations (collectives-bench --turn-iters): a whole
+size at 128 MiB is a turn of several seconds, long enough for one library to
+draw a slow spell that the next does not.
 
 Protocol, one TCP connection on loopback per worker rank to the driver, lines
 of text:
 
     worker -> driver   hello JOB RANK NRANKS     on connecting
-    worker -> driver   ready STEP                before size STEP (STEP = number
-                                                 of sizes: the sweep is done)
+    worker -> driver   ready STEP                before turn STEP (STEP = number
+                                                 of turns: the sweep is done)
     driver -> worker   go STEP                   measure it
 
 A worker waiting for its go blocks in recv(), so the job whose turn it is has
 the cores to itself. The driver gives the first go only when every job is
-ready for size 0 (all have started: a job starting up, torch importing, does
+ready for step 0 (all have started: a job starting up, torch importing, does
 not load the machine under another's measurement), and the final go, which
 lets the jobs write their results and exit, only when every job has measured
-its last size.
+its last turn.
 """
 from __future__ import annotations
 
@@ -32,7 +35,37 @@ import threading
 import time
 from typing import Callable, Optional, Sequence
 
-__all__ = ["TurnGate", "run_in_turns"]
+__all__ = ["TurnGate", "run_in_turns", "turn_orders", "turn_rounds"]
+
+
+def turn_orders(n: int) -> list[list[int]]:
+    """The orders in which n implementations take their turns, one per iteration in
+    rotation: a Williams design, where within the turns each implementation follows each
+    other one equally often and takes each place equally often (n orders for even n; for
+    odd n, those n and their reverses). A call can run slower after some other algorithm's
+    call than after its own kind: with a plain rotation (ring, tree, butterfly, auto, then
+    tree, butterfly, auto, ring, ...) auto nearly always followed butterfly, and an 8-byte
+    auto call, which is a butterfly there, timed 10.7 us against butterfly's 6.6 us."""
+    if n == 0:
+        return [[]]
+    first, lo, hi = [0], 1, n - 1
+    while len(first) < n:
+        first.append(lo)
+        lo += 1
+        if len(first) < n:
+            first.append(hi)
+            hi -= 1
+    orders = [[(x + k) % n for x in first] for k in range(n)]
+    return orders + [o[::-1] for o in orders] if n % 2 else orders
+
+
+def turn_rounds(iters: int, turn_iters: int) -> list[int]:
+    """How many of a size's ``iters`` timed iterations each of its turns measures: all in
+    one turn when turn_iters is 0, else turns of at most turn_iters, as even as can be."""
+    if turn_iters <= 0 or turn_iters >= iters:
+        return [iters]
+    k = -(-iters // turn_iters)
+    return [iters // k + (1 if r < iters % k else 0) for r in range(k)]
 
 
 class TurnGate:
@@ -46,7 +79,7 @@ class TurnGate:
         if not self.job or not port.isdigit():
             raise SystemExit(f"collectives-bench: --turns {spec!r} is not HOST:PORT,JOB")
         self._sock = socket.create_connection((host, int(port)), timeout=60)
-        self._sock.settimeout(None)  # a turn lasts as long as the other jobs' sizes take
+        self._sock.settimeout(None)  # a turn lasts as long as the other jobs' turns take
         self._buf = b""
         self._sock.sendall(f"hello {self.job} {rank} {nranks}\n".encode())
 
@@ -56,7 +89,7 @@ class TurnGate:
             chunk = self._sock.recv(64)
             if not chunk:
                 raise SystemExit(f"collectives-bench: the driver stopped the turns (job {self.job}, "
-                                 f"size {step}): another job failed or the driver was interrupted")
+                                 f"turn {step}): another job failed or the driver was interrupted")
             self._buf += chunk
         line, _, self._buf = self._buf.partition(b"\n")
         if line.decode(errors="replace").split() != ["go", str(step)]:

@@ -22,7 +22,9 @@ each peer is timed in a job of its own. With ``--compare`` the driver also
 times ``auto`` in a job of its own ("collectives-auto-alone"), and the ratios
 to the peers use that row: like against like. The driver's jobs run at once
 and measure in turns, size by size (collectives/_bench_turns.py), so that
-every library meets the same noisy minute.
+every library meets the same noisy minute; a size's iterations are spread
+over several turns (``--turn-iters``, 2 per turn by default), so that a noisy
+spell of a few seconds lands in every library's share of them alike.
 """
 from __future__ import annotations
 
@@ -42,10 +44,11 @@ import numpy as np
 from ._bench_rows import (ALONE, Row, bus_factor, median_rows, print_comparison, print_table,
                           run_ratios, tune_table, write_csv, write_json, write_plot,
                           write_tune_file)
+from ._bench_turns import turn_orders, turn_rounds
 
 __all__ = ["Row", "parse_size", "bus_factor", "sweep_sizes", "element_count", "rank_input",
            "expected_output", "sweep", "print_table", "run_ratios", "print_comparison", "tune_table",
-           "write_tune_file", "build_parser", "main"]
+           "write_tune_file", "turn_orders", "turn_rounds", "build_parser", "main"]
 
 COLLS = ("allreduce", "allgather", "broadcast", "reduce_scatter")
 DTYPES = ("int8", "uint8", "int32", "int64", "float16", "float32", "float64")
@@ -365,39 +368,21 @@ def _warm_case(backend: Backend, coll: str, algo: str, op: str, send: Optional[n
     return fn, result, ""
 
 
-def turn_orders(n: int) -> list[list[int]]:
-    """The orders in which n implementations take their turns, one per iteration in
-    rotation: a Williams design, where within the turns each implementation follows each
-    other one equally often and takes each place equally often (n orders for even n; for
-    odd n, those n and their reverses). A call can run slower after some other algorithm's
-    call than after its own kind: with a plain rotation (ring, tree, butterfly, auto, then
-    tree, butterfly, auto, ring, ...) auto nearly always followed butterfly, and an 8-byte
-    auto call, which is a butterfly there, timed 10.7 us against butterfly's 6.6 us."""
-    if n == 0:
-        return [[]]
-    first, lo, hi = [0], 1, n - 1
-    while len(first) < n:
-        first.append(lo)
-        lo += 1
-        if len(first) < n:
-            first.append(hi)
-            hi -= 1
-    orders = [[(x + k) % n for x in first] for k in range(n)]
-    return orders + [o[::-1] for o in orders] if n % 2 else orders
-
-
 def sweep(backend: Backend, coll: str, algos: Sequence[str], dtype: str, op: str,
           sizes: Sequence[int], iters: int, warmup: int, check: bool, root: int = 0,
           progress: Optional[bool] = None, host: Optional[str] = None,
           device: Optional[int] = None,
-          gate: Optional[Callable[[int], None]] = None) -> tuple[list[Row], list[str]]:
+          gate: Optional[Callable[[int], None]] = None,
+          turn_iters: int = 0) -> tuple[list[Row], list[str]]:
     """Measure every (size, placement, implementation); collective on all ranks.
 
     Per size and placement, every implementation is warmed up, then their
     timed calls alternate (iteration i of each before iteration i+1 of any),
-    each iteration in the next order of turn_orders. ``gate(i)``, when given,
-    is called before size i (holding no buffer) and ``gate(len(sizes))`` after
-    the last: the driver's turns (TurnGate).
+    each iteration in the next order of turn_orders. ``gate(step)``, when
+    given, is called before each turn (holding no buffer) and once more after
+    the last: the driver's turns (TurnGate). A size takes one turn, or, with
+    ``turn_iters``, len(turn_rounds(iters, turn_iters)) turns of that many
+    timed iterations each (steps numbered from 0 across the sweep).
 
     Returns:
         (rows, notes): rows in (impl, size, inplace) order; notes name
@@ -409,15 +394,20 @@ def sweep(backend: Backend, coll: str, algos: Sequence[str], dtype: str, op: str
     notes: list[str] = []
     show = backend.rank == 0 and (progress if progress is not None else sys.stderr.isatty())
     tagged = bool(progress) and not sys.stderr.isatty()
+    rounds = turn_rounds(iters, turn_iters if gate is not None else 0)
     plan = _SweepPlan(backend, coll, impls, dtype, op, iters, warmup, check, root,
                       host or socket.gethostname(), device,
-                      (len(sizes) * 2 * len(impls)) if show else 0, tagged)
-    for step, nbytes in enumerate(sizes):
-        if gate is not None:
-            gate(step)
-        _sweep_size(plan, nbytes, rows, notes)
+                      (len(sizes) * len(rounds) * 2 * len(impls)) if show else 0, tagged)
+    step = 0
+    for nbytes in sizes:
+        timed: dict[bool, _Timed] = {}
+        for r, n_iters in enumerate(rounds):
+            if gate is not None:
+                gate(step)
+            step += 1
+            _sweep_size(plan, nbytes, rows, notes, timed, sum(rounds[:r]), n_iters)
     if gate is not None:
-        gate(len(sizes))
+        gate(step)
     if show:
         _progress(plan.total, plan.total, "", tagged)
     order = {impl: i for i, (impl, _) in enumerate(impls)}
@@ -446,16 +436,35 @@ class _SweepPlan:
     done: int = 0
 
 
-def _sweep_size(plan: _SweepPlan, nbytes: int, rows: dict, notes: list) -> None:
-    """Measure one size, out of place then in place, into rows; its buffers are freed
-    on return (a job waiting for its turn holds none)."""
+@dataclass
+class _Timed:
+    """One placement of one size across its turns: the implementations that run it
+    (found in the first turn), their rows, and every timed iteration so far."""
+
+    impls: list
+    rows: list
+    times: np.ndarray  # (implementation, iteration), seconds on this rank
+
+
+def _sweep_size(plan: _SweepPlan, nbytes: int, rows: dict, notes: list, timed: dict,
+                first: int, n_iters: int) -> None:
+    """Measure timed iterations first .. first+n_iters-1 of one size, out of place then
+    in place, into `timed` (kept by the caller across the size's turns); with the last
+    iteration, the rows. Buffers are made here and freed on return (a job waiting for
+    its turn holds none)."""
     backend, coll, n, rank = plan.backend, plan.coll, plan.backend.size, plan.backend.rank
     itemsize = np.dtype(plan.dtype).itemsize
     count = element_count(coll, nbytes, itemsize, n)
     inp = rank_input(coll, plan.op, plan.dtype, rank, n, count)
-    want = expected_output(coll, plan.op, plan.dtype, rank, n, count) if plan.check else None
+    last = first + n_iters == plan.iters
+    want = expected_output(coll, plan.op, plan.dtype, rank, n, count) if plan.check and last else None
     size = count * itemsize
     root, row_root = plan.root, (plan.root if coll == "broadcast" else -1)
+    # A later turn warms each implementation with one call: after waiting for
+    # the other jobs, a job's first call finds cold caches and TCP restarting
+    # its congestion window after the idle spell (tcp_slow_start_after_idle),
+    # whichever library it is.
+    warmup = plan.warmup if first == 0 else min(plan.warmup, 1)
     for inplace in (False, True):
         send, recv, refill = make_buffers(coll, inp, rank, n, count, inplace, root)
         dev = None if plan.device is None else DeviceCase(send, recv, plan.device)
@@ -464,37 +473,47 @@ def _sweep_size(plan: _SweepPlan, nbytes: int, rows: dict, notes: list) -> None:
         # on a shared machine then hits all of them alike, and so, with the
         # orders of turn_orders, does any effect of which call follows
         # which, and their rows compare.
-        cases: list[tuple[Row, Callable[[], None], Any]] = []
-        for impl, algo in plan.impls:
+        t = timed.get(inplace)  # None in the size's first turn
+        cases: list[tuple[Callable[[], None], Any]] = []
+        live: list[tuple[str, str]] = []
+        for impl, algo in (plan.impls if t is None else t.impls):
             if plan.total:
                 _progress(plan.done, plan.total,
                           f"{impl} {human_size(size)}{' in-place' if inplace else ''}", plan.tagged)
             plan.done += 1
-            row = Row(coll, impl, n, size, count, plan.dtype, plan.op, row_root, None, None, None,
-                      None, inplace, plan.host)
-            rows[(impl, size, inplace)] = row
+            if t is None:
+                rows[(impl, size, inplace)] = Row(coll, impl, n, size, count, plan.dtype, plan.op,
+                                                  row_root, None, None, None, None, inplace,
+                                                  plan.host)
             fn, result, error = _warm_case(backend, coll, algo, plan.op, send, recv, root, refill,
-                                           dev, plan.warmup)
+                                           dev, warmup)
+            if error and t is not None:  # it ran in the first turn
+                raise RuntimeError(f"{impl}: {coll} failed in a later turn: {error}")
             if error:
                 what = f"{coll} {plan.dtype}" + (f" {plan.op}" if coll in ("allreduce", "reduce_scatter") else "")
                 notes.append(f"{impl}: {what} not supported: {error}")
             elif fn is not None:
-                cases.append((row, fn, result))
-        times = np.zeros((len(cases), plan.iters))
+                cases.append((fn, result))
+                live.append((impl, algo))
+        if t is None:
+            t = timed[inplace] = _Timed(live, [rows[(impl, size, inplace)] for impl, _ in live],
+                                        np.zeros((len(live), plan.iters)))
         orders = turn_orders(len(cases))
-        for i in range(plan.iters):
+        for i in range(first, first + n_iters):
             for k in orders[i % len(orders)]:
-                fn = cases[k][1]
+                fn = cases[k][0]
                 backend.barrier()
                 t0 = time.perf_counter()
                 fn()
-                times[k, i] = time.perf_counter() - t0
+                t.times[k, i] = time.perf_counter() - t0
+        if not last:
+            continue
         if cases:
-            backend.allreduce_f64(times, "max")
-        for k, (row, fn, result) in enumerate(cases):
-            t = float(np.median(times[k]))
-            row.time_us = t * 1e6
-            row.algbw = size / t / 1e9
+            backend.allreduce_f64(t.times, "max")
+        for (fn, result), row, times in zip(cases, t.rows, t.times):
+            med = float(np.median(times))
+            row.time_us = med * 1e6
+            row.algbw = size / med / 1e9
             row.busbw = row.algbw * bus_factor(coll, n)
             if plan.check:
                 refill()
@@ -529,6 +548,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--stepfactor", type=int, default=4)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", "-w", type=int, default=5)
+    p.add_argument("--turn-iters", type=int, default=2, metavar="K",
+                   help="driver mode: timed iterations a job measures in one turn before the "
+                        "next job takes its turn at the same size (default 2; 0: all of them)")
     p.add_argument("--runs", type=int, default=1,
                    help="driver mode: run the whole sweep (ours and each --compare peer, taking "
                         "turns size by size) N times and report each row's median time over the runs")
@@ -565,8 +587,8 @@ def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error("--tune applies to allreduce only")
     if args.tune:
         args.algos = ["ring", "tree", "butterfly"]
-    if args.iters < 1 or args.warmup < 0:
-        p.error("--iters must be >= 1 and --warmup >= 0")
+    if args.iters < 1 or args.warmup < 0 or args.turn_iters < 0:
+        p.error("--iters must be >= 1, --warmup and --turn-iters >= 0")
     if args.runs < 1:
         p.error("--runs must be >= 1")
     try:
@@ -581,7 +603,7 @@ def worker_args(args: argparse.Namespace, algos: Optional[Sequence[str]] = None)
     out = [args.coll, "--algo", ",".join(algos or args.algos), "--dtype", args.dtype, "--op", args.op,
            "--root", str(args.root), "-b", str(args.minbytes), "-e", str(args.maxbytes),
            "-f", str(args.stepfactor), "--iters", str(args.iters), "--warmup", str(args.warmup),
-           "--device", args.device]
+           "--turn-iters", str(args.turn_iters), "--device", args.device]
     return out + (["--check"] if args.check else [])
 
 
@@ -607,7 +629,8 @@ def run_worker(args: argparse.Namespace, backend: Backend) -> int:
     try:
         rows, notes = sweep(backend, args.coll, args.algos, args.dtype, args.op, args.sizes,
                             args.iters, args.warmup, args.check, args.root,
-                            progress=True if args.progress else None, device=device, gate=gate)
+                            progress=True if args.progress else None, device=device, gate=gate,
+                            turn_iters=args.turn_iters)
     finally:
         if gate is not None:
             gate.close()
@@ -717,8 +740,9 @@ def drive(args: argparse.Namespace) -> int:
             os.mkdir(folder)
             jobs = jobs_in(folder)
             suffix = "" if args.runs == 1 else f" (run {run + 1}/{args.runs})"
+            nsteps = len(args.sizes) * len(turn_rounds(args.iters, args.turn_iters))
             codes = _bench_turns.run_in_turns(
-                jobs, env, len(args.sizes), turn_orders,
+                jobs, env, nsteps, turn_orders,
                 lambda name, line: _child_stderr(show, name + suffix, line))
             got: list[Row] = []
             for name, cmd in jobs:

@@ -193,6 +193,47 @@ def test_sweep_alternates_the_algorithms_it_times() -> None:
     assert be.log == one_placement * 2
 
 
+def test_turn_rounds_spread_iterations_evenly() -> None:
+    assert bench.turn_rounds(5, 2) == [2, 2, 1]
+    assert bench.turn_rounds(10, 3) == [3, 3, 2, 2]
+    assert bench.turn_rounds(20, 2) == [2] * 10
+    assert bench.turn_rounds(3, 0) == [3] and bench.turn_rounds(3, 5) == [3]
+
+
+def test_sweep_spreads_each_size_over_turns() -> None:
+    """With the driver's gate and turn_iters, each size takes several turns: a full warm-up
+    in the first, one call per implementation in each later one, and the timed calls carry
+    on the orders of turn_orders across the turns; every iteration is timed once."""
+    be = _RecordingBackend()
+    steps: list[int] = []
+
+    def gate(step: int) -> None:
+        steps.append(step)
+        be.log.append(f"go {step}")
+
+    rows, notes = bench.sweep(be, "allreduce", ["ring", "tree"], "float32", "sum", [64, 128],
+                              iters=5, warmup=2, check=False, progress=False, gate=gate,
+                              turn_iters=2)
+    assert steps == list(range(7))  # 3 turns per size, then the final one
+    assert notes == [] and len(rows) == 8 and all(r.time_us > 0 for r in rows)
+    timed = (["|", "ring", "|", "tree"], ["|", "tree", "|", "ring"])  # turn_orders(2)
+
+    def turn(warm: int, iterations: range) -> list[str]:
+        one = ["ring"] * warm + ["tree"] * warm + [c for i in iterations for c in timed[i % 2]]
+        return one * 2  # out of place, then in place
+
+    def size(first_step: int) -> list[str]:
+        return ([f"go {first_step}"] + turn(2, range(0, 2)) + [f"go {first_step + 1}"]
+                + turn(1, range(2, 4)) + [f"go {first_step + 2}"] + turn(1, range(4, 5)))
+
+    assert be.log == size(0) + size(3) + ["go 6"]
+    # outside the driver's turns the same sweep measures each size in one go
+    be.log.clear()
+    bench.sweep(be, "allreduce", ["ring", "tree"], "float32", "sum", [64], iters=5, warmup=2,
+                check=False, progress=False, turn_iters=2)
+    assert be.log == turn(2, range(0, 5))
+
+
 @pytest.mark.parametrize("n", range(0, 8))
 def test_turn_orders_balance_which_call_follows_which(n: int) -> None:
     """Every order is a permutation; within them each implementation follows each other
@@ -352,8 +393,8 @@ def test_compare_times_auto_alone_like_the_peers(tmp_path: Path) -> None:
         pytest.skip(f"gloo: {_bench_peers.missing('gloo')}")
     out = tmp_path / "rows.json"
     res = _run(["allreduce", "-np", "2", "-b", "8", "-e", "64", "-f", "8", "--iters", "2",
-                "--warmup", "1", "--algo", "ring,auto", "--compare", "gloo", "--check",
-                "--runs", "2", "--json", out], timeout=140)
+                "--turn-iters", "1", "--warmup", "1", "--algo", "ring,auto", "--compare", "gloo",
+                "--check", "--runs", "2", "--json", out], timeout=140)
     assert res.returncode == 0, res.stdout + res.stderr
     assert list(_tables(res.stdout)) == ["collectives-ring", "collectives-auto",
                                          "collectives-auto-alone", "gloo"], res.stdout
