@@ -7,9 +7,9 @@ a shared machine a noisy spell lasts seconds to minutes; run one after another,
 whole sweeps of several minutes each, one library got the quiet minute and the
 next the noisy one, and their ratio at 2 MiB moved between 0.8x and 1.4x from
 one invocation to the next. In turns, both see the same minute. A step is a
-size, or a share of its iterations (collectives-bench --turn-iters): a whole
-size at 128 MiB is a turn of several seconds, long enough for one library to
-draw a slow spell that the next does not.
+size, or from SPLIT_BYTES on a share of its iterations (collectives-bench
+--turn-iters): a whole size at 128 MiB is a turn of several seconds, long
+enough for one library to draw a slow spell that the next does not.
 
 Protocol, one TCP connection on loopback per worker rank to the driver, lines
 of text:
@@ -35,7 +35,7 @@ import threading
 import time
 from typing import Callable, Optional, Sequence
 
-__all__ = ["TurnGate", "run_in_turns", "turn_orders", "turn_rounds"]
+__all__ = ["SPLIT_BYTES", "TurnGate", "run_in_turns", "turn_orders", "turn_rounds"]
 
 
 def turn_orders(n: int) -> list[list[int]]:
@@ -59,10 +59,20 @@ def turn_orders(n: int) -> list[list[int]]:
     return orders + [o[::-1] for o in orders] if n % 2 else orders
 
 
-def turn_rounds(iters: int, turn_iters: int) -> list[int]:
+# Sizes below this take a single turn however many iterations they time. Their
+# turn lasts well under a second (4 algorithms x 2 placements x 25 calls of at
+# most a few ms), short beside the host's slow spells, and cut into turns of 2
+# iterations it would mostly time calls just after the job woke from waiting:
+# at 4 ranks over TCP, the 8-byte call of OpenMPI and of our auto timed alone
+# took 140 and 90 us that way against 65 and 46 us in whole-size turns.
+SPLIT_BYTES = 4 << 20
+
+
+def turn_rounds(iters: int, turn_iters: int, nbytes: int = SPLIT_BYTES) -> list[int]:
     """How many of a size's ``iters`` timed iterations each of its turns measures: all in
-    one turn when turn_iters is 0, else turns of at most turn_iters, as even as can be."""
-    if turn_iters <= 0 or turn_iters >= iters:
+    one turn when turn_iters is 0 or the size is below SPLIT_BYTES, else turns of at most
+    turn_iters, as even as can be."""
+    if turn_iters <= 0 or turn_iters >= iters or nbytes < SPLIT_BYTES:
         return [iters]
     k = -(-iters // turn_iters)
     return [iters // k + (1 if r < iters % k else 0) for r in range(k)]

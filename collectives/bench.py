@@ -23,8 +23,9 @@ times ``auto`` in a job of its own ("collectives-auto-alone"), and the ratios
 to the peers use that row: like against like. The driver's jobs run at once
 and measure in turns, size by size (collectives/_bench_turns.py), so that
 every library meets the same noisy minute; a size's iterations are spread
-over several turns (``--turn-iters``, 2 per turn by default), so that a noisy
-spell of a few seconds lands in every library's share of them alike.
+over several turns from 4 MiB on (``--turn-iters``, 2 per turn by default),
+so that a noisy spell of a few seconds lands in every library's share of
+them alike.
 """
 from __future__ import annotations
 
@@ -381,8 +382,8 @@ def sweep(backend: Backend, coll: str, algos: Sequence[str], dtype: str, op: str
     each iteration in the next order of turn_orders. ``gate(step)``, when
     given, is called before each turn (holding no buffer) and once more after
     the last: the driver's turns (TurnGate). A size takes one turn, or, with
-    ``turn_iters``, len(turn_rounds(iters, turn_iters)) turns of that many
-    timed iterations each (steps numbered from 0 across the sweep).
+    ``turn_iters``, len(turn_rounds(iters, turn_iters, size)) turns of that
+    many timed iterations each (steps numbered from 0 across the sweep).
 
     Returns:
         (rows, notes): rows in (impl, size, inplace) order; notes name
@@ -394,13 +395,13 @@ def sweep(backend: Backend, coll: str, algos: Sequence[str], dtype: str, op: str
     notes: list[str] = []
     show = backend.rank == 0 and (progress if progress is not None else sys.stderr.isatty())
     tagged = bool(progress) and not sys.stderr.isatty()
-    rounds = turn_rounds(iters, turn_iters if gate is not None else 0)
     plan = _SweepPlan(backend, coll, impls, dtype, op, iters, warmup, check, root,
                       host or socket.gethostname(), device,
-                      (len(sizes) * len(rounds) * 2 * len(impls)) if show else 0, tagged)
+                      (len(sizes) * 2 * len(impls)) if show else 0, tagged)
     step = 0
     for nbytes in sizes:
         timed: dict[bool, _Timed] = {}
+        rounds = turn_rounds(iters, turn_iters if gate is not None else 0, nbytes)
         for r, n_iters in enumerate(rounds):
             if gate is not None:
                 gate(step)
@@ -480,8 +481,8 @@ def _sweep_size(plan: _SweepPlan, nbytes: int, rows: dict, notes: list, timed: d
             if plan.total:
                 _progress(plan.done, plan.total,
                           f"{impl} {human_size(size)}{' in-place' if inplace else ''}", plan.tagged)
-            plan.done += 1
-            if t is None:
+            if t is None:  # a case counts once for the progress bar, in its first turn
+                plan.done += 1
                 rows[(impl, size, inplace)] = Row(coll, impl, n, size, count, plan.dtype, plan.op,
                                                   row_root, None, None, None, None, inplace,
                                                   plan.host)
@@ -549,8 +550,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", "-w", type=int, default=5)
     p.add_argument("--turn-iters", type=int, default=2, metavar="K",
-                   help="driver mode: timed iterations a job measures in one turn before the "
-                        "next job takes its turn at the same size (default 2; 0: all of them)")
+                   help="driver mode, sizes from 4M: timed iterations a job measures in one turn "
+                        "before the next job takes its turn at the same size (default 2; 0: all "
+                        "of them; smaller sizes take one turn)")
     p.add_argument("--runs", type=int, default=1,
                    help="driver mode: run the whole sweep (ours and each --compare peer, taking "
                         "turns size by size) N times and report each row's median time over the runs")
@@ -740,7 +742,8 @@ def drive(args: argparse.Namespace) -> int:
             os.mkdir(folder)
             jobs = jobs_in(folder)
             suffix = "" if args.runs == 1 else f" (run {run + 1}/{args.runs})"
-            nsteps = len(args.sizes) * len(turn_rounds(args.iters, args.turn_iters))
+            nsteps = sum(len(turn_rounds(args.iters, args.turn_iters, nbytes))
+                         for nbytes in args.sizes)
             codes = _bench_turns.run_in_turns(
                 jobs, env, nsteps, turn_orders,
                 lambda name, line: _child_stderr(show, name + suffix, line))

@@ -14,6 +14,7 @@ import pytest
 
 import collectives
 from collectives import _bench_peers, bench
+from collectives._bench_turns import SPLIT_BYTES
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -198,12 +199,16 @@ def test_turn_rounds_spread_iterations_evenly() -> None:
     assert bench.turn_rounds(10, 3) == [3, 3, 2, 2]
     assert bench.turn_rounds(20, 2) == [2] * 10
     assert bench.turn_rounds(3, 0) == [3] and bench.turn_rounds(3, 5) == [3]
+    # sizes below SPLIT_BYTES take one turn
+    assert bench.turn_rounds(5, 2, SPLIT_BYTES) == [2, 2, 1]
+    assert bench.turn_rounds(5, 2, SPLIT_BYTES - 1) == [5]
 
 
 def test_sweep_spreads_each_size_over_turns() -> None:
-    """With the driver's gate and turn_iters, each size takes several turns: a full warm-up
-    in the first, one call per implementation in each later one, and the timed calls carry
-    on the orders of turn_orders across the turns; every iteration is timed once."""
+    """With the driver's gate and turn_iters, a size from SPLIT_BYTES takes several turns:
+    a full warm-up in the first, one call per implementation in each later one, and the
+    timed calls carry on the orders of turn_orders across the turns; every iteration is
+    timed once. A smaller size takes one turn."""
     be = _RecordingBackend()
     steps: list[int] = []
 
@@ -211,10 +216,10 @@ def test_sweep_spreads_each_size_over_turns() -> None:
         steps.append(step)
         be.log.append(f"go {step}")
 
-    rows, notes = bench.sweep(be, "allreduce", ["ring", "tree"], "float32", "sum", [64, 128],
-                              iters=5, warmup=2, check=False, progress=False, gate=gate,
-                              turn_iters=2)
-    assert steps == list(range(7))  # 3 turns per size, then the final one
+    rows, notes = bench.sweep(be, "allreduce", ["ring", "tree"], "float32", "sum",
+                              [64, SPLIT_BYTES], iters=5, warmup=2, check=False,
+                              progress=False, gate=gate, turn_iters=2)
+    assert steps == list(range(5))  # 1 turn for 64 B, 3 for SPLIT_BYTES, then the final one
     assert notes == [] and len(rows) == 8 and all(r.time_us > 0 for r in rows)
     timed = (["|", "ring", "|", "tree"], ["|", "tree", "|", "ring"])  # turn_orders(2)
 
@@ -222,15 +227,13 @@ def test_sweep_spreads_each_size_over_turns() -> None:
         one = ["ring"] * warm + ["tree"] * warm + [c for i in iterations for c in timed[i % 2]]
         return one * 2  # out of place, then in place
 
-    def size(first_step: int) -> list[str]:
-        return ([f"go {first_step}"] + turn(2, range(0, 2)) + [f"go {first_step + 1}"]
-                + turn(1, range(2, 4)) + [f"go {first_step + 2}"] + turn(1, range(4, 5)))
-
-    assert be.log == size(0) + size(3) + ["go 6"]
+    assert be.log == (["go 0"] + turn(2, range(0, 5))
+                      + ["go 1"] + turn(2, range(0, 2)) + ["go 2"] + turn(1, range(2, 4))
+                      + ["go 3"] + turn(1, range(4, 5)) + ["go 4"])
     # outside the driver's turns the same sweep measures each size in one go
     be.log.clear()
-    bench.sweep(be, "allreduce", ["ring", "tree"], "float32", "sum", [64], iters=5, warmup=2,
-                check=False, progress=False, turn_iters=2)
+    bench.sweep(be, "allreduce", ["ring", "tree"], "float32", "sum", [SPLIT_BYTES], iters=5,
+                warmup=2, check=False, progress=False, turn_iters=2)
     assert be.log == turn(2, range(0, 5))
 
 
