@@ -63,8 +63,9 @@ def turn_orders(n: int) -> list[list[int]]:
 # turn lasts well under a second (4 algorithms x 2 placements x 25 calls of at
 # most a few ms), short beside the host's slow spells, and cut into turns of 2
 # iterations it would mostly time calls just after the job woke from waiting:
-# at 4 ranks over TCP, the 8-byte call of OpenMPI and of our auto timed alone
-# took 140 and 90 us that way against 65 and 46 us in whole-size turns.
+# at 4 ranks over TCP, a sweep cut that way timed the 8-byte call of OpenMPI
+# and of our auto alone at 143 and 89 us; sweeps in whole-size turns, one
+# before and one after, at 65-91 and 46-48 us.
 SPLIT_BYTES = 4 << 20
 
 
