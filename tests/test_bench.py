@@ -396,8 +396,8 @@ def test_compare_times_auto_alone_like_the_peers(tmp_path: Path) -> None:
         pytest.skip(f"gloo: {_bench_peers.missing('gloo')}")
     out = tmp_path / "rows.json"
     res = _run(["allreduce", "-np", "2", "-b", "8", "-e", "64", "-f", "8", "--iters", "2",
-                "--turn-iters", "1", "--warmup", "1", "--algo", "ring,auto", "--compare", "gloo",
-                "--check", "--runs", "2", "--json", out], timeout=140)
+                "--warmup", "1", "--algo", "ring,auto", "--compare", "gloo", "--check",
+                "--runs", "2", "--json", out], timeout=140)
     assert res.returncode == 0, res.stdout + res.stderr
     assert list(_tables(res.stdout)) == ["collectives-ring", "collectives-auto",
                                          "collectives-auto-alone", "gloo"], res.stdout
@@ -412,6 +412,29 @@ def test_compare_times_auto_alone_like_the_peers(tmp_path: Path) -> None:
     alone = [r for r in rows if r["impl"] == "collectives-auto-alone"]
     assert len(alone) == 4 and all(r["wrong"] == 0 and r["time_us"] > 0 for r in alone)
 
+
+
+@pytest.mark.timeout(150)
+def test_compare_spreads_a_large_size_over_turns(tmp_path: Path) -> None:
+    """A size from SPLIT_BYTES, 3 timed iterations a turn at most 2 (--turn-iters 2): every
+    job (ours, auto alone, gloo) takes two turns of it, the driver's count of turns and each
+    worker's agree (else a job would wait for a go that never comes), and every row is timed
+    and checked."""
+    if _bench_peers.missing("gloo"):
+        pytest.skip(f"gloo: {_bench_peers.missing('gloo')}")
+    assert bench.turn_rounds(3, 2, SPLIT_BYTES) == [2, 1]
+    out = tmp_path / "rows.json"
+    size = str(SPLIT_BYTES)
+    res = _run(["allreduce", "-np", "2", "-b", size, "-e", size, "--iters", "3", "--turn-iters",
+                "2", "--warmup", "1", "--algo", "ring,auto", "--compare", "gloo", "--check",
+                "--json", out], timeout=140)
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = json.loads(out.read_text())
+    assert sorted({r["impl"] for r in rows}) == ["collectives-auto", "collectives-auto-alone",
+                                                 "collectives-ring", "gloo"]
+    timed = [r for r in rows if r["time_us"] is not None]
+    assert len(timed) == 7  # gloo's allreduce is in place only
+    assert all(r["size"] == SPLIT_BYTES and r["time_us"] > 0 and r["wrong"] == 0 for r in timed)
 
 # A stand-in for a bench job: the launcher starts NRANKS rank processes, each
 # takes its turns through TurnGate like a real worker and logs, per size, when
