@@ -1,5 +1,5 @@
 """Build the native core: C sources + the Cython communicator, -O3, and the
-CUDA parts (native/*.cu) when nvcc is found or COLLECTIVES_CUDA=1."""
+CUDA parts (native/cuda/*.cu) when nvcc is found or COLLECTIVES_CUDA=1."""
 import glob
 import os
 import re
@@ -14,8 +14,11 @@ from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# native/ is in layers, one folder each (README "Layout"); every C file of
+# every layer goes into the one extension.
 C_SOURCES = sorted(
-    os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, "native", "*.c"))
+    os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, "native", "**", "*.c"),
+                                                recursive=True)
     if os.path.basename(p) != "_core.c"  # Cython's output for _core.pyx
 )
 
@@ -24,7 +27,8 @@ C_SOURCES = sorted(
 CFLAGS = ["-O3", "-std=gnu11", "-fvisibility=hidden", "-Wall", "-Wno-unused-function",
           "-Wno-unknown-pragmas"]
 
-CUDA_SOURCES = sorted(os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, "native", "*.cu")))
+CUDA_SOURCES = sorted(os.path.relpath(p, HERE) for p in
+                      glob.glob(os.path.join(HERE, "native", "**", "*.cu"), recursive=True))
 # SASS for Ampere and Hopper, and Hopper PTX that the driver compiles for
 # anything newer (CUDA 13 no longer targets sm_70).
 CUDA_ARCHS = ("80", "90")
@@ -79,7 +83,7 @@ def gencode_flags(nvcc):
 
 
 class BuildExt(build_ext):
-    """build_ext that first compiles native/*.cu with nvcc into the extension."""
+    """build_ext that first compiles native/**/*.cu with nvcc into the extension."""
 
     def build_extensions(self):
         root = find_cuda()
@@ -108,7 +112,7 @@ class BuildExt(build_ext):
 
 ext = Extension(
     "collectives._core",
-    sources=["native/_core.pyx"] + C_SOURCES,
+    sources=["native/comm/_core.pyx"] + C_SOURCES,
     include_dirs=["native", numpy.get_include()],
     extra_compile_args=CFLAGS,
     libraries=["pthread"],
@@ -117,7 +121,8 @@ ext = Extension(
 
 # Sources compiled at run time by an adapter (the JAX FFI handler, built on
 # first use against the installed jaxlib) ship inside the package.
-RUNTIME_SOURCES = ["native/jax_ffi.cc", "native/coll.h"]
+# Paths relative to native/, kept under collectives/_native/.
+RUNTIME_SOURCES = ["jax/ffi.cc", "coll.h"]
 
 
 
@@ -128,7 +133,8 @@ class BuildPy(build_py):
         dest = os.path.join(self.build_lib, "collectives", "_native")
         os.makedirs(dest, exist_ok=True)
         for src in RUNTIME_SOURCES:
-            shutil.copy(os.path.join(HERE, src), dest)
+            os.makedirs(os.path.join(dest, os.path.dirname(src)), exist_ok=True)
+            shutil.copy(os.path.join(HERE, "native", src), os.path.join(dest, src))
         super().run()
 
 
@@ -136,7 +142,7 @@ setup(
     cmdclass={"build_py": BuildPy, "build_ext": BuildExt},
     ext_modules=cythonize(
         [ext],
-        include_path=["native"],
+        include_path=["native", "native/comm"],
         compiler_directives={"language_level": "3", "boundscheck": False, "wraparound": False,
                              "embedsignature": True},
     ),

@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from ._core import CollectivesError, CommBase as _CommBase, Request as _CoreRequest, count_of
 from ._core import _mpi_register
+from . import _world
 
 __all__ = [
     "COMM_WORLD", "Comm", "Request", "Op", "Datatype", "Exception", "IN_PLACE",
@@ -227,8 +228,6 @@ class Comm(_CommBase):
 
     def _explained(self, exc: CollectivesError) -> CollectivesError:
         """exc, or the same error with the cause other ranks reported appended."""
-        from . import _world
-
         text = _world.explain_failure(self.rank, str(exc))
         return CollectivesError(exc.error_code, text) if text != str(exc) else exc
 
@@ -380,24 +379,23 @@ def Get_processor_name() -> str:
     return socket.gethostname()
 
 
+def _init_world(timeout: Optional[float] = None) -> "Comm":
+    """The world communicator as a Comm, made on first call (collectives.init)."""
+    return _world.init(timeout, Comm._from_core)
+
+
 def Init() -> None:
     """Join the world now (otherwise done on first use of COMM_WORLD)."""
-    from . import _world
-
-    _world.init()
+    _init_world()
 
 
 def Finalize() -> None:
     """Close the world communicator."""
-    from . import _world
-
     _world.finalize()
 
 
 def Is_initialized() -> bool:
     """True while the world communicator exists."""
-    from . import _world
-
     return _world.is_initialized()
 
 
@@ -408,7 +406,5 @@ def Is_finalized() -> bool:
 
 def __getattr__(name: str) -> Any:
     if name == "COMM_WORLD":
-        from . import _world
-
-        return _world.init()
+        return _init_world()
     raise AttributeError(f"module 'collectives.MPI' has no attribute {name!r}")

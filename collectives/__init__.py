@@ -21,9 +21,9 @@ def init(timeout: float | None = None):
     Returns:
         The world ``collectives.MPI.Comm``; calling init again returns the same one.
     """
-    from . import _world
+    from .MPI import _init_world
 
-    return _world.init(timeout)
+    return _init_world(timeout)
 
 
 def finalize() -> None:

@@ -22,7 +22,7 @@ import os
 import socket
 import threading
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from . import _env, _store
 
@@ -212,14 +212,18 @@ def _rendezvous(info: _env.WorldInfo, timeout: float):
     return core, server, client, local_rank, local_size, host_cpus
 
 
-def init(timeout: Optional[float] = None):
-    """Create the world communicator once (see collectives.init)."""
+def init(timeout: Optional[float], wrap: Callable):
+    """Create the world communicator once (see collectives.init) and return it.
+
+    wrap(core, local_rank, local_size) makes the front end's communicator of
+    the native one (collectives.MPI passes Comm._from_core): this module sits
+    below the front ends and imports none of them.
+    """
     global _state
     with _lock:
         if _state is not None:
             return _state.comm
         from ._core import Communicator
-        from .MPI import Comm
 
         info = _env.detect()
         _env.check_size_vars()
@@ -231,7 +235,7 @@ def init(timeout: Optional[float] = None):
         else:
             core, server, client, local_rank, local_size, host_cpus = _rendezvous(info, t)
         apply_host_policy(core, local_rank, local_size, host_cpus)
-        comm = Comm._from_core(core, local_rank, local_size)
+        comm = wrap(core, local_rank, local_size)
         _state = _World(comm, core, server, client)
         return comm
 

@@ -32,7 +32,7 @@ Ordering: an ordered effect
     order of the traced program, so ranks must trace the same program.
 
 Native side
-    The custom calls are typed XLA FFI handlers (``native/jax_ffi.cc``) that
+    The custom calls are typed XLA FFI handlers (``native/jax/ffi.cc``) that
     call the core through its function table (``_core.api_table()``); the
     communicator handle and the table address travel as int64 attributes,
     with op / algorithm / root / size. A failed collective comes back as an
@@ -132,7 +132,7 @@ _jax_effects.remat_allowed_effects.add_type(CollectiveEffect)
 
 # ------------------------------------------------------- building the handler
 
-_TARGETS = {  # custom-call target -> exported handler symbol in jax_ffi.cc
+_TARGETS = {  # custom-call target -> exported handler symbol in native/jax/ffi.cc
     "collectives_allreduce": "CollectivesAllreduce",
     "collectives_allgather": "CollectivesAllgather",
     "collectives_broadcast": "CollectivesBroadcast",
@@ -143,12 +143,12 @@ _library: Optional[ctypes.CDLL] = None  # kept referenced: XLA calls into it
 
 
 def _native_dir() -> Path:
-    """The directory with jax_ffi.cc and coll.h: shipped in the package, or the source tree."""
+    """The directory with jax/ffi.cc and coll.h: shipped in the package, or the source tree."""
     pkg = Path(__file__).resolve().parent
     for d in (pkg / "_native", pkg.parent / "native"):
-        if (d / "jax_ffi.cc").is_file() and (d / "coll.h").is_file():
+        if (d / "jax" / "ffi.cc").is_file() and (d / "coll.h").is_file():
             return d
-    raise RuntimeError(f"collectives.jax: jax_ffi.cc and coll.h not found in {pkg / '_native'} "
+    raise RuntimeError(f"collectives.jax: jax/ffi.cc and coll.h not found in {pkg / '_native'} "
                        f"or {pkg.parent / 'native'}; the installation is incomplete")
 
 
@@ -176,11 +176,11 @@ def _compiler() -> str:
 
 
 def _build_library() -> Path:
-    """Compile native/jax_ffi.cc into the cache (once per source/jaxlib/python) and return it."""
+    """Compile native/jax/ffi.cc into the cache (once per source/jaxlib/python) and return it."""
     import jaxlib
 
     src_dir = _native_dir()
-    source = src_dir / "jax_ffi.cc"
+    source = src_dir / "jax" / "ffi.cc"
     cxx = _compiler()
     cmd = [*cxx.split(), "-O2", "-shared", "-fPIC", "-std=c++17",
            "-isystem", jax.ffi.include_dir(), "-I", str(src_dir)]

@@ -1,4 +1,4 @@
-"""Tests of collectives-bench (collectives/bench.py) in CI-sized form: real sweeps on loopback."""
+"""Tests of collectives-bench (collectives/bench/) in CI-sized form: real sweeps on loopback."""
 from __future__ import annotations
 
 import json
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import collectives
-from collectives import _bench_peers, bench
-from collectives._bench_turns import SPLIT_BYTES
+from collectives.bench import driver as bench, peers as _bench_peers
+from collectives.bench.turns import SPLIT_BYTES
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -443,7 +443,7 @@ def test_compare_spreads_a_large_size_over_turns(tmp_path: Path) -> None:
 _FAKE_JOB = r'''
 import os, subprocess, sys, time
 sys.path.insert(0, os.environ["REPO"])
-from collectives._bench_turns import TurnGate
+from collectives.bench.turns import TurnGate
 args = sys.argv[1:]
 turns = args[args.index("--turns") + 1]
 out = args[-1]
@@ -510,7 +510,7 @@ def _turns_log(log: Path) -> tuple[dict, list]:
 def test_jobs_measure_each_size_in_turns(tmp_path: Path) -> None:
     """The driver's jobs run at once but measure one at a time, size by size, in the orders
     of turn_orders; none measures before all are ready, none ends before all have measured."""
-    from collectives import _bench_turns
+    from collectives.bench import turns as _bench_turns
 
     names, nsteps = ["ours", "alone", "gloo"], 4
     jobs, log = _fake_jobs(tmp_path, names, 2, nsteps, {})
@@ -544,7 +544,7 @@ def test_jobs_measure_each_size_in_turns(tmp_path: Path) -> None:
 def test_a_failed_job_leaves_the_others_their_turns(tmp_path: Path, fail: str) -> None:
     """A job whose rank dies mid-sweep, or that dies before connecting, is dropped (its
     launcher ended) and the other jobs measure every size."""
-    from collectives import _bench_turns
+    from collectives.bench import turns as _bench_turns
 
     names, nsteps = ["ours", "mpi"], 3
     jobs, log = _fake_jobs(tmp_path, names, 2, nsteps, {"mpi": fail})

@@ -8,7 +8,8 @@ import pytest
 pytestmark = pytest.mark.timeout(60)
 
 MODULES = ["collectives", "collectives.MPI", "collectives._core", "collectives.run",
-           "collectives._env", "collectives._store", "collectives.bench", "collectives.config",
+           "collectives._env", "collectives._store", "collectives.bench", "collectives.bench.driver",
+           "collectives.bench.rows", "collectives.bench.turns", "collectives.config",
            "collectives._world", "collectives._objects"]
 # Adapters: checked where their framework is installed.
 ADAPTERS = {"collectives.jax": "jax", "collectives.torch": "torch",

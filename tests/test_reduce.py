@@ -1,9 +1,9 @@
-"""Host reduction kernels (native/reduce.c) against numpy as the oracle.
+"""Host reduction kernels (native/reduce/reduce.c) against numpy as the oracle.
 
 Every test runs on two backends:
   * ``ext``: ``collectives._core.reduce_local`` / ``scale_local``, the path
     users and the collectives take;
-  * ``ctypes``: native/reduce.c compiled alone with gcc and loaded with ctypes,
+  * ``ctypes``: native/reduce/reduce.c compiled alone with gcc and loaded with ctypes,
     a secondary check of the kernels that does not depend on the extension
     (skipped when gcc is absent).
 
@@ -154,7 +154,7 @@ def ctypes_backend(tmp_path_factory: pytest.TempPathFactory) -> CtypesReduce:
     lib = tmp_path_factory.mktemp("reduce") / "libreduce.so"
     subprocess.run([gcc, "-O3", "-std=gnu11", "-Wall", "-Werror", "-shared", "-fPIC",
                     "-I" + os.path.join(ROOT, "native"),
-                    os.path.join(ROOT, "native", "reduce.c"), "-o", str(lib)], check=True)
+                    os.path.join(ROOT, "native", "reduce", "reduce.c"), "-o", str(lib)], check=True)
     return CtypesReduce(ctypes.CDLL(str(lib)))
 
 

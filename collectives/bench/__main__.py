@@ -1,0 +1,6 @@
+"""``python -m collectives.bench``: the collectives-bench command."""
+import sys
+
+from .driver import main
+
+sys.exit(main())

@@ -1,0 +1,35 @@
+/*
+ * algorithms.h -- each algorithm builds its schedule into s from args; it
+ * never opens a socket or calls CUDA. A builder may decline (returns
+ * COLL_INVALID_USAGE without adding steps) and selection falls back.
+ * The registry of allreduce algorithms and the choice for AUTO are in tune.c.
+ */
+#ifndef COLL_ALGORITHMS_H
+#define COLL_ALGORITHMS_H
+
+#include "schedule/schedule.h"
+
+coll_result_t coll_allreduce_ring(coll_sched_t *s, const coll_args_t *a);
+coll_result_t coll_allreduce_tree(coll_sched_t *s, const coll_args_t *a);
+coll_result_t coll_allreduce_butterfly(coll_sched_t *s, const coll_args_t *a);
+coll_result_t coll_allgatherv_ring(coll_sched_t *s, const coll_args_t *a);
+coll_result_t coll_broadcast_tree(coll_sched_t *s, const coll_args_t *a);
+/* Ring reduce-scatter of sendbuf (size * count elements) into tmp (same
+ * size); rank r's fully reduced block r ends in tmp + r * count. */
+coll_result_t coll_reduce_scatter_ring(coll_sched_t *s, const coll_args_t *a, void *tmp);
+coll_result_t coll_barrier_dissemination(coll_sched_t *s, const coll_args_t *a);
+
+typedef struct {
+  coll_algo_t id;
+  const char *name;
+  const char *description;
+  coll_result_t (*build)(coll_sched_t *s, const coll_args_t *a);
+} coll_algo_entry_t;
+
+/* The registry, indexed by coll_algo_t (entry 0, AUTO, has no builder). */
+const coll_algo_entry_t *coll_algo_entry(coll_algo_t id);
+/* What AUTO picks for an allreduce of nbytes on comm: by rank count, size
+ * and whether every link is shared memory (tune.c). */
+coll_algo_t coll_tune_choose_comm(coll_comm_t *comm, size_t nbytes);
+
+#endif

@@ -1,0 +1,148 @@
+# libcoll.pxd -- declarations of the C API in coll.h (and the pure rank arithmetic of
+# pattern.h, exposed for tests). Nothing but extern declarations here.
+from libc.stdint cimport uint8_t
+
+cdef extern from "coll.h" nogil:
+    ctypedef enum coll_result_t:
+        COLL_SUCCESS
+        COLL_INVALID_ARGUMENT
+        COLL_INVALID_USAGE
+        COLL_SYSTEM_ERROR
+        COLL_REMOTE_ERROR
+        COLL_TIMEOUT
+        COLL_INTERNAL_ERROR
+        COLL_CUDA_ERROR
+
+    ctypedef enum coll_dtype_t:
+        COLL_INT8
+        COLL_UINT8
+        COLL_INT32
+        COLL_INT64
+        COLL_FLOAT16
+        COLL_BFLOAT16
+        COLL_FLOAT32
+        COLL_FLOAT64
+        COLL_NUM_DTYPES
+
+    ctypedef enum coll_op_t:
+        COLL_SUM
+        COLL_PROD
+        COLL_MIN
+        COLL_MAX
+        COLL_AVG
+        COLL_NUM_OPS
+
+    ctypedef enum coll_algo_t:
+        COLL_ALGO_AUTO
+        COLL_ALGO_RING
+        COLL_ALGO_TREE
+        COLL_ALGO_BUTTERFLY
+        COLL_NUM_ALGOS
+
+    ctypedef enum coll_memory_t:
+        COLL_MEMORY_HOST
+        COLL_MEMORY_CUDA
+
+    ctypedef struct coll_comm_t:
+        pass
+    ctypedef struct coll_request_t:
+        pass
+
+    ctypedef struct coll_args_t:
+        const void *sendbuf
+        void *recvbuf
+        size_t count
+        const size_t *counts
+        const size_t *displs
+        coll_dtype_t dtype
+        coll_op_t op
+        int root
+        coll_algo_t algo
+        double timeout
+        size_t segment_bytes
+        coll_memory_t memory
+        int device
+        void *stream
+        void *ready_event
+
+    int coll_cuda_built()
+    int coll_cuda_device_count()
+
+    coll_result_t coll_comm_create(int rank, int size, const char *bind_host,
+                                   const uint8_t *comm_id, coll_comm_t **out)
+    int coll_comm_port(const coll_comm_t *comm)
+    coll_result_t coll_comm_set_peer(coll_comm_t *comm, int peer, const char *host, int port)
+    void coll_comm_set_spin(coll_comm_t *comm, double us)
+    void coll_comm_set_oversubscribed(coll_comm_t *comm, int oversubscribed)
+    void coll_comm_bind_cpu(coll_comm_t *comm, int cpu)
+    coll_result_t coll_comm_set_peer_host(coll_comm_t *comm, int peer, const char *host_id)
+    void coll_comm_destroy(coll_comm_t *comm)
+    const char *coll_comm_last_error(const coll_comm_t *comm)
+    int coll_comm_is_broken(const coll_comm_t *comm)
+    int coll_comm_num_links(const coll_comm_t *comm)
+    size_t coll_comm_segment_bytes(coll_comm_t *comm)
+
+    coll_result_t coll_allreduce(coll_comm_t *comm, const coll_args_t *args)
+    coll_result_t coll_allgatherv(coll_comm_t *comm, const coll_args_t *args)
+    coll_result_t coll_broadcast(coll_comm_t *comm, const coll_args_t *args)
+    coll_result_t coll_reduce_scatter_block(coll_comm_t *comm, const coll_args_t *args)
+    coll_result_t coll_barrier(coll_comm_t *comm, double timeout)
+
+    coll_result_t coll_iallreduce(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req)
+    coll_result_t coll_iallgatherv(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req)
+    coll_result_t coll_ibroadcast(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req)
+    coll_result_t coll_ireduce_scatter_block(coll_comm_t *comm, const coll_args_t *args,
+                                             coll_request_t **req)
+    coll_result_t coll_ibarrier(coll_comm_t *comm, double timeout, coll_request_t **req)
+    coll_result_t coll_request_wait(coll_request_t *req)
+    coll_result_t coll_request_test(coll_request_t *req, int *done)
+    void coll_request_free(coll_request_t *req)
+
+    coll_result_t coll_reduce_local(void *out, const void *in1, const void *in2, size_t count,
+                                    coll_dtype_t dtype, coll_op_t op)
+    coll_result_t coll_scale_local(void *out, const void *inp, size_t count, coll_dtype_t dtype,
+                                   double divisor)
+    size_t coll_dtype_size(coll_dtype_t dtype)
+    const char *coll_dtype_name(coll_dtype_t dtype)
+    const char *coll_op_name(coll_op_t op)
+    const char *coll_algo_name(coll_algo_t algo)
+    const char *coll_strerror(coll_result_t res)
+    coll_algo_t coll_tune_choose(int size, size_t nbytes)
+
+    int coll_param_count()
+    const char *coll_param_name(int i)
+    const char *coll_param_default(int i)
+    const char *coll_param_description(int i)
+
+cdef extern from "algorithms/pattern.h" nogil:
+    void coll_split(size_t count, int parts, int i, size_t *off, size_t *len)
+    int coll_ring_rs_send_chunk(int r, int n, int s)
+    int coll_ring_rs_recv_chunk(int r, int n, int s)
+    int coll_ring_ag_send_chunk(int r, int n, int s)
+    int coll_ring_ag_recv_chunk(int r, int n, int s)
+    int coll_tree_parent(int r, int n, int root)
+    int coll_tree_child(int r, int n, int root, int which)
+    int coll_binomial_parent(int r, int n, int root)
+    int coll_binomial_children(int r, int n, int root, int *out)
+    int coll_pow2_floor(int n)
+    int coll_bfly_vrank(int r, int n)
+    int coll_bfly_real(int v, int n)
+
+cdef extern from "reduce/sparse.h" nogil:
+    coll_result_t coll_sparse_count_above(const float *x, size_t n, float threshold,
+                                          size_t *count)
+    coll_result_t coll_sparse_pack(const float *x, size_t n, float threshold, size_t cap,
+                                   void *values, coll_dtype_t value_dtype, void *indices,
+                                   coll_dtype_t index_dtype, size_t *count)
+    coll_result_t coll_sparse_scatter_add(float *out, size_t n, const void *values,
+                                          coll_dtype_t value_dtype, const void *indices,
+                                          coll_dtype_t index_dtype, size_t count)
+
+
+cdef extern from "cuda/cuda.h" nogil:
+    int coll_cuda_pointer_device(const void *p)
+    const char *coll_cuda_error_text()
+    coll_result_t coll_cuda_alloc(int device, size_t n, void **p)
+    void coll_cuda_free(void *p)
+    coll_result_t coll_cuda_memcpy(void *dst, const void *src, size_t n)
+    coll_result_t coll_cuda_copy_bandwidth(int device, size_t n, int iters, double *gbps)

@@ -1,0 +1,339 @@
+/*
+ * cuda_fake.c -- one GPU emulated in host memory (COLLECTIVES_CUDA_FAKE=1),
+ * so that the device executor, the staging pipeline and the CUDA IPC record
+ * protocol run, and are tested, on machines without a GPU (CI has none).
+ *
+ * "Device memory" is a shared-memory file per allocation, mapped where the
+ * allocation lives; its "IPC handle" is the file's name, which a peer maps
+ * the way cudaIpcOpenMemHandle maps a real handle. Copies are memcpy and the
+ * reductions are the host kernels, run at once, so every ticket is complete
+ * when it is issued; the executor's ordering is still exercised, since an
+ * IPC read happens strictly between a DESC and its ACK as on a GPU.
+ *
+ * Test double only: its allocation list is a process global (the real path
+ * keeps all state on the communicator), guarded by a mutex.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/comm.h"
+#include "cuda/backend.h"
+#include "reduce/reduce.h"
+#include "base/status.h"
+
+#define FAKE_MAX_ALLOCS 4096
+#define FAKE_MAX_MAPS 256
+
+typedef struct {
+  void *p;
+  size_t n;
+  char name[COLL_CUDA_IPC_HANDLE_BYTES];
+} fake_alloc_t;
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static fake_alloc_t allocs[FAKE_MAX_ALLOCS];
+static int nallocs;
+static unsigned long serial;
+
+typedef struct {
+  int peer;
+  char name[COLL_CUDA_IPC_HANDLE_BYTES];
+  void *base;
+  size_t n;
+} fake_map_t;
+
+typedef struct {
+  uint64_t issued;
+  unsigned char *pinned[4];
+  size_t pinned_bytes[4];
+  void *scratch[2];
+  size_t scratch_bytes[2];
+  fake_map_t maps[FAKE_MAX_MAPS];
+  int nmaps;
+} fake_state_t;
+
+static fake_state_t *state(coll_comm_t *comm) { return (fake_state_t *)comm->cuda; }
+
+const char *coll_cudafake_error_text(void) { return "emulated CUDA call failed"; }
+int coll_cudafake_built(void) { return 1; }
+int coll_cudafake_device_count(void) { return 1; }
+
+static const fake_alloc_t *find(const void *p) {
+  for (int i = 0; i < nallocs; i++)
+    if ((const char *)p >= (const char *)allocs[i].p &&
+        (const char *)p < (const char *)allocs[i].p + allocs[i].n)
+      return &allocs[i];
+  return NULL;
+}
+
+int coll_cudafake_pointer_device(const void *p) {
+  pthread_mutex_lock(&mu);
+  int dev = find(p) ? 0 : -1;
+  pthread_mutex_unlock(&mu);
+  return dev;
+}
+
+/* At exit, remove the files of allocations never freed (as a process's
+ * device memory goes away with it). */
+static void unlink_all(void) {
+  pthread_mutex_lock(&mu);
+  for (int i = 0; i < nallocs; i++) shm_unlink(allocs[i].name);
+  pthread_mutex_unlock(&mu);
+}
+
+/* Once per process: remove the files of processes that died without
+ * freeing (a killed rank), then arrange to remove our own at exit. */
+static void register_exit(void) {
+  DIR *d = opendir("/dev/shm");
+  struct dirent *e;
+  while (d && (e = readdir(d)) != NULL) {
+    int pid = 0;
+    unsigned long k = 0;
+    if (sscanf(e->d_name, "coll-fakegpu-%d-%lu", &pid, &k) == 2 && pid > 0 &&
+        kill(pid, 0) != 0 && errno == ESRCH) {
+      char name[300];
+      snprintf(name, sizeof name, "/%s", e->d_name);
+      shm_unlink(name);
+    }
+  }
+  if (d) closedir(d);
+  atexit(unlink_all);
+}
+
+coll_result_t coll_cudafake_alloc(int device, size_t n, void **p) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  *p = NULL;
+  if (device != 0) return COLL_INVALID_ARGUMENT;
+  if (n == 0) n = 1;
+  pthread_once(&once, register_exit);
+  pthread_mutex_lock(&mu);
+  coll_result_t res = COLL_SYSTEM_ERROR;
+  if (nallocs < FAKE_MAX_ALLOCS) {
+    fake_alloc_t *a = &allocs[nallocs];
+    snprintf(a->name, sizeof a->name, "/coll-fakegpu-%d-%lu", (int)getpid(), serial++);
+    int fd = shm_open(a->name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd >= 0) {
+      void *m = ftruncate(fd, (off_t)n) == 0
+                    ? mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                    : MAP_FAILED;
+      close(fd);
+      if (m != MAP_FAILED) {
+        a->p = m;
+        a->n = n;
+        nallocs++;
+        *p = m;
+        res = COLL_SUCCESS;
+      } else {
+        shm_unlink(a->name);
+      }
+    }
+  }
+  pthread_mutex_unlock(&mu);
+  return res;
+}
+
+void coll_cudafake_free(void *p) {
+  pthread_mutex_lock(&mu);
+  for (int i = 0; i < nallocs; i++) {
+    if (allocs[i].p != p) continue;
+    munmap(allocs[i].p, allocs[i].n);
+    shm_unlink(allocs[i].name);
+    allocs[i] = allocs[--nallocs];
+    break;
+  }
+  pthread_mutex_unlock(&mu);
+}
+
+coll_result_t coll_cudafake_memcpy(void *dst, const void *src, size_t n) {
+  if (n) memcpy(dst, src, n);
+  return COLL_SUCCESS;
+}
+
+coll_result_t coll_cudafake_copy_bandwidth(int device, size_t n, int iters, double *gbps) {
+  (void)device;
+  char *a = calloc(1, n), *b = calloc(1, n);
+  struct timespec t0, t1;
+  if (!a || !b) {
+    free(a);
+    free(b);
+    return COLL_SYSTEM_ERROR;
+  }
+  memset(a, 1, n); /* touch every page, so the copies move real memory */
+  memset(b, 2, n);
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (int i = 0; i < iters; i++) {
+    memcpy(b, a, n);
+    __asm__ volatile("" : : "r"(b) : "memory"); /* keep each copy */
+  }
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+  *gbps = s > 0 ? (double)n * iters / s / 1e9 : 0;
+  free(a);
+  free(b);
+  return COLL_SUCCESS;
+}
+
+coll_result_t coll_cudafake_record_ready(int device, void *stream, void **event) {
+  (void)device;
+  (void)stream;
+  *event = NULL;
+  return COLL_SUCCESS;
+}
+
+void coll_cudafake_event_destroy(void *event) { (void)event; }
+
+coll_result_t coll_cudafake_begin(coll_comm_t *comm, int device, void *stream, void *ready) {
+  (void)stream;
+  (void)ready;
+  if (device != 0)
+    return coll_error(comm, COLL_INVALID_ARGUMENT, "rank %d: the emulated GPU is device 0, not %d",
+                      comm->rank, device);
+  if (!comm->cuda) {
+    comm->cuda = calloc(1, sizeof(fake_state_t));
+    if (!comm->cuda) return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory", comm->rank);
+  }
+  return COLL_SUCCESS;
+}
+
+coll_result_t coll_cudafake_copy(coll_comm_t *comm, void *dst, const void *src, size_t n) {
+  (void)comm;
+  if (n && dst != src) memmove(dst, src, n);
+  return COLL_SUCCESS;
+}
+
+coll_result_t coll_cudafake_reduce(coll_comm_t *comm, void *out, const void *in1, const void *in2,
+                                   size_t count, coll_dtype_t dtype, coll_op_t op) {
+  coll_reduce_fn fn = coll_reduce_kernel(dtype, op);
+  if (!fn) return coll_error(comm, COLL_INTERNAL_ERROR, "rank %d: no kernel", comm->rank);
+  fn(out, in1, in2, count, NULL);
+  return COLL_SUCCESS;
+}
+
+coll_result_t coll_cudafake_scale(coll_comm_t *comm, void *out, const void *in, size_t count,
+                                  coll_dtype_t dtype, double divisor) {
+  (void)comm;
+  coll_scale(out, in, count, dtype, divisor);
+  return COLL_SUCCESS;
+}
+
+coll_result_t coll_cudafake_fence(coll_comm_t *comm, uint64_t *ticket) {
+  *ticket = ++state(comm)->issued;
+  return COLL_SUCCESS;
+}
+
+coll_result_t coll_cudafake_poll(coll_comm_t *comm, uint64_t ticket, int *done) {
+  (void)comm;
+  (void)ticket;
+  *done = 1;
+  return COLL_SUCCESS;
+}
+
+coll_result_t coll_cudafake_wait(coll_comm_t *comm, uint64_t ticket) {
+  (void)comm;
+  (void)ticket;
+  return COLL_SUCCESS;
+}
+
+coll_result_t coll_cudafake_finish(coll_comm_t *comm) {
+  (void)comm;
+  return COLL_SUCCESS;
+}
+
+coll_result_t coll_cudafake_pinned(coll_comm_t *comm, int which, size_t n, unsigned char **p) {
+  fake_state_t *s = state(comm);
+  if (s->pinned_bytes[which] < n) {
+    free(s->pinned[which]);
+    s->pinned[which] = malloc(n);
+    s->pinned_bytes[which] = s->pinned[which] ? n : 0;
+    if (!s->pinned[which]) return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory", comm->rank);
+  }
+  *p = s->pinned[which];
+  return COLL_SUCCESS;
+}
+
+coll_result_t coll_cudafake_scratch(coll_comm_t *comm, int which, size_t n, void **p) {
+  fake_state_t *s = state(comm);
+  if (s->scratch_bytes[which] < n) {
+    coll_cudafake_free(s->scratch[which]);
+    s->scratch[which] = NULL;
+    s->scratch_bytes[which] = 0;
+    COLL_CHECK(coll_cudafake_alloc(0, n, &s->scratch[which]));
+    s->scratch_bytes[which] = n;
+  }
+  *p = s->scratch[which];
+  return COLL_SUCCESS;
+}
+
+coll_result_t coll_cudafake_ipc_export(coll_comm_t *comm, const void *p,
+                                       unsigned char handle[COLL_CUDA_IPC_HANDLE_BYTES],
+                                       uint64_t *offset) {
+  pthread_mutex_lock(&mu);
+  const fake_alloc_t *a = find(p);
+  if (a) {
+    memcpy(handle, a->name, COLL_CUDA_IPC_HANDLE_BYTES);
+    *offset = (uint64_t)((const char *)p - (const char *)a->p);
+  }
+  pthread_mutex_unlock(&mu);
+  if (!a)
+    return coll_error(comm, COLL_CUDA_ERROR, "rank %d: %p is not emulated device memory",
+                      comm->rank, p);
+  return COLL_SUCCESS;
+}
+
+coll_result_t coll_cudafake_ipc_import(coll_comm_t *comm, int peer,
+                                       const unsigned char handle[COLL_CUDA_IPC_HANDLE_BYTES],
+                                       void **base) {
+  fake_state_t *s = state(comm);
+  char name[COLL_CUDA_IPC_HANDLE_BYTES];
+  memcpy(name, handle, sizeof name);
+  name[sizeof name - 1] = 0;
+  for (int i = 0; i < s->nmaps; i++) {
+    if (s->maps[i].peer == peer && !strcmp(s->maps[i].name, name)) {
+      *base = s->maps[i].base;
+      return COLL_SUCCESS;
+    }
+  }
+  if (s->nmaps == FAKE_MAX_MAPS) {
+    munmap(s->maps[0].base, s->maps[0].n);
+    memmove(s->maps, s->maps + 1, (size_t)(s->nmaps - 1) * sizeof *s->maps);
+    s->nmaps--;
+  }
+  int fd = shm_open(name, O_RDWR, 0);
+  struct stat st;
+  void *m = MAP_FAILED;
+  if (fd >= 0 && fstat(fd, &st) == 0)
+    m = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (fd >= 0) close(fd);
+  if (m == MAP_FAILED)
+    return coll_error(comm, COLL_CUDA_ERROR, "rank %d: cannot map rank %d's emulated allocation %s",
+                      comm->rank, peer, name);
+  fake_map_t *mp = &s->maps[s->nmaps++];
+  mp->peer = peer;
+  snprintf(mp->name, sizeof mp->name, "%s", name);
+  mp->base = m;
+  mp->n = (size_t)st.st_size;
+  *base = m;
+  return COLL_SUCCESS;
+}
+
+void coll_cudafake_destroy(coll_comm_t *comm) {
+  fake_state_t *s = state(comm);
+  if (!s) return;
+  for (int i = 0; i < s->nmaps; i++) munmap(s->maps[i].base, s->maps[i].n);
+  for (int i = 0; i < 4; i++) free(s->pinned[i]);
+  coll_cudafake_free(s->scratch[0]);
+  coll_cudafake_free(s->scratch[1]);
+  free(s);
+  comm->cuda = NULL;
+}

@@ -1,0 +1,615 @@
+/*
+ * schedule.c -- builds schedules and runs them (vocabulary in schedule.h).
+ *
+ * The executor keeps, per peer, a FIFO of send steps and a FIFO of receive
+ * steps. Each pass over the peers moves every head whose predecessors are
+ * done as far as the socket allows (one sendmsg/readv per head per pass, the
+ * header and the payload in one call); when a whole pass moves nothing it
+ * blocks in poll() on exactly the links whose heads are ready, with the
+ * remaining time to the deadline. No thread, no spinning: on a 2-core machine
+ * running 4 ranks, a rank that cannot progress gives the core away.
+ */
+#define _GNU_SOURCE
+#include "schedule/schedule.h"
+
+#include <poll.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/comm.h"
+#include "base/status.h"
+#include "transport/transport.h"
+
+void coll_sched_init(coll_sched_t *s, coll_comm_t *comm, coll_kind_t kind, const coll_args_t *args,
+                     uint32_t aux) {
+  memset(s, 0, sizeof *s);
+  s->comm = comm;
+  int reducing = kind == COLL_KIND_ALLREDUCE || kind == COLL_KIND_REDUCE_SCATTER;
+  s->hdr.coll = (uint8_t)kind;
+  s->hdr.redop = reducing ? (uint8_t)args->op : 0;
+  s->hdr.dtype = (uint8_t)args->dtype;
+  s->hdr.seq = comm->seq++;
+  s->hdr.aux = aux;
+  s->hdr.count = args->count;
+  s->elem = coll_dtype_size(args->dtype);
+  if (s->elem == 0) s->elem = 1;
+  s->reduce = reducing ? coll_reduce_kernel(args->dtype, args->op) : NULL;
+  size_t seg = args->segment_bytes ? args->segment_bytes : coll_comm_segment_bytes(comm);
+  seg -= seg % s->elem;
+  s->segment_bytes = seg ? seg : s->elem;
+  /* Reuse the arrays the communicator kept from its last schedule. */
+  s->steps = comm->keep.steps;
+  s->cap = comm->keep.cap;
+  s->edges = comm->keep.edges;
+  s->ecap = comm->keep.ecap;
+  comm->keep.steps = comm->keep.edges = NULL;
+  comm->keep.cap = comm->keep.ecap = 0;
+}
+
+/* Arrays up to this size go back to the communicator for the next call. */
+#define KEEP_BYTES ((size_t)4 << 20)
+
+void coll_sched_free(coll_sched_t *s) {
+  coll_comm_t *comm = s->comm;
+  if (comm && !comm->keep.steps && (size_t)s->cap * sizeof *s->steps <= KEEP_BYTES) {
+    comm->keep.steps = s->steps;
+    comm->keep.cap = s->cap;
+  } else {
+    free(s->steps);
+  }
+  if (comm && !comm->keep.edges && (size_t)s->ecap * sizeof *s->edges <= KEEP_BYTES) {
+    comm->keep.edges = s->edges;
+    comm->keep.ecap = s->ecap;
+  } else {
+    free(s->edges);
+  }
+  s->steps = NULL;
+  s->edges = NULL;
+  s->cap = s->ecap = 0;
+}
+
+/* The executor's scratch: the communicator's kept block when large enough.
+ * *cap: the block's size, for scratch_give. */
+static void *scratch_take(coll_comm_t *comm, size_t bytes, size_t *cap) {
+  if (comm->keep.scratch && comm->keep.scratch_bytes >= bytes) {
+    void *p = comm->keep.scratch;
+    *cap = comm->keep.scratch_bytes;
+    comm->keep.scratch = NULL;
+    return p;
+  }
+  *cap = bytes;
+  return malloc(bytes);
+}
+
+static void scratch_give(coll_comm_t *comm, void *p, size_t bytes) {
+  if (!p) return;
+  if (bytes > KEEP_BYTES || (comm->keep.scratch && comm->keep.scratch_bytes >= bytes)) {
+    free(p);
+    return;
+  }
+  free(comm->keep.scratch);
+  comm->keep.scratch = p;
+  comm->keep.scratch_bytes = bytes;
+}
+
+static int add(coll_sched_t *s, coll_step_kind_t kind, int peer, void *dst, const void *src, size_t n,
+               uint64_t off) {
+  if (s->nsteps == s->cap) {
+    int cap = s->cap ? 2 * s->cap : 64;
+    coll_step_t *p = realloc(s->steps, (size_t)cap * sizeof *p);
+    if (!p) { s->oom = 1; return -1; }
+    s->steps = p;
+    s->cap = cap;
+  }
+  coll_step_t *st = &s->steps[s->nsteps];
+  memset(st, 0, sizeof *st);
+  st->kind = (uint8_t)kind;
+  st->peer = peer;
+  st->dst = dst;
+  st->src = src;
+  st->nbytes = n;
+  st->offset = off;
+  return s->nsteps++;
+}
+
+int coll_sched_send(coll_sched_t *s, int peer, const void *src, size_t n, uint64_t off) {
+  return add(s, COLL_STEP_SEND, peer, NULL, src, n, off);
+}
+int coll_sched_recv(coll_sched_t *s, int peer, void *dst, size_t n, uint64_t off) {
+  return add(s, COLL_STEP_RECV, peer, dst, NULL, n, off);
+}
+int coll_sched_recv_reduce(coll_sched_t *s, int peer, void *dst, const void *local, size_t n,
+                           uint64_t off) {
+  return add(s, COLL_STEP_RECV_REDUCE, peer, dst, local, n, off);
+}
+int coll_sched_copy(coll_sched_t *s, void *dst, const void *src, size_t n) {
+  return add(s, COLL_STEP_COPY, -1, dst, src, n, 0);
+}
+
+int coll_sched_after(coll_sched_t *s, int step, int pred) {
+  if (pred < 0 || step < 0) return step;
+  if (s->nedges == s->ecap) {
+    int cap = s->ecap ? 2 * s->ecap : 64;
+    int(*p)[2] = realloc(s->edges, (size_t)cap * sizeof *p);
+    if (!p) { s->oom = 1; return step; }
+    s->edges = p;
+    s->ecap = cap;
+  }
+  s->edges[s->nedges][0] = pred;
+  s->edges[s->nedges][1] = step;
+  s->nedges++;
+  return step;
+}
+
+int coll_sched_recv_reduce_send(coll_sched_t *s, int from, int to, void *dst, const void *local,
+                                size_t n, uint64_t off) {
+  int r = coll_sched_recv_reduce(s, from, dst, local, n, off);
+  return coll_sched_after(s, coll_sched_send(s, to, dst, n, off), r);
+}
+
+int coll_sched_recv_copy_send(coll_sched_t *s, int from, int to, void *dst, size_t n, uint64_t off) {
+  int r = coll_sched_recv(s, from, dst, n, off);
+  return coll_sched_after(s, coll_sched_send(s, to, dst, n, off), r);
+}
+
+int coll_sched_nseg(const coll_sched_t *s, size_t n) {
+  size_t k = (n + s->segment_bytes - 1) / s->segment_bytes;
+  return k ? (int)k : 1;
+}
+
+void coll_sched_seg(const coll_sched_t *s, size_t n, int nseg, int i, size_t *off, size_t *len) {
+  size_t elems = n / s->elem, eo, el;
+  size_t base = elems / (size_t)nseg, extra = elems % (size_t)nseg, ui = (size_t)i;
+  eo = ui * base + (ui < extra ? ui : extra);
+  el = base + (ui < extra ? 1 : 0);
+  *off = eo * s->elem;
+  *len = el * s->elem;
+}
+
+/* ---- executor ---- */
+
+coll_wire_hdr_t coll_sched_step_hdr(const coll_sched_t *s, const coll_step_t *st) {
+  coll_wire_hdr_t h = s->hdr;
+  h.nbytes = (uint32_t)st->nbytes;
+  h.offset = st->offset;
+  return h;
+}
+
+coll_result_t coll_link_send_framed(coll_link_t *link, const uint8_t *hdr, size_t *hdr_done,
+                                    const void *payload, size_t len, size_t *sent, int *full) {
+  struct iovec iov[2];
+  int k = 0;
+  *full = 0;
+  if (*hdr_done < COLL_WIRE_HDR_BYTES) {
+    iov[k].iov_base = (void *)(hdr + *hdr_done);
+    iov[k++].iov_len = COLL_WIRE_HDR_BYTES - *hdr_done;
+  }
+  if (len) {
+    iov[k].iov_base = (void *)payload;
+    iov[k++].iov_len = len;
+  }
+  if (k == 0) return COLL_SUCCESS;
+  size_t want = 0, n = 0;
+  for (int i = 0; i < k; i++) want += iov[i].iov_len;
+  COLL_CHECK(link->tp->send(link, iov, k, &n));
+  size_t h = COLL_WIRE_HDR_BYTES - *hdr_done;
+  if (n < h) h = n;
+  *hdr_done += h;
+  *sent += n - h;
+  *full = n < want;
+  return COLL_SUCCESS;
+}
+
+void coll_sched_link_edges(coll_sched_t *s, int *succ, int *cnt) {
+  int n = s->nsteps;
+  for (int i = 0; i < n; i++) { cnt[i] = 0; s->steps[i].npred = 0; }
+  for (int e = 0; e < s->nedges; e++) { cnt[s->edges[e][0]]++; s->steps[s->edges[e][1]].npred++; }
+  int acc = 0;
+  for (int i = 0; i < n; i++) { s->steps[i].succ_begin = acc; acc += cnt[i]; s->steps[i].succ_end = s->steps[i].succ_begin; }
+  for (int e = 0; e < s->nedges; e++) { coll_step_t *p = &s->steps[s->edges[e][0]]; succ[p->succ_end++] = s->edges[e][1]; }
+}
+
+typedef struct {
+  int peer;
+  coll_link_t *link;
+  int *sq, nsq, sh;   /* send steps in order, head */
+  int *rq, nrq, rh;   /* receive steps in order, head */
+  uint8_t shdr[COLL_WIRE_HDR_BYTES];
+  size_t shdr_done, sdone;
+  int shdr_ready;
+  uint8_t rhdr[COLL_WIRE_HDR_BYTES];
+  size_t rhdr_got, rdone, fill;  /* rdone: payload bytes consumed; fill: staged, not yet reduced */
+  int rhdr_checked;
+  int hup;            /* the peer hung up: stop polling it, let send/recv report it */
+} peer_state_t;
+
+typedef struct {
+  coll_sched_t *s;
+  int *succ, *succ_idx;
+  int *ready, nready;
+  int remaining;
+} exec_t;
+
+static void complete(exec_t *x, int id) {
+  coll_step_t *st = &x->s->steps[id];
+  x->remaining--;
+  for (int e = st->succ_begin; e < st->succ_end; e++) {
+    coll_step_t *nx = &x->s->steps[x->succ[e]];
+    if (--nx->npred == 0 && nx->kind == COLL_STEP_COPY) x->ready[x->nready++] = x->succ[e];
+  }
+}
+
+static coll_result_t progress_send(exec_t *x, peer_state_t *ps, int *moved) {
+  coll_sched_t *s = x->s;
+  while (ps->sh < ps->nsq) {
+    int id = ps->sq[ps->sh];
+    coll_step_t *st = &s->steps[id];
+    if (st->npred > 0) return COLL_SUCCESS;
+    if (!ps->shdr_ready) {
+      coll_wire_hdr_t h = coll_sched_step_hdr(s, st);
+      coll_wire_encode(ps->shdr, &h);
+      ps->shdr_ready = 1;
+      ps->shdr_done = ps->sdone = 0;
+    }
+    size_t before = ps->shdr_done + ps->sdone;
+    int full = 0;
+    COLL_CHECK(coll_link_send_framed(ps->link, ps->shdr, &ps->shdr_done, (const char *)st->src + ps->sdone,
+                                     st->nbytes - ps->sdone, &ps->sdone, &full));
+    if (ps->shdr_done + ps->sdone == before) return COLL_SUCCESS;
+    *moved = 1;
+    if (full) return COLL_SUCCESS; /* socket buffer full */
+    ps->shdr_ready = 0;
+    ps->sh++;
+    complete(x, id);
+  }
+  return COLL_SUCCESS;
+}
+
+/* The header of the head receive, when it has not fully arrived: reads only
+ * the header, so that the payload can be peeked where it lies. */
+static coll_result_t recv_header(exec_t *x, peer_state_t *ps, coll_step_t *st, int *moved) {
+  struct iovec iov = {ps->rhdr + ps->rhdr_got, COLL_WIRE_HDR_BYTES - ps->rhdr_got};
+  size_t n = 0;
+  COLL_CHECK(ps->link->tp->recv(ps->link, &iov, 1, &n));
+  if (n) *moved = 1;
+  ps->rhdr_got += n;
+  if (ps->rhdr_got == COLL_WIRE_HDR_BYTES) {
+    coll_wire_hdr_t e = coll_sched_step_hdr(x->s, st);
+    COLL_CHECK(coll_wire_check(x->s->comm, ps->peer, ps->rhdr, &e));
+    ps->rhdr_checked = 1;
+  }
+  return COLL_SUCCESS;
+}
+
+/* Receive+reduce straight out of the transport's memory (shm). Returns with
+ * *done set when the step's payload is complete. */
+static coll_result_t reduce_in_place(exec_t *x, peer_state_t *ps, coll_step_t *st, int *moved,
+                                     int *done) {
+  coll_sched_t *s = x->s;
+  coll_link_t *link = ps->link;
+  *done = 0;
+  while (ps->rdone < st->nbytes) {
+    const void *p;
+    size_t avail;
+    COLL_CHECK(link->tp->recv_peek(link, &p, &avail));
+    size_t left = st->nbytes - ps->rdone;
+    size_t take = avail < left ? avail : left;
+    take -= take % s->elem;
+    if (take == 0) {
+      if (avail == 0) return COLL_SUCCESS;
+      /* An element split by the ring's wrap: copy just that one. */
+      struct iovec iov = {link->stage, s->elem};
+      size_t n = 0;
+      COLL_CHECK(link->tp->recv(link, &iov, 1, &n));
+      if (n < s->elem) {
+        /* Partial: the bytes are consumed, finish through the copy path. */
+        ps->fill = n;
+        return COLL_SUCCESS;
+      }
+      s->reduce((char *)st->dst + ps->rdone, (const char *)st->src + ps->rdone, link->stage, 1, NULL);
+      ps->rdone += s->elem;
+      *moved = 1;
+      continue;
+    }
+    s->reduce((char *)st->dst + ps->rdone, (const char *)st->src + ps->rdone, p, take / s->elem, NULL);
+    link->tp->recv_consume(link, take);
+    ps->rdone += take;
+    *moved = 1;
+  }
+  *done = 1;
+  return COLL_SUCCESS;
+}
+
+static void recv_finish(exec_t *x, peer_state_t *ps, int id) {
+  ps->rhdr_got = ps->rdone = ps->fill = 0;
+  ps->rhdr_checked = 0;
+  ps->rh++;
+  complete(x, id);
+}
+
+static coll_result_t progress_recv(exec_t *x, peer_state_t *ps, int *moved) {
+  coll_sched_t *s = x->s;
+  coll_comm_t *comm = s->comm;
+  while (ps->rh < ps->nrq) {
+    int id = ps->rq[ps->rh];
+    coll_step_t *st = &s->steps[id];
+    if (st->npred > 0) return COLL_SUCCESS;
+    int reducing = st->kind == COLL_STEP_RECV_REDUCE;
+    if (reducing && ps->link->tp->recv_peek && ps->fill == 0) {
+      if (ps->rhdr_got < COLL_WIRE_HDR_BYTES) {
+        COLL_CHECK(recv_header(x, ps, st, moved));
+        if (ps->rhdr_got < COLL_WIRE_HDR_BYTES) return COLL_SUCCESS;
+      }
+      int done = 0;
+      COLL_CHECK(reduce_in_place(x, ps, st, moved, &done));
+      if (done) { recv_finish(x, ps, id); continue; }
+      if (ps->fill == 0) return COLL_SUCCESS; /* nothing more has arrived */
+    }
+    struct iovec iov[2];
+    int k = 0;
+    if (ps->rhdr_got < COLL_WIRE_HDR_BYTES) {
+      iov[k].iov_base = ps->rhdr + ps->rhdr_got;
+      iov[k++].iov_len = COLL_WIRE_HDR_BYTES - ps->rhdr_got;
+    }
+    size_t left = st->nbytes - ps->rdone - ps->fill;
+    if (left > 0) {
+      if (reducing) {
+        size_t room = COLL_STAGE_BYTES - ps->fill;
+        iov[k].iov_base = ps->link->stage + ps->fill;
+        iov[k++].iov_len = left < room ? left : room;
+      } else {
+        iov[k].iov_base = (char *)st->dst + ps->rdone;
+        iov[k++].iov_len = left;
+      }
+    }
+    size_t want = 0, n = 0;
+    for (int i = 0; i < k; i++) want += iov[i].iov_len;
+    if (want > 0) COLL_CHECK(ps->link->tp->recv(ps->link, iov, k, &n));
+    if (n == 0 && want > 0) return COLL_SUCCESS;
+    if (n) *moved = 1;
+    size_t h = COLL_WIRE_HDR_BYTES - ps->rhdr_got;
+    if (n < h) h = n;
+    ps->rhdr_got += h;
+    if (ps->rhdr_got == COLL_WIRE_HDR_BYTES && !ps->rhdr_checked) {
+      coll_wire_hdr_t e = coll_sched_step_hdr(s, st);
+      COLL_CHECK(coll_wire_check(comm, ps->peer, ps->rhdr, &e));
+      ps->rhdr_checked = 1;
+    }
+    if (reducing) {
+      ps->fill += n - h;
+      /* Reduce every whole element that has arrived; a split element's
+       * leading bytes move to the front of the stage. */
+      size_t whole = ps->fill - ps->fill % s->elem;
+      if (whole) {
+        s->reduce((char *)st->dst + ps->rdone, (const char *)st->src + ps->rdone, ps->link->stage,
+                  whole / s->elem, NULL);
+        ps->rdone += whole;
+        ps->fill -= whole;
+        if (ps->fill) memmove(ps->link->stage, ps->link->stage + whole, ps->fill);
+      }
+    } else {
+      ps->rdone += n - h;
+    }
+    if (ps->rhdr_got < COLL_WIRE_HDR_BYTES || ps->rdone < st->nbytes) {
+      if (n < want) return COLL_SUCCESS; /* nothing more buffered */
+      continue;
+    }
+    recv_finish(x, ps, id);
+  }
+  return COLL_SUCCESS;
+}
+
+int coll_link_pollfds(const coll_link_t *link, int ev, struct pollfd *pfs) {
+  int k = 0;
+  if (link->wake_fd >= 0 && ev != POLLRDHUP) {
+    /* Woken on its own descriptor; the socket only reports a hang-up. */
+    pfs[k].fd = link->wake_fd;
+    pfs[k].events = (short)ev;
+    pfs[k++].revents = 0;
+    ev = POLLIN | POLLRDHUP;
+  }
+  pfs[k].fd = link->fd;
+  pfs[k].events = (short)ev;
+  pfs[k++].revents = 0;
+  return k;
+}
+
+coll_result_t coll_link_polled(coll_link_t *link, const struct pollfd *pfs, int npf, int *hup) {
+  for (int j = 0; j < npf; j++) {
+    if (!pfs[j].revents || (link->fd != pfs[j].fd && link->wake_fd != pfs[j].fd)) continue;
+    if (link->tp->after_poll) COLL_CHECK(link->tp->after_poll(link, pfs[j].fd, pfs[j].revents));
+    if (link->fd == pfs[j].fd && (pfs[j].revents & (POLLRDHUP | POLLHUP | POLLERR))) *hup = 1;
+  }
+  return COLL_SUCCESS;
+}
+
+static int head_ready(const coll_sched_t *s, const int *q, int n, int h) {
+  return h < n && s->steps[q[h]].npred == 0;
+}
+
+static coll_result_t timeout_error(coll_sched_t *s, peer_state_t *ps, int nps, double deadline,
+                                   double start) {
+  coll_comm_t *comm = s->comm;
+  char who[256] = "";
+  size_t used = 0;
+  for (int i = 0; i < nps && used < sizeof who - 16; i++) {
+    if (ps[i].sh < ps[i].nsq || ps[i].rh < ps[i].nrq)
+      used += (size_t)snprintf(who + used, sizeof who - used, "%s%d", used ? ", " : "", ps[i].peer);
+  }
+  (void)deadline;
+  return coll_error(comm, COLL_TIMEOUT,
+                    "rank %d: %s #%u timed out after %.1f s waiting for rank %s (stopped, stuck or "
+                    "not calling the same collective)",
+                    comm->rank, coll_kind_name(s->hdr.coll), s->hdr.seq, coll_now() - start, who);
+}
+
+coll_result_t coll_sched_run(coll_sched_t *s, double deadline) {
+  coll_comm_t *comm = s->comm;
+  coll_result_t res = COLL_SUCCESS;
+  if (s->oom) return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory building a schedule", comm->rank);
+  int n = s->nsteps;
+  if (n == 0) return COLL_SUCCESS;
+  double start = coll_now();
+
+  /* One block for the per-peer state, the poll set (two descriptors per
+   * link at most: socket and doorbell), the peer slots, the edge table and
+   * the queues. */
+  size_t npeers = (size_t)(comm->size < n ? comm->size : n) + 1;
+  size_t ps_bytes = npeers * sizeof(peer_state_t), pfs_bytes = 2 * npeers * sizeof(struct pollfd);
+  size_t scratch_bytes = ps_bytes + pfs_bytes +
+                         ((size_t)comm->size + (size_t)(3 * n + s->nedges + 1)) * sizeof(int);
+  size_t scratch_cap = 0;
+  char *scratch = scratch_take(comm, scratch_bytes, &scratch_cap);
+  if (!scratch) {
+    return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory running a schedule", comm->rank);
+  }
+  peer_state_t *ps = (peer_state_t *)scratch;
+  memset(ps, 0, ps_bytes);
+  struct pollfd *pfs = (struct pollfd *)(scratch + ps_bytes);
+  int *peer_slot = (int *)(scratch + ps_bytes + pfs_bytes);
+  int *ints = peer_slot + comm->size;
+  exec_t x = {s, ints, NULL, ints + s->nedges, 0, n};
+  int *queues = ints + s->nedges + n;  /* n slots for send/recv queues, n for succ counting */
+  int *cnt = queues + n;
+
+  coll_sched_link_edges(s, x.succ, cnt);
+
+  /* Per-peer FIFOs, in the order steps were added. */
+  int nps = 0;
+  for (int i = 0; i < comm->size; i++) peer_slot[i] = -1;
+  for (int i = 0; i < n; i++) {
+    coll_step_t *st = &s->steps[i];
+    if (st->kind == COLL_STEP_COPY) continue;
+    if (st->peer < 0 || st->peer >= comm->size || st->peer == comm->rank) {
+      res = coll_error(comm, COLL_INTERNAL_ERROR, "rank %d: schedule step to invalid peer %d", comm->rank, st->peer);
+      goto out;
+    }
+    if (peer_slot[st->peer] < 0) { peer_slot[st->peer] = nps; ps[nps].peer = st->peer; nps++; }
+    peer_state_t *p = &ps[peer_slot[st->peer]];
+    if (st->kind == COLL_STEP_SEND) p->nsq++; else p->nrq++;
+  }
+  int *q = queues;
+  for (int i = 0; i < nps; i++) {
+    ps[i].sq = q; q += ps[i].nsq;
+    ps[i].rq = q; q += ps[i].nrq;
+    ps[i].nsq = ps[i].nrq = 0;
+  }
+  for (int i = 0; i < n; i++) {
+    coll_step_t *st = &s->steps[i];
+    if (st->kind == COLL_STEP_COPY) continue;
+    peer_state_t *p = &ps[peer_slot[st->peer]];
+    if (st->kind == COLL_STEP_SEND) p->sq[p->nsq++] = i; else p->rq[p->nrq++] = i;
+  }
+  /* The ready stack reuses the counting array: at most n entries. */
+  x.ready = cnt;
+  for (int i = 0; i < n; i++)
+    if (s->steps[i].kind == COLL_STEP_COPY && s->steps[i].npred == 0) x.ready[x.nready++] = i;
+
+  /* Connect: higher peers first (connecting never waits on the peer), then
+   * accept from lower ones. */
+  for (int pass = 0; pass < 2; pass++)
+    for (int i = 0; i < nps; i++)
+      if ((ps[i].peer > comm->rank) == (pass == 0))
+        COLL_CHECK_GOTO(coll_link_get(comm, ps[i].peer, deadline, &ps[i].link), res, out);
+
+  double idle_since = 0;
+  int sockets_idle = 0; /* the last zero-timeout poll found no socket ready */
+  while (x.remaining > 0) {
+    int moved = 0;
+    while (x.nready > 0) {
+      int id = x.ready[--x.nready];
+      coll_step_t *st = &s->steps[id];
+      if (st->nbytes && st->dst != st->src) memcpy(st->dst, st->src, st->nbytes);
+      complete(&x, id);
+      moved = 1;
+    }
+    for (int i = 0; i < nps; i++) {
+      /* A spinning pass right after poll() said no socket is ready skips
+       * the sockets: a send or read there would only return EAGAIN, and
+       * halving the system calls per spin halves the time to notice data.
+       * Heads made ready by this pass's other progress set `moved`, so the
+       * next pass tries every link again. */
+      if (sockets_idle && !ps[i].link->tp->recv_peek) continue;
+      COLL_CHECK_GOTO(progress_send(&x, &ps[i], &moved), res, out);
+      COLL_CHECK_GOTO(progress_recv(&x, &ps[i], &moved), res, out);
+    }
+    sockets_idle = 0;
+    if (moved || x.remaining == 0) {
+      idle_since = 0;
+      continue;
+    }
+    /* A short bounded spin before sleeping, when the host has a core per
+     * rank (comm->spin is 0 otherwise): a wake-up from poll() costs more
+     * than a small message takes to arrive. The spin polls readiness with a
+     * zero timeout rather than retrying reads: a reader hammering a socket
+     * with readv() holds its lock against the kernel delivering into it,
+     * which stalled large loopback transfers by tens of milliseconds. */
+    int spinning = 0;
+    if (comm->spin > 0) {
+      double now = coll_now();
+      if (idle_since == 0) idle_since = now;
+      spinning = now - idle_since < comm->spin;
+    }
+    if (spinning) {
+      /* Links in shared memory are watched by rereading the ring (cheap, and
+       * arms no doorbell); only socket links need poll(). */
+      int sockets = 0;
+      for (int i = 0; i < nps && !sockets; i++)
+        sockets = !ps[i].link->tp->recv_peek && (head_ready(s, ps[i].sq, ps[i].nsq, ps[i].sh) ||
+                                                 head_ready(s, ps[i].rq, ps[i].nrq, ps[i].rh));
+      if (!sockets) {
+        if (comm->oversubscribed) sched_yield();
+        continue;
+      }
+    }
+
+    int npf = 0, retry = 0;
+    for (int i = 0; i < nps; i++) {
+      peer_state_t *p = &ps[i];
+      int sending = head_ready(s, p->sq, p->nsq, p->sh);
+      int receiving = head_ready(s, p->rq, p->nrq, p->rh);
+      int ev = 0;
+      if (sending || receiving) {
+        ev = p->link->tp->wait_events(p->link, sending, receiving);
+        if (ev < 0) { retry = 1; break; } /* the transport can move now */
+      } else if (!p->hup && (p->sh < p->nsq || p->rh < p->nrq)) {
+        ev = POLLRDHUP; /* watch for a hang-up on a link we still need, once */
+      }
+      if (ev) npf += coll_link_pollfds(p->link, ev, pfs + npf);
+    }
+    if (retry) continue;
+    if (npf == 0 && x.nready == 0) {
+      res = coll_error(comm, COLL_INTERNAL_ERROR, "rank %d: %s #%u schedule stalled with %d steps left",
+                       comm->rank, coll_kind_name(s->hdr.coll), s->hdr.seq, x.remaining);
+      goto out;
+    }
+    double left = deadline - coll_now();
+    if (left <= 0) { res = timeout_error(s, ps, nps, deadline, start); goto out; }
+    int ms = spinning ? 0 : left > 2e6 ? 2000000000 : (int)(left * 1000.0) + 1;
+    int r = poll(pfs, (nfds_t)npf, ms);
+    if (r == 0 && spinning) {
+      if (comm->oversubscribed) sched_yield();
+      sockets_idle = 1;
+      continue;
+    }
+    if (r < 0 && errno != EINTR) {
+      res = coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: poll failed: %s", comm->rank, strerror(errno));
+      goto out;
+    }
+    if (r == 0 && coll_now() >= deadline) { res = timeout_error(s, ps, nps, deadline, start); goto out; }
+    for (int i = 0; i < nps; i++)
+      COLL_CHECK_GOTO(coll_link_polled(ps[i].link, pfs, npf, &ps[i].hup), res, out);
+  }
+out:
+  scratch_give(comm, scratch, scratch_cap);
+  return res;
+}
+
+/* The segment of host-memory schedules (coll.h says why 1 MiB when oversubscribed
+ * over TCP). */
+size_t coll_comm_segment_bytes(coll_comm_t *comm) {
+  if (comm->segment_bytes) return comm->segment_bytes;
+  return comm->oversubscribed && !coll_links_all_shm(comm) ? (size_t)1 << 20 : (size_t)512 << 10;
+}

@@ -1,0 +1,153 @@
+/* transport_select.c -- per peer: a TCP connection, then the transport both
+ * ends agree on over it (see transport.h); the choice is logged at INFO/NET. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <poll.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <string.h>
+#include <strings.h>
+
+#include "base/comm.h"
+#include "base/param.h"
+#include "base/status.h"
+#include "transport/transport.h"
+
+/* Blocking exchange of a few bytes on a fresh link's socket, by deadline. */
+static coll_result_t xfer(coll_comm_t *comm, int fd, int peer, void *buf, size_t n, int sending,
+                          double deadline) {
+  size_t done = 0;
+  while (done < n) {
+    ssize_t r = sending ? send(fd, (char *)buf + done, n - done, MSG_NOSIGNAL | MSG_DONTWAIT)
+                        : recv(fd, (char *)buf + done, n - done, MSG_DONTWAIT);
+    if (r > 0) { done += (size_t)r; continue; }
+    if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+      return coll_error(comm, COLL_REMOTE_ERROR,
+                        "rank %d: rank %d closed the connection while setting up the link", comm->rank, peer);
+    struct pollfd p = {fd, sending ? POLLOUT : POLLIN, 0};
+    double left = deadline - coll_now();
+    if (left <= 0 || poll(&p, 1, (int)(left * 1000) + 1) == 0)
+      return coll_error(comm, COLL_TIMEOUT, "rank %d: timed out setting up the link to rank %d",
+                        comm->rank, peer);
+  }
+  return COLL_SUCCESS;
+}
+
+static coll_link_t *link_new(coll_comm_t *comm, int peer) {
+  coll_link_t *link = calloc(1, sizeof *link);
+  if (link) link->stage = malloc(COLL_STAGE_BYTES);
+  if (link && !link->stage) { free(link); link = NULL; }
+  if (!link) return NULL;
+  link->tp = &coll_transport_tcp;
+  link->comm = comm;
+  link->peer = peer;
+  link->fd = -1;
+  link->wake_fd = -1;
+  return link;
+}
+
+static void link_free(coll_link_t *link) {
+  link->tp->close(link);
+  free(link->stage);
+  free(link);
+}
+
+static int shm_allowed(coll_comm_t *comm, int peer) {
+  return strcasecmp(coll_param_str(COLL_PARAM_TRANSPORT), "tcp") != 0 &&
+         coll_transport_shm.can_connect(comm, peer);
+}
+
+static coll_result_t link_ready(coll_comm_t *comm, coll_link_t *link, int shm) {
+  coll_peer_t *p = &comm->peers[link->peer];
+  if (shm) link->tp = &coll_transport_shm;
+  if (strcasecmp(coll_param_str(COLL_PARAM_TRANSPORT), "shm") == 0 && !shm)
+    return coll_error(comm, COLL_INVALID_USAGE,
+                      "rank %d: COLLECTIVES_TRANSPORT=shm but rank %d cannot share memory with it",
+                      comm->rank, link->peer);
+  char buffers[48] = "";
+  if (!shm) {
+    int bytes = coll_tcp_link_buffer(comm);
+    if (bytes > 0) snprintf(buffers, sizeof buffers, ", socket buffers %d B", bytes);
+    else snprintf(buffers, sizeof buffers, ", socket buffers autotuned");
+  }
+  COLL_INFO(COLL_LOG_NET, "rank %d <-> rank %d via %s (%s:%d%s)", comm->rank, link->peer,
+            link->tp->name, p->host, p->port, buffers);
+  p->link = link;
+  return COLL_SUCCESS;
+}
+
+void coll_link_adopt(coll_comm_t *comm, int peer, int fd, const unsigned char *offer) {
+  coll_link_t *link = link_new(comm, peer);
+  if (!link) {
+    COLL_WARN("rank %d: out of memory accepting rank %d", comm->rank, peer);
+    close(fd);
+    return;
+  }
+  link->fd = fd;
+  int ok = 0;
+  coll_shm_take_offer(link, offer, shm_allowed(comm, peer), &ok);
+  uint32_t answer = ok ? 1 : 0;
+  /* Four bytes on a fresh socket always fit its buffer. */
+  if (send(fd, &answer, sizeof answer, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof answer ||
+      link_ready(comm, link, ok) != COLL_SUCCESS) {
+    COLL_WARN("rank %d: could not set up the link from rank %d", comm->rank, peer);
+    link_free(link);
+  }
+}
+
+/* Connecting (lower) side: dial, send hello + offer, read the answer. The
+ * accepting side answers every opening as soon as it reads it, so this wait
+ * only depends on the peer reaching any accept loop. */
+static coll_result_t link_dial(coll_comm_t *comm, int peer, double deadline) {
+  coll_link_t *link = link_new(comm, peer);
+  if (!link) return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory for a link", comm->rank);
+  unsigned char opening[COLL_OPENING_BYTES];
+  coll_hello_encode(opening, comm->id, comm->rank, peer);
+  coll_result_t res = coll_shm_make_offer(link, shm_allowed(comm, peer), opening + COLL_HELLO_BYTES);
+  if (res == COLL_SUCCESS) res = coll_tcp_dial(comm, peer, deadline, opening, sizeof opening, &link->fd);
+  uint32_t answer = 0;
+  if (res == COLL_SUCCESS) res = xfer(comm, link->fd, peer, &answer, sizeof answer, 0, deadline);
+  coll_shm_settle(link, res == COLL_SUCCESS && answer == 1);
+  if (res == COLL_SUCCESS) res = link_ready(comm, link, answer == 1);
+  if (res != COLL_SUCCESS) link_free(link);
+  return res;
+}
+
+int coll_links_all_shm(coll_comm_t *comm) {
+  /* Asked on every AUTO allreduce; answered once per set of host ids (the
+   * parameter, then one host-id comparison per peer: what shm_can_connect
+   * checks, no link touched) and kept until a peer's host id changes. */
+  if (comm->all_shm) return comm->all_shm == 1;
+  int all = strcasecmp(coll_param_str(COLL_PARAM_TRANSPORT), "tcp") != 0;
+  for (int i = 0; i < comm->size && all; i++)
+    if (i != comm->rank && !coll_transport_shm.can_connect(comm, i)) all = 0;
+  comm->all_shm = all ? 1 : 2;
+  return all;
+}
+
+coll_result_t coll_link_get(coll_comm_t *comm, int peer, double deadline, coll_link_t **out) {
+  coll_peer_t *p = &comm->peers[peer];
+  if (!p->link) {
+    if (!coll_transport_tcp.can_connect(comm, peer))
+      return coll_error(comm, COLL_INVALID_USAGE, "rank %d: no address for rank %d", comm->rank, peer);
+    if (comm->rank < peer) COLL_CHECK(link_dial(comm, peer, deadline));
+    else COLL_CHECK(coll_tcp_accept_until(comm, peer, deadline));
+  }
+  *out = p->link;
+  return COLL_SUCCESS;
+}
+
+void coll_links_close_all(coll_comm_t *comm) {
+  for (int i = 0; i < comm->size; i++) {
+    coll_peer_t *p = &comm->peers[i];
+    if (p->link) {
+      p->link->tp->close(p->link);
+      free(p->link->stage);
+      free(p->link);
+      p->link = NULL;
+    }
+  }
+}

@@ -1,0 +1,119 @@
+/*
+ * transport.h -- a link to one peer, and the small vtable behind it.
+ *
+ * Every link starts as a TCP connection (the lower rank connects, opening
+ * with a hello). Then the two ends negotiate over it (transport_select.c):
+ * the connecting side offers the first transport in priority order whose
+ * can_connect says yes (shm between ranks on one host, else tcp), the other
+ * side accepts it or answers tcp, and the choice is logged at INFO/NET. So
+ * ranks with different settings still agree, and the TCP socket stays as the
+ * link's doorbell and death detector.
+ *
+ * A link is a reliable, ordered byte stream: the schedule executor
+ * (schedule.c) frames messages with the wire header and drives the link with
+ * non-blocking partial send/recv, and sleeps in poll() on the fd and events
+ * the link asks for. A transport that holds received bytes in memory the
+ * executor can read (shm) also offers peek/consume, so receive+reduce reads
+ * the peer's bytes where they are instead of copying them first. A
+ * memory-semantics transport (CUDA IPC) will add its own entry points beside
+ * these; an algorithm never sees any of it.
+ */
+#ifndef COLL_TRANSPORT_H
+#define COLL_TRANSPORT_H
+
+#include <stddef.h>
+#include <sys/uio.h>
+
+#include "coll.h"
+#include "base/comm.h"
+#include "transport/wire.h"
+
+typedef struct coll_transport coll_transport_t;
+
+struct coll_link { /* typedef coll_link_t: base/comm.h */
+  const coll_transport_t *tp;
+  coll_comm_t *comm;
+  int peer;
+  int fd;           /* pollable descriptor; -1 once closed */
+  int wake_fd;      /* a second descriptor the link is woken on (shm's doorbell), or -1 */
+  unsigned char *stage; /* receive staging for fused recv+reduce (COLL_STAGE_BYTES) */
+  void *priv;       /* the transport's own state */
+};
+
+struct coll_transport {
+  const char *name;
+  /* Nonzero if this transport can reach `peer` from this rank. */
+  int (*can_connect)(coll_comm_t *comm, int peer);
+  /* Non-blocking: moves as many bytes as possible, *n = bytes moved (0 when
+   * the call would block). A closed or reset connection is COLL_REMOTE_ERROR
+   * naming the peer. */
+  coll_result_t (*send)(coll_link_t *link, const struct iovec *iov, int iovcnt, size_t *n);
+  coll_result_t (*recv)(coll_link_t *link, const struct iovec *iov, int iovcnt, size_t *n);
+  void (*close)(coll_link_t *link);
+  /* The poll events to sleep on when the executor wants to send and/or
+   * receive and the last calls moved nothing -- on link->wake_fd where the
+   * link has one (link->fd is then only watched for a hang-up), else on
+   * link->fd; -1 means "progress is possible now, do not sleep". */
+  int (*wait_events)(coll_link_t *link, int sending, int receiving);
+  /* Called with the revents poll reported for `fd` (link->fd or
+   * link->wake_fd); may be NULL. */
+  coll_result_t (*after_poll)(coll_link_t *link, int fd, short revents);
+  /* Optional zero-copy receive: the next contiguous received bytes, and
+   * releasing them. NULL where the transport has no such memory. */
+  coll_result_t (*recv_peek)(coll_link_t *link, const void **p, size_t *n);
+  void (*recv_consume)(coll_link_t *link, size_t n);
+};
+
+extern const coll_transport_t coll_transport_tcp;
+extern const coll_transport_t coll_transport_shm;
+
+/* shm negotiation (transport_shm.c), run over the link's TCP socket right
+ * after the hello. The offer is COLL_SHM_OFFER_BYTES; the connecting side
+ * builds it (shm or tcp), the accepting side answers with one u32. */
+#define COLL_SHM_OFFER_BYTES 96
+coll_result_t coll_shm_make_offer(coll_link_t *link, int want_shm, unsigned char *offer);
+/* Accepting side: maps the offered segment if it can; *ok = 1 then. */
+coll_result_t coll_shm_take_offer(coll_link_t *link, const unsigned char *offer, int allowed, int *ok);
+/* Connecting side, after the answer: keep the segment (ok) or drop it. */
+void coll_shm_settle(coll_link_t *link, int ok);
+
+/* Bytes of the staging buffer each link keeps for fused receive+reduce: small
+ * enough to stay in L2 while it is reduced, large enough that one recv call
+ * moves a useful amount. */
+#define COLL_STAGE_BYTES (256 * 1024)
+
+/* The link to `peer`, connecting it first if needed (transport_select.c). */
+coll_result_t coll_link_get(coll_comm_t *comm, int peer, double deadline, coll_link_t **out);
+/* Closes every link (after an error, so peers fail fast, and at destroy). */
+void coll_links_close_all(coll_comm_t *comm);
+/* Nonzero when every link of comm will be shared memory (all peers on our
+ * host and COLLECTIVES_TRANSPORT not tcp), judged without opening any. */
+int coll_links_all_shm(coll_comm_t *comm);
+
+/* Every link opens with a hello and a transport offer, read as one block. */
+#define COLL_OPENING_BYTES (COLL_HELLO_BYTES + COLL_SHM_OFFER_BYTES)
+/* An accepted connection whose opening has not fully arrived (comm->pending). */
+struct coll_pending { int fd, got; unsigned char buf[COLL_OPENING_BYTES]; };
+
+/* Connecting side: connect to peer's listener and send the opening. */
+coll_result_t coll_tcp_dial(coll_comm_t *comm, int peer, double deadline, const void *opening,
+                            size_t n, int *fd);
+/* Accepting side: serve the listener (answering every complete opening, from
+ * any peer, through coll_link_adopt) until peer's link exists. */
+coll_result_t coll_tcp_accept_until(coll_comm_t *comm, int peer, double deadline);
+/* Builds the link for an accepted connection from `peer` and answers its
+ * offer (transport_select.c). */
+void coll_link_adopt(coll_comm_t *comm, int peer, int fd, const unsigned char *offer);
+
+/* SO_SNDBUF/SO_RCVBUF each TCP link gets, in bytes; 0: the kernel's
+ * autotuning (COLLECTIVES_SOCKET_BUFFER, "auto" resolved). */
+int coll_tcp_link_buffer(const coll_comm_t *comm);
+/* The TCP listener every rank opens at creation (transport_tcp.c). */
+coll_result_t coll_tcp_listen(coll_comm_t *comm, const char *bind_host);
+/* Closes half-open handshakes and the listener. */
+void coll_tcp_shutdown(coll_comm_t *comm);
+/* Sends an abort notice (wire.h) with this rank's error to each peer marked
+ * in `unlinked`; best effort, about a second at most. */
+void coll_tcp_send_aborts(coll_comm_t *comm, const unsigned char *unlinked);
+
+#endif

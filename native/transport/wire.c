@@ -1,0 +1,173 @@
+/* wire.c -- header and hello encoding and checks (layout in wire.h). */
+#include "transport/wire.h"
+
+#include <string.h>
+
+#include "base/comm.h"
+#include "base/status.h"
+
+static void put32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint32_t get32(const uint8_t *p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; i--) v = (v << 8) | p[i];
+  return v;
+}
+static uint64_t get64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+  return v;
+}
+
+const char *coll_kind_name(int kind) {
+  switch (kind) {
+    case COLL_KIND_ALLREDUCE: return "allreduce";
+    case COLL_KIND_ALLGATHERV: return "allgatherv";
+    case COLL_KIND_BROADCAST: return "broadcast";
+    case COLL_KIND_REDUCE_SCATTER: return "reduce_scatter";
+    case COLL_KIND_BARRIER: return "barrier";
+    default: return "unknown";
+  }
+}
+
+void coll_wire_encode(uint8_t out[COLL_WIRE_HDR_BYTES], const coll_wire_hdr_t *h) {
+  put32(out, COLL_WIRE_MAGIC);
+  out[4] = COLL_WIRE_VERSION;
+  out[5] = h->coll;
+  out[6] = h->redop;
+  out[7] = h->dtype;
+  put32(out + 8, h->seq);
+  put32(out + 12, h->nbytes);
+  put32(out + 16, h->aux);
+  put32(out + 20, h->flags);
+  put64(out + 24, h->count);
+  put64(out + 32, h->offset);
+}
+
+const char *coll_wire_flags_text(uint32_t flags) {
+  switch (flags) {
+    case 0: return "bytes on the link";
+    case COLL_WIRE_IPC_DESC: return "a CUDA IPC descriptor";
+    case COLL_WIRE_IPC_ACK: return "a CUDA IPC acknowledgement";
+    default: return "unknown flags";
+  }
+}
+
+static const char *dtype_text(unsigned d) {
+  return d < COLL_NUM_DTYPES ? coll_dtype_name((coll_dtype_t)d) : "?";
+}
+static const char *op_text(unsigned o) { return o < COLL_NUM_OPS ? coll_op_name((coll_op_t)o) : "?"; }
+
+coll_result_t coll_wire_check(coll_comm_t *comm, int peer, const uint8_t got[COLL_WIRE_HDR_BYTES],
+                              const coll_wire_hdr_t *e) {
+  uint32_t magic = get32(got);
+  if (magic != COLL_WIRE_MAGIC || got[4] != COLL_WIRE_VERSION)
+    return coll_error(comm, COLL_REMOTE_ERROR,
+                      "rank %d: malformed message from rank %d (magic 0x%08x version %u, expected "
+                      "0x%08x version %u) during %s seq %u",
+                      comm->rank, peer, magic, got[4], COLL_WIRE_MAGIC, COLL_WIRE_VERSION,
+                      coll_kind_name(e->coll), e->seq);
+  coll_wire_hdr_t g = {got[5],          got[6],           got[7],
+                       get32(got + 8),  get32(got + 12),  get32(got + 16),
+                       get32(got + 20), get64(got + 24),  get64(got + 32)};
+  if (g.seq != e->seq || g.coll != e->coll)
+    return coll_error(comm, COLL_REMOTE_ERROR,
+                      "rank %d: collectives called in a different order: this rank is in %s "
+                      "(call #%u), rank %d sent %s (call #%u)",
+                      comm->rank, coll_kind_name(e->coll), e->seq, peer, coll_kind_name(g.coll), g.seq);
+  if (g.dtype != e->dtype)
+    return coll_error(comm, COLL_REMOTE_ERROR,
+                      "rank %d: dtype mismatch in %s #%u: this rank has %s, rank %d has %s",
+                      comm->rank, coll_kind_name(e->coll), e->seq, dtype_text(e->dtype), peer,
+                      dtype_text(g.dtype));
+  if (g.count != e->count)
+    return coll_error(comm, COLL_REMOTE_ERROR,
+                      "rank %d: count mismatch in %s #%u: this rank has %llu elements, rank %d has %llu",
+                      comm->rank, coll_kind_name(e->coll), e->seq, (unsigned long long)e->count, peer,
+                      (unsigned long long)g.count);
+  if (g.redop != e->redop)
+    return coll_error(comm, COLL_REMOTE_ERROR,
+                      "rank %d: op mismatch in %s #%u: this rank has %s, rank %d has %s", comm->rank,
+                      coll_kind_name(e->coll), e->seq, op_text(e->redop), peer, op_text(g.redop));
+  if (g.aux != e->aux) {
+    if (e->coll == COLL_KIND_BROADCAST)
+      return coll_error(comm, COLL_REMOTE_ERROR,
+                        "rank %d: root mismatch in broadcast #%u: this rank has root %u, rank %d has %u",
+                        comm->rank, e->seq, e->aux, peer, g.aux);
+    if (e->coll == COLL_KIND_ALLREDUCE)
+      return coll_error(comm, COLL_REMOTE_ERROR,
+                        "rank %d: algorithm mismatch in allreduce #%u: this rank runs %s, rank %d runs %s",
+                        comm->rank, e->seq, coll_algo_name((coll_algo_t)e->aux), peer,
+                        g.aux < COLL_NUM_ALGOS ? coll_algo_name((coll_algo_t)g.aux) : "?");
+    return coll_error(comm, COLL_REMOTE_ERROR, "rank %d: parameter mismatch in %s #%u with rank %d",
+                      comm->rank, coll_kind_name(e->coll), e->seq, peer);
+  }
+  if (g.flags != e->flags)
+    return coll_error(comm, COLL_REMOTE_ERROR,
+                      "rank %d: rank %d moves %s #%u as %s, this rank expects %s (do both ranks "
+                      "pass GPU buffers, with the same COLLECTIVES_TRANSPORT and "
+                      "COLLECTIVES_CUDA_IPC?)",
+                      comm->rank, peer, coll_kind_name(e->coll), e->seq, coll_wire_flags_text(g.flags),
+                      coll_wire_flags_text(e->flags));
+  if (g.nbytes != e->nbytes || g.offset != e->offset)
+    return coll_error(comm, COLL_REMOTE_ERROR,
+                      "rank %d: message from rank %d out of step in %s #%u: expected %u bytes at "
+                      "offset %llu, got %u bytes at offset %llu (counts per rank differ?)",
+                      comm->rank, peer, coll_kind_name(e->coll), e->seq, e->nbytes,
+                      (unsigned long long)e->offset, g.nbytes, (unsigned long long)g.offset);
+  return COLL_SUCCESS;
+}
+
+static void opening_encode(uint8_t *out, uint32_t magic, const uint8_t comm_id[16], int from,
+                           int to) {
+  put32(out, magic);
+  put32(out + 4, COLL_WIRE_VERSION);
+  memcpy(out + 8, comm_id, 16);
+  put32(out + 24, (uint32_t)from);
+  put32(out + 28, (uint32_t)to);
+}
+
+static int opening_decode(const uint8_t *in, uint32_t magic, const uint8_t comm_id[16], int to) {
+  if (get32(in) != magic || get32(in + 4) != COLL_WIRE_VERSION) return -1;
+  if (memcmp(in + 8, comm_id, 16) != 0) return -1;
+  if ((int)get32(in + 28) != to) return -1;
+  uint32_t from = get32(in + 24);
+  return from > 0x7fffffffu ? -1 : (int)from;
+}
+
+void coll_hello_encode(uint8_t out[COLL_HELLO_BYTES], const uint8_t comm_id[16], int from, int to) {
+  opening_encode(out, COLL_HELLO_MAGIC, comm_id, from, to);
+}
+
+int coll_hello_decode(const uint8_t in[COLL_HELLO_BYTES], const uint8_t comm_id[16], int to) {
+  return opening_decode(in, COLL_HELLO_MAGIC, comm_id, to);
+}
+
+void coll_abort_encode(uint8_t out[COLL_ABORT_BYTES], const uint8_t comm_id[16], int from, int to,
+                       const char *reason) {
+  char *text = (char *)out + COLL_HELLO_BYTES;
+  opening_encode(out, COLL_ABORT_MAGIC, comm_id, from, to);
+  memset(text, 0, COLL_ABORT_REASON_BYTES);
+  size_t n = strlen(reason);
+  if (n < COLL_ABORT_REASON_BYTES) {
+    memcpy(text, reason, n);
+  } else {
+    memcpy(text, reason, COLL_ABORT_REASON_BYTES - 4);
+    memcpy(text + COLL_ABORT_REASON_BYTES - 4, "...", 3);
+  }
+}
+
+int coll_abort_decode(const uint8_t in[COLL_ABORT_BYTES], const uint8_t comm_id[16], int to,
+                      char reason[COLL_ABORT_REASON_BYTES]) {
+  int from = opening_decode(in, COLL_ABORT_MAGIC, comm_id, to);
+  if (from < 0 || from == to) return -1;
+  memcpy(reason, in + COLL_HELLO_BYTES, COLL_ABORT_REASON_BYTES);
+  reason[COLL_ABORT_REASON_BYTES - 1] = 0;
+  for (char *c = reason; *c; c++)  /* text from the network: printable only */
+    if ((unsigned char)*c < 0x20 || (unsigned char)*c > 0x7e) *c = '?';
+  return from;
+}

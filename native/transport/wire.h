@@ -1,0 +1,89 @@
+/*
+ * wire.h -- the fixed header in front of every message, and the hello that
+ * opens every link.
+ *
+ * Message header, 40 bytes, little-endian, checked field by field on receipt
+ * against what the receiver expects (so ranks that disagree fail, naming both
+ * values, instead of hanging or reducing garbage):
+ *
+ *   byte  0  u32 magic    "COLL" (0x4c4c4f43)
+ *         4  u8  version  COLL_WIRE_VERSION
+ *         5  u8  coll     collective kind (coll_kind_t)
+ *         6  u8  redop    coll_op_t (0 where the collective has none)
+ *         7  u8  dtype    coll_dtype_t
+ *         8  u32 seq      the communicator's collective sequence number; it
+ *                         counts every collective call, so ranks that call
+ *                         collectives in different orders disagree here
+ *        12  u32 nbytes   payload bytes that follow this header
+ *        16  u32 aux      broadcast: root; allreduce: algorithm id
+ *        20  u32 flags    0: nbytes of payload follow; COLL_WIRE_IPC_DESC or
+ *                         COLL_WIRE_IPC_ACK: a CUDA IPC record follows instead
+ *                         (transport_cuda_ipc.c), and nbytes/offset name the
+ *                         device bytes it is about
+ *        24  u64 count    elements of the whole collective (as the sender sees it)
+ *        32  u64 offset   byte offset of this payload in the collective's buffer
+ *
+ * Hello, 32 bytes, sent once by the connecting side of a link:
+ *   u32 magic "CLHI" | u32 version | u8 comm_id[16] | u32 from rank | u32 to rank
+ *
+ * Abort notice, the size of a link's opening (hello + transport offer): the
+ * hello's layout with magic "CLAB", then the sender's error text, NUL-padded
+ * to COLL_ABORT_REASON_BYTES. A rank whose communicator breaks sends it to
+ * each peer it has no link with (transport_tcp.c), so that a peer waiting
+ * for it to connect fails at once instead of at its deadline.
+ */
+#ifndef COLL_WIRE_H
+#define COLL_WIRE_H
+
+#include <stdint.h>
+
+#include "coll.h"
+#include "base/comm.h"
+
+#define COLL_WIRE_MAGIC 0x4c4c4f43u  /* "COLL" */
+#define COLL_HELLO_MAGIC 0x49484c43u /* "CLHI" */
+#define COLL_WIRE_VERSION 1
+#define COLL_WIRE_HDR_BYTES 40
+#define COLL_HELLO_BYTES 32
+#define COLL_ABORT_MAGIC 0x42414c43u /* "CLAB" */
+#define COLL_ABORT_BYTES (COLL_HELLO_BYTES + COLL_ABORT_REASON_BYTES)
+
+typedef enum {
+  COLL_KIND_ALLREDUCE = 1,
+  COLL_KIND_ALLGATHERV = 2,
+  COLL_KIND_BROADCAST = 3,
+  COLL_KIND_REDUCE_SCATTER = 4,
+  COLL_KIND_BARRIER = 5
+} coll_kind_t;
+
+#define COLL_WIRE_IPC_DESC 1u /* "read my bytes here" */
+#define COLL_WIRE_IPC_ACK 2u  /* "done reading them" */
+
+typedef struct {
+  uint8_t coll, redop, dtype;
+  uint32_t seq, nbytes, aux, flags;
+  uint64_t count, offset;
+} coll_wire_hdr_t;
+
+const char *coll_kind_name(int kind);
+const char *coll_wire_flags_text(uint32_t flags);
+void coll_wire_encode(uint8_t out[COLL_WIRE_HDR_BYTES], const coll_wire_hdr_t *h);
+/* Checks a received header against the expected one; on mismatch records an
+ * error naming this rank, the peer, and both sides' values. */
+coll_result_t coll_wire_check(coll_comm_t *comm, int peer, const uint8_t got[COLL_WIRE_HDR_BYTES],
+                              const coll_wire_hdr_t *expect);
+
+void coll_hello_encode(uint8_t out[COLL_HELLO_BYTES], const uint8_t comm_id[16], int from, int to);
+/* Returns the sender's rank, or -1 if the bytes are not a hello for this
+ * communicator and this rank. */
+int coll_hello_decode(const uint8_t in[COLL_HELLO_BYTES], const uint8_t comm_id[16], int to);
+
+/* reason is cut to fit (ending "..."). */
+void coll_abort_encode(uint8_t out[COLL_ABORT_BYTES], const uint8_t comm_id[16], int from, int to,
+                       const char *reason);
+/* Returns the sender's rank and copies its text (NUL-terminated) to reason,
+ * or -1 if the bytes are not an abort notice for this communicator and rank. */
+int coll_abort_decode(const uint8_t in[COLL_ABORT_BYTES], const uint8_t comm_id[16], int to,
+                      char reason[COLL_ABORT_REASON_BYTES]);
+
+#endif

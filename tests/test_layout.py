@@ -1,0 +1,146 @@
+"""The source tree shows the architecture: native/ in layers whose includes only go
+down, a facade without import cycles, and files of a readable size."""
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(60)
+
+ROOT = Path(__file__).resolve().parents[1]
+NATIVE = ROOT / "native"
+PACKAGE = ROOT / "collectives"
+
+# Bottom to top; a file may include headers of its own layer and of the layers
+# before it. coll.h, the API and its types, is spoken by every layer. jax/ is
+# glue compiled apart against the API alone.
+LAYERS = ["coll.h", "base", "reduce", "cuda", "transport", "schedule", "algorithms", "comm"]
+SIDE = {"jax": ["coll.h"]}
+SOURCE_SUFFIXES = {".c", ".h", ".cc", ".cu", ".pyx", ".pxi", ".pxd"}
+MAX_LINES = 850  # STYLE: files stay under ~800 lines
+
+
+def _layer_of(rel: Path) -> str:
+    return rel.parts[0] if len(rel.parts) > 1 else rel.name
+
+
+def _native_files():
+    return sorted(p for p in NATIVE.rglob("*") if p.suffix in SOURCE_SUFFIXES
+                  and p.name != "_core.c")  # Cython's output
+
+
+def test_native_is_in_layer_folders():
+    top = {p.name for p in NATIVE.iterdir() if not p.name.startswith(".")}
+    loose = sorted(n for n in top if n not in LAYERS and n not in SIDE and n != "README.md"
+                   and n != "_core.c")
+    assert not loose, f"native/ files outside a layer folder: {loose}"
+    for layer in LAYERS[1:] + list(SIDE):
+        assert (NATIVE / layer).is_dir(), f"native/{layer}/ is missing"
+
+
+def test_native_includes_only_go_down():
+    wrong = []
+    for path in _native_files():
+        rel = path.relative_to(NATIVE)
+        layer = _layer_of(rel)
+        allowed = SIDE.get(layer) or LAYERS[:LAYERS.index(layer) + 1]
+        text = path.read_text()
+        # C includes, and the headers Cython's extern blocks name.
+        for target in re.findall(r'#\s*include\s+"([^"]+)"', text) + \
+                re.findall(r'cdef extern from "([^"]+)"', text):
+            if target.startswith("xla/"):  # jaxlib's FFI headers
+                continue
+            if not (NATIVE / target).is_file():
+                wrong.append(f"{rel}: includes {target!r}, which is not native/{target}")
+                continue
+            if _layer_of(Path(target)) not in allowed:
+                wrong.append(f"{rel} ({layer}) includes {target} from a layer above or beside it")
+    assert not wrong, "\n".join(wrong)
+
+
+def _imports(path: Path, module: str, is_package: bool, known: set) -> set:
+    package = module if is_package else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            targets = [f"{source}.{a.name}" if f"{source}.{a.name}" in known else source
+                       for a in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            # A submodule importing its own package's __init__ is no cycle of layers.
+            if target and target != module and not module.startswith(target + "."):
+                found.add(target)
+    return found
+
+
+def _facade_graph() -> dict:
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        modules[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
+    known = set(modules)
+    return {m: _imports(p, m, is_pkg, known) for m, (p, is_pkg) in modules.items()}
+
+
+def _cycles(graph: dict) -> list:
+    found, state, stack = [], {}, []
+
+    def visit(u):
+        state[u] = "open"
+        stack.append(u)
+        for v in sorted(graph.get(u, ())):
+            if state.get(v) == "open":
+                found.append(stack[stack.index(v):] + [v])
+            elif v not in state:
+                visit(v)
+        stack.pop()
+        state[u] = "done"
+
+    for u in sorted(graph):
+        if u not in state:
+            visit(u)
+    return found
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_facade_has_no_import_cycles():
+    graph = _facade_graph()
+    # The graph sees lazy imports too: the package's init() goes through MPI.
+    assert "collectives.MPI" in graph["collectives"]
+    assert "collectives._world" in graph["collectives.MPI"]
+    cycles = _cycles(graph)
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_bench_is_a_subpackage_apart_from_the_library():
+    assert (PACKAGE / "bench" / "__init__.py").is_file()
+    assert not list(PACKAGE.glob("*bench*.py")), "benchmark modules at the top of collectives/"
+    graph = _facade_graph()
+    library = [m for m in graph if not m.startswith("collectives.bench")]
+    users = [m for m in library if any(t.startswith("collectives.bench") for t in graph[m])]
+    assert not users, f"library modules import the bench: {users}"
+
+
+def test_files_stay_readable():
+    long = []
+    for path in list(PACKAGE.rglob("*.py")) + _native_files():
+        n = path.read_text().count("\n")
+        if n > MAX_LINES:
+            long.append(f"{path.relative_to(ROOT)}: {n} lines")
+    assert not long, f"files over {MAX_LINES} lines (split by concept): {long}"
