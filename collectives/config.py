@@ -1,4 +1,4 @@
-"""The declared COLLECTIVES_* tunables, as the core declares them (native/param.c).
+"""The declared COLLECTIVES_* tunables, as the core declares them (native/base/param.c).
 
 ``python -m collectives.config`` prints the Markdown table that the README
 carries, so the README is generated from the one declaration.

@@ -13,17 +13,17 @@ import numpy as np
 import pytest
 
 import collectives
-from collectives.bench import driver as bench, peers as _bench_peers
+from collectives.bench import driver as bench, peer_worker, peers as _bench_peers
 from collectives.bench.turns import SPLIT_BYTES
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import PACKAGE_ROOT, REPO, RUN_CWD, package_path  # noqa: E402
 
 
 def _env(extra: dict | None = None) -> dict:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("COLLECTIVES_", "OMPI_", "SLURM_", "PMI_"))
            and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = os.pathsep.join(package_path() + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra or {})
     return env
@@ -32,7 +32,7 @@ def _env(extra: dict | None = None) -> dict:
 def _run(args: list, extra_env: dict | None = None, module: str = "collectives.bench",
          timeout: float = 100) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True,
-                          text=True, env=_env(extra_env), cwd=REPO, timeout=timeout)
+                          text=True, env=_env(extra_env), cwd=RUN_CWD, timeout=timeout)
 
 
 def _tables(stdout: str) -> dict:
@@ -124,7 +124,7 @@ def test_compare_skips_a_missing_peer(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setitem(_bench_peers.REQUIREMENTS, "gloo", ("collectives_no_such_module", None))
     for name in [k for k in os.environ if k.startswith("COLLECTIVES_")]:
         monkeypatch.delenv(name)
-    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(package_path()))
     rc = bench.main(["allreduce", "-np", "2", "-b", "8", "-e", "8", "--iters", "1", "--warmup", "0",
                      "--algo", "ring", "--compare", "gloo"])
     out = capsys.readouterr().out
@@ -352,7 +352,7 @@ def test_gloo_meets_at_a_store_file_beside_its_results() -> None:
     at = cmd.index("--store-file")
     assert cmd[at - 1] == "gloo" and cmd[at + 1] == "/tmp/run1/gloo.store"
     with pytest.raises(SystemExit, match="--store-file FILE or --port PORT"):
-        _bench_peers.main(["gloo", "--port", "x", "allreduce"])
+        peer_worker.main(["gloo", "--port", "x", "allreduce"])
 
 
 def test_comparison_shows_each_ratio_over_the_runs(capsys: pytest.CaptureFixture) -> None:
@@ -515,7 +515,7 @@ def test_jobs_measure_each_size_in_turns(tmp_path: Path) -> None:
     names, nsteps = ["ours", "alone", "gloo"], 4
     jobs, log = _fake_jobs(tmp_path, names, 2, nsteps, {})
     lines: list = []
-    codes = _bench_turns.run_in_turns(jobs, _env({"REPO": str(REPO)}), nsteps, bench.turn_orders,
+    codes = _bench_turns.run_in_turns(jobs, _env({"REPO": str(PACKAGE_ROOT)}), nsteps, bench.turn_orders,
                                       lambda name, line: lines.append((name, line)))
     assert codes == {name: 0 for name in names}, lines
     assert all((tmp_path / f"{name}.out").read_text() == "done" for name in names)
@@ -548,7 +548,7 @@ def test_a_failed_job_leaves_the_others_their_turns(tmp_path: Path, fail: str) -
 
     names, nsteps = ["ours", "mpi"], 3
     jobs, log = _fake_jobs(tmp_path, names, 2, nsteps, {"mpi": fail})
-    codes = _bench_turns.run_in_turns(jobs, _env({"REPO": str(REPO)}), nsteps, bench.turn_orders,
+    codes = _bench_turns.run_in_turns(jobs, _env({"REPO": str(PACKAGE_ROOT)}), nsteps, bench.turn_orders,
                                       lambda name, line: None)
     assert codes["ours"] == 0 and codes["mpi"] != 0, codes
     assert not (tmp_path / "mpi.out").exists()

@@ -9,7 +9,8 @@ pytestmark = pytest.mark.timeout(60)
 
 MODULES = ["collectives", "collectives.MPI", "collectives._core", "collectives.run",
            "collectives._env", "collectives._store", "collectives.bench", "collectives.bench.driver",
-           "collectives.bench.rows", "collectives.bench.turns", "collectives.config",
+           "collectives.bench.rows", "collectives.bench.turns", "collectives.bench.peers",
+           "collectives.config",
            "collectives._world", "collectives._objects"]
 # Adapters: checked where their framework is installed.
 ADAPTERS = {"collectives.jax": "jax", "collectives.torch": "torch",

@@ -1,4 +1,4 @@
-"""Pure rank arithmetic of native/pattern.h, in one process, for n = 1..64 (no sockets)."""
+"""Pure rank arithmetic of native/algorithms/pattern.h, in one process, for n = 1..64 (no sockets)."""
 
 import pytest
 

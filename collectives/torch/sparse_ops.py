@@ -4,7 +4,7 @@ Each step, every rank packs the entries it selected from each sparse tensor
 into one byte buffer, the buffers are allgathered (a variable-size
 allgatherv, after a tiny allgatherv of their sizes), and every rank
 scatter-adds all buffers into dense gradients. The loops over tensor
-elements (threshold count, pack, scatter-add) run in C (``native/sparse.c``);
+elements (threshold count, pack, scatter-add) run in C (``native/reduce/sparse.c``);
 this module only lays out buffers and checks what arrives.
 
 Wire format of one rank's buffer (host byte order; every rank is the same
