@@ -26,12 +26,50 @@ from typing import Callable, Mapping, Optional, Sequence
 
 import pytest
 
+import collectives
 # A port for a store rank 0 binds later, outside the kernel's ephemeral range (the
 # tests import it from here).
 from collectives.run import free_port  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
+# The suite tests whichever collectives Python imports: the checkout (built in
+# place, or installed editable) or an installed wheel, as CI does. Against an
+# install, no process it starts may see the checkout's collectives/ (without
+# its native module it would shadow the real package): ranks get no checkout on
+# PYTHONPATH and commands run with `-m` start in tests/, not in the checkout.
+PACKAGE_ROOT = Path(collectives.__file__).resolve().parents[1]
+FROM_SOURCE = PACKAGE_ROOT == REPO
+RUN_CWD = REPO if FROM_SOURCE else TESTS
+
+
+def package_path() -> list:
+    """What PYTHONPATH needs for a started process to import the collectives under test."""
+    return [str(REPO)] if FROM_SOURCE else []
+
+
+def pytest_configure(config):
+    """Refuse to run a misconfigured suite instead of skipping whole parts of it.
+
+    COLLECTIVES_TEST_INSTALLED=1: the suite must import an installed collectives,
+    not the checkout (and, testing an install, the processes the tests start run
+    in tests/). COLLECTIVES_TEST_REQUIRE=torch,jax: those frameworks must
+    import, so that their adapters' tests run rather than skip.
+    """
+    if os.environ.get("COLLECTIVES_TEST_INSTALLED") == "1" and FROM_SOURCE:
+        raise pytest.UsageError(f"COLLECTIVES_TEST_INSTALLED=1 but collectives is imported from "
+                                f"the checkout {REPO}; run pytest (not python -m pytest) with the "
+                                f"package installed, or unset it")
+    if not FROM_SOURCE:
+        # Every process the tests start inherits this: none starts in the checkout.
+        os.chdir(TESTS)
+    for name in filter(None, os.environ.get("COLLECTIVES_TEST_REQUIRE", "").split(",")):
+        try:
+            __import__(name.strip())
+        except ImportError as exc:
+            raise pytest.UsageError(f"COLLECTIVES_TEST_REQUIRE names {name.strip()!r}, which does "
+                                    f"not import ({exc}): install it (pip install "
+                                    f"'collectives[all]') or drop it from the variable") from None
 
 _LIVE: set = set()  # Popen objects not yet reaped, killed by the autouse fixture
 
@@ -42,7 +80,7 @@ def base_env(extra: Optional[Mapping[str, str]] = None) -> dict:
            if not k.startswith(("COLLECTIVES_", "OMPI_", "SLURM_", "PMI_"))
            and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                          "MASTER_ADDR", "MASTER_PORT")}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(TESTS)] +
+    env["PYTHONPATH"] = os.pathsep.join(package_path() + [str(TESTS)] +
                                         ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("OMP_NUM_THREADS", "1")

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import base_env, REPO, run_world
+from conftest import base_env, REPO, RUN_CWD, run_world
 
 TIMEOUT = 5.0   # COLLECTIVES_TIMEOUT for every scenario
 SLACK = 4.0     # allowed beyond it (process scheduling on 2 cores, explain_failure's 1 s)
@@ -377,7 +377,7 @@ def test_launcher_exit_code_nonzero(tmp_path, mode):
     script.write_text(FAILING_SCRIPT)
     proc = subprocess.run([sys.executable, "-m", "collectives.run", "-np", "3", "--timeout", "5",
                            sys.executable, str(script), mode],
-                          capture_output=True, text=True, timeout=60, cwd=REPO,
+                          capture_output=True, text=True, timeout=60, cwd=RUN_CWD,
                           env=base_env())
     assert proc.returncode != 0, proc.stdout + proc.stderr
     if proc.returncode == 7:  # rank 1's code; another rank's failure may be seen first

@@ -16,12 +16,12 @@ from collectives import run
 
 pytestmark = pytest.mark.timeout(60)
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import REPO, RUN_CWD, package_path  # noqa: E402
 
 
 def _env():
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = os.pathsep.join(package_path() + [env.get("PYTHONPATH", "")])
     env["PYTHONUNBUFFERED"] = "1"
     for name in list(env):
         if name.startswith("COLLECTIVES_"):
@@ -33,7 +33,7 @@ def launcher(*args, **kwargs):
     """Run collectives-run to completion; returns the CompletedProcess."""
     return subprocess.run([sys.executable, "-m", "collectives.run", *args],
                           capture_output=True, text=True, env=_env(), timeout=30,
-                          cwd=REPO, **kwargs)
+                          cwd=RUN_CWD, **kwargs)
 
 
 def _alive(pid: int) -> bool:
@@ -175,7 +175,7 @@ def test_launcher_sleeps_while_its_ranks_run():
     epoll (woken by a rank's exit through its pidfd), not every 50 ms as it used to."""
     proc = subprocess.Popen([sys.executable, "-m", "collectives.run", "-np", "2", sys.executable,
                              "-c", "import time; print('up', flush=True); time.sleep(3.5)"],
-                            stdout=subprocess.PIPE, text=True, env=_env(), cwd=REPO)
+                            stdout=subprocess.PIPE, text=True, env=_env(), cwd=RUN_CWD)
     try:
         for _ in range(2):
             assert proc.stdout.readline().endswith("up\n")
@@ -248,7 +248,7 @@ def test_signal_to_launcher_stops_every_rank(sig):
     proc = subprocess.Popen([sys.executable, "-m", "collectives.run", "-np", "3",
                              sys.executable, "-c", code],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_env(), cwd=REPO)
+                            env=_env(), cwd=RUN_CWD)
     pids = []
     try:
         while len(pids) < 6:
