@@ -24,7 +24,7 @@ import time
 from typing import Any, Callable, Optional, Sequence
 
 from ._core import CollectivesError, CommBase as _CommBase, Request as _CoreRequest, count_of
-from ._core import _mpi_register
+from ._core import _mpi_register, not_a_buffer
 
 __all__ = [
     "COMM_WORLD", "Comm", "Request", "Op", "Datatype", "Exception", "IN_PLACE",
@@ -95,11 +95,13 @@ IN_PLACE = _InPlace()
 _mpi_register(IN_PLACE, {op: op.name for op in (SUM, PROD, MIN, MAX, AVG)}, SUM)
 
 
-def _buf(spec: Any) -> tuple[Any, Optional[str]]:
+def _buf(spec: Any, name: str = "buffer") -> tuple[Any, Optional[str]]:
     """Split a buffer spec (buf, [buf, type], [buf, count, type]) into (buf, dtype)."""
     if isinstance(spec, (list, tuple)):
         if not spec:
             raise ValueError("empty buffer specification")
+        if isinstance(spec[0], (int, float, complex)):  # [1.0, 2.0]: data, not [buf, type]
+            raise not_a_buffer(name, spec)
         dtype = spec[-1].dtype if isinstance(spec[-1], Datatype) else None
         return spec[0], dtype
     return spec, None
@@ -110,8 +112,8 @@ def _pair(sendbuf: Any, recvbuf: Any) -> tuple[Any, Any, Optional[str]]:
     if not isinstance(recvbuf, (list, tuple)) and \
             (sendbuf is IN_PLACE or not isinstance(sendbuf, (list, tuple))):
         return (None if sendbuf is IN_PLACE else sendbuf), recvbuf, None  # plain buffers
-    rbuf, rtype = _buf(recvbuf)
-    sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf)
+    rbuf, rtype = _buf(recvbuf, "recvbuf")
+    sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf, "sendbuf")
     return sbuf, rbuf, _dtype_name(stype, rtype)
 
 
@@ -250,12 +252,12 @@ class Comm(_CommBase):
 
     def Bcast(self, buf: Any, root: int = 0, *, timeout: Optional[float] = None) -> None:
         """Copy root's buf into buf on every rank."""
-        b, dtype = _buf(buf)
+        b, dtype = _buf(buf, "buf")
         self._call(self._core.broadcast, b, root, timeout, dtype)
 
     def Ibcast(self, buf: Any, root: int = 0, *, timeout: Optional[float] = None) -> Request:
         """Start a Bcast; returns a Request."""
-        b, dtype = _buf(buf)
+        b, dtype = _buf(buf, "buf")
         return Request(self._call(self._core.ibroadcast, b, root, timeout, dtype), self)
 
     def _allgather_args(self, sendbuf: Any, recvbuf: Any) -> tuple:
@@ -279,7 +281,7 @@ class Comm(_CommBase):
 
     def _allgatherv_args(self, sendbuf: Any, recvbuf: Any) -> tuple:
         rbuf, counts, displs, rtype = _vbuf(recvbuf, self.size)
-        sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf)
+        sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf, "sendbuf")
         return sbuf, rbuf, counts, displs, _dtype_name(stype, rtype)
 
     def Allgatherv(self, sendbuf: Any, recvbuf: Any, *, timeout: Optional[float] = None) -> None:
