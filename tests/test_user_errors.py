@@ -90,3 +90,60 @@ def test_unsupported_torch_dtype_is_named(comm, name) -> None:
                     exc=TypeError)
     assert f"element type {name}," in text and SUPPORTED in text, text
     assert "'Zf'" not in text and "'h'" not in text
+
+
+# ---- start-up: a rank that never arrives ------------------------------------
+
+_START_BODY = """
+import collectives
+try:
+    collectives.init()
+except TimeoutError as exc:
+    emit("err", message=str(exc),
+         chained=exc.__cause__ is not None or not exc.__suppress_context__)
+else:
+    fail("init", "no TimeoutError")
+"""
+
+
+@pytest.mark.timeout(40)
+def test_start_timeout_names_the_missing_rank(world) -> None:
+    """Two ranks of a job of three start; both name rank 2 and what to check."""
+    from conftest import free_port
+
+    port = free_port()
+
+    def rank_env(rank: int, n: int) -> dict:
+        return {"COLLECTIVES_RANK": rank, "COLLECTIVES_SIZE": 3,
+                "COLLECTIVES_STORE_ADDR": f"127.0.0.1:{port}", "COLLECTIVES_TIMEOUT": "2"}
+
+    res = world(2, _START_BODY, rank_env=rank_env, collective_timeout=None, timeout=30)
+    assert not res.timed_out, res.report()
+    for r in range(2):
+        rec = res[r].one("err")
+        text = rec["message"]
+        assert text.startswith(f"start-up timed out after 2 s: rank 2 of 3 did not arrive at "
+                               f"the store at 127.0.0.1:{port}; "), (r, text)
+        for hint in ("same command", "reachable", "COLLECTIVES_START_TIMEOUT",
+                     "COLLECTIVES_TIMEOUT"):
+            assert hint in text, text
+        assert not rec["chained"], "the store's own TimeoutError is chained under it"
+
+
+@pytest.mark.timeout(40)
+def test_start_timeout_without_rank0_says_the_store_was_not_reached(world) -> None:
+    from conftest import free_port
+
+    port = free_port()
+
+    def rank_env(rank: int, n: int) -> dict:
+        return {"COLLECTIVES_RANK": 1, "COLLECTIVES_SIZE": 2,
+                "COLLECTIVES_STORE_ADDR": f"127.0.0.1:{port}", "COLLECTIVES_TIMEOUT": "1"}
+
+    res = world(1, _START_BODY, rank_env=rank_env, collective_timeout=None, timeout=30)
+    assert not res.timed_out, res.report()
+    rec = res[0].one("err")
+    assert rec["message"].startswith(f"rank 1 of 2 could not reach the store at 127.0.0.1:{port} "
+                                     f"(rank 0 hosts it) within 1 s: is rank 0 running?; "
+                                     f"check that every rank"), rec["message"]
+    assert not rec["chained"]
