@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Optional
 
-from . import _env, _store
+from . import _env, _store, config
 
 _lock = threading.RLock()
 _state: Optional["_World"] = None
@@ -282,6 +282,7 @@ def init(timeout: Optional[float] = None):
         from .MPI import Comm
 
         info = _env.detect()
+        config.check_env()
         _env.check_size_vars()
         check_host_policy()
         t = float(timeout) if timeout else _default_timeout()

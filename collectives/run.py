@@ -39,6 +39,7 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, Mapping, Optional, Sequence
 
+from . import config
 from ._env import format_addr
 
 __all__ = [
@@ -577,6 +578,17 @@ def launch(ranks: Sequence[RankCommand], grace: float = DEFAULT_GRACE_S,
 # --------------------------------------------------------------------- CLI
 
 
+def _seconds(text: str) -> float:
+    """argparse type of --timeout/--start-timeout: a finite number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (value > 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a number of seconds > 0")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="collectives-run",
@@ -590,10 +602,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="file of 'host slots=N' or 'host:N' lines ('#' comments)")
     p.add_argument("--network-interface", dest="ifname", default=None,
                    help="interface the ranks talk over (sets COLLECTIVES_IFNAME)")
-    p.add_argument("--timeout", type=float, default=None,
+    p.add_argument("--timeout", type=_seconds, default=None,
                    help="deadline of every blocking wait in the ranks, in seconds "
                         "(sets COLLECTIVES_TIMEOUT)")
-    p.add_argument("--start-timeout", type=float, default=None,
+    p.add_argument("--start-timeout", type=_seconds, default=None,
                    help="seconds for ranks to start and meet at the store (sets "
                         "COLLECTIVES_START_TIMEOUT and ssh's ConnectTimeout)")
     p.add_argument("-x", dest="exports", action="append", default=[], metavar="VAR[=VALUE]",
@@ -648,6 +660,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         exports["COLLECTIVES_START_TIMEOUT"] = f"{args.start_timeout:g}"
         ssh_options = ["-o", f"ConnectTimeout={max(1, int(args.start_timeout))}"]
 
+    try:
+        # Every rank would refuse a bad COLLECTIVES_* setting: say it once, before starting any.
+        config.check_env({**os.environ, **exports})
+    except ValueError as exc:
+        parser.error(str(exc))
     try:
         store_addr = choose_store_addr(hosts)
         torch_addr = choose_store_addr(hosts)
