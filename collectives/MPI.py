@@ -23,6 +23,7 @@ import socket
 import time
 from typing import Any, Callable, Optional, Sequence
 
+from . import _missing
 from ._core import CollectivesError, CommBase as _CommBase, Request as _CoreRequest, count_of
 from ._core import _mpi_register, not_a_buffer
 
@@ -366,6 +367,11 @@ class Comm(_CommBase):
     def __repr__(self) -> str:
         return f"<collectives.MPI.Comm rank {self.rank} of {self.size}>"
 
+    def __getattr__(self, name: str) -> Any:
+        """mpi4py names not provided (yet): NotImplementedError naming them (see _missing)."""
+        raise _missing.missing("collectives.MPI.Comm", name, _missing.MPI4PY_COMM,
+                               "mpi4py's MPI.Comm", instance=True)
+
 
 def Wtime() -> float:
     """Seconds on a monotonic clock."""
@@ -413,4 +419,4 @@ def __getattr__(name: str) -> Any:
         from . import _world
 
         return _world.init()
-    raise AttributeError(f"module 'collectives.MPI' has no attribute {name!r}")
+    raise _missing.missing("collectives.MPI", name, _missing.MPI4PY_MODULE, "mpi4py's MPI")
