@@ -111,13 +111,6 @@ def bind_mode() -> str:
     return text
 
 
-def check_host_policy() -> None:
-    """ValueError for a COLLECTIVES_SPIN_US or COLLECTIVES_BIND the policy cannot read,
-    raised before the rank connects to anyone."""
-    spin_us()
-    bind_mode()
-
-
 _cpus: Optional[list] = None
 
 
@@ -282,9 +275,7 @@ def init(timeout: Optional[float] = None):
         from .MPI import Comm
 
         info = _env.detect()
-        config.check_env()
-        _env.check_size_vars()
-        check_host_policy()
+        config.check_env()  # every COLLECTIVES_* tunable, before any connection
         t = float(timeout) if timeout else _default_timeout()
         if info.size == 1:
             core, server, client = Communicator(0, 1), None, None
