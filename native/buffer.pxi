@@ -181,6 +181,7 @@ cdef int _gpu_view(_View v, obj, str name, bint writable, object dtype) except -
         if cai.get("mask") is not None:
             raise TypeError(f"{name} is a masked array")
         code = _CAI_TYPES.get((typestr[1], itemsize), -1)
+        kind = typestr
         v.ptr = <void *><uintptr_t>(ptr or 0)
         stream = cai.get("stream") if int(cai.get("version", 0)) >= 3 else None
         # 1 and 2 are the legacy and per-thread default streams, which the
@@ -212,6 +213,7 @@ cdef int _gpu_view(_View v, obj, str name, bint writable, object dtype) except -
         if not _c_contiguous(shape, strides, itemsize):
             raise not_contiguous(name)
         code = _DL_TYPES.get((mt.dl_tensor.dtype.code, mt.dl_tensor.dtype.bits), -1)
+        kind = (mt.dl_tensor.dtype.code, mt.dl_tensor.dtype.bits)
         v.ptr = <void *>(<char *>mt.dl_tensor.data + mt.dl_tensor.byte_offset)
         v.stream = 0
         # The capsule stays ours (not renamed "used_dltensor"): when the view
@@ -227,7 +229,7 @@ cdef int _gpu_view(_View v, obj, str name, bint writable, object dtype) except -
             raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(DTYPES)}")
         code = DTYPES[dtype]
     elif code < 0:
-        raise unsupported_dtype(name, _cai_or_dl_dtype(obj, itemsize))
+        raise unsupported_dtype(name, _gpu_dtype_name(obj, kind))
     v.dtype = code
     cdef size_t esize = coll_dtype_size(<coll_dtype_t>code)
     if v.nbytes % esize:
@@ -277,12 +279,26 @@ cdef str _format_dtype_name(target, const char *fmt, Py_ssize_t itemsize):
         return f"format {text!r} ({itemsize} bytes)"
 
 
-cdef str _cai_or_dl_dtype(obj, size_t itemsize):
-    """The element type of a GPU object in its framework's words ("torch.int16" -> int16)."""
+# DLPack type codes, for naming an unsupported element type.
+_DL_KINDS = {0: "int", 1: "uint", 2: "float", 4: "bfloat", 5: "complex", 6: "bool"}
+
+
+cdef str _gpu_dtype_name(obj, kind):
+    """A GPU object's element type in its framework's words ("torch.int16" -> int16), else
+    numpy's name of its __cuda_array_interface__ typestr or of its DLPack (code, bits)."""
     dt = getattr(obj, "dtype", None)
     if dt is not None:
         return str(dt).replace("torch.", "")
-    return f"an unknown {itemsize}-byte type"
+    if isinstance(kind, str):
+        try:
+            import numpy
+            return numpy.dtype(kind).name
+        except Exception:
+            return f"typestr {kind!r}"
+    code, bits = kind
+    if code == 6:
+        return "bool"
+    return f"{_DL_KINDS.get(code, f'DLPack type code {code} of ')}{bits}"
 
 
 cdef int _ndarray_dtype(cnp.ndarray arr) noexcept:

@@ -147,3 +147,47 @@ def test_start_timeout_without_rank0_says_the_store_was_not_reached(world) -> No
                                      f"(rank 0 hosts it) within 1 s: is rank 0 running?; "
                                      f"check that every rank"), rec["message"]
     assert not rec["chained"]
+
+
+# ---- the same words for GPU buffers (one GPU emulated in host memory) -------
+
+_GPU_BODY = """
+from collectives import _core
+d = _core.DeviceBuffer(64, "float32", 0)
+cai = d.__cuda_array_interface__
+
+class Gpu:
+    def __init__(self, **kw):
+        self.__cuda_array_interface__ = dict(cai, version=3, **kw)
+
+comm = _core.Communicator(0, 1)
+for obj in (Gpu(shape=(4,), strides=(8,)), Gpu(shape=(4,), typestr="<c8"),
+            Gpu(shape=(8,), typestr="<i2")):
+    try:
+        comm.allreduce(None, obj)
+        print("no error")
+    except (TypeError, ValueError) as exc:
+        print(type(exc).__name__, exc)
+comm.close()
+"""
+
+
+@pytest.mark.timeout(60)
+def test_gpu_buffers_get_the_same_messages() -> None:
+    import subprocess
+    import sys
+
+    from collectives import _core
+    from conftest import base_env
+
+    if not _core.cuda_built():
+        pytest.skip("this build has no CUDA support (no nvcc when it was built)")
+    res = subprocess.run([sys.executable, "-c", _GPU_BODY], capture_output=True, text=True,
+                         env=base_env({"COLLECTIVES_CUDA_FAKE": "1"}), timeout=50)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith("ValueError recvbuf is not contiguous in memory"), lines
+    assert ".contiguous()" in lines[0]
+    for line, name in zip(lines[1:], ("complex64", "int16")):
+        assert line == (f"TypeError recvbuf has element type {name}, which collectives does not "
+                        f"support; supported: {SUPPORTED}"), line
