@@ -205,9 +205,9 @@ def start_timeout_error(info: _env.WorldInfo, timeout: float, missing: Optional[
         what = (f"start-up timed out after {timeout:g} s: rank{plural} {names} of {info.size} "
                 f"did not arrive at the store at {addr}")
     else:  # the store went away first: rank 0 gave up (or died) before this rank
-        what = (f"start-up failed after {timeout:g} s: the store at {addr} closed before every "
-                f"rank arrived (rank 0 gave up or exited first; its error says which ranks "
-                f"were missing) ({detail})")
+        what = (f"start-up failed: the store at {addr} stopped answering before every rank "
+                f"arrived (rank 0 gave up or exited first; its error says which ranks were "
+                f"missing) ({detail})")
     return TimeoutError(f"{what}; {_START_CHECKS.format(addr=addr, t=timeout)}")
 
 
