@@ -23,8 +23,9 @@ import socket
 import time
 from typing import Any, Callable, Optional, Sequence
 
+from . import _missing
 from ._core import CollectivesError, CommBase as _CommBase, Request as _CoreRequest, count_of
-from ._core import _mpi_register
+from ._core import _mpi_register, not_a_buffer
 from . import _world
 
 __all__ = [
@@ -96,11 +97,13 @@ IN_PLACE = _InPlace()
 _mpi_register(IN_PLACE, {op: op.name for op in (SUM, PROD, MIN, MAX, AVG)}, SUM)
 
 
-def _buf(spec: Any) -> tuple[Any, Optional[str]]:
+def _buf(spec: Any, name: str = "buffer") -> tuple[Any, Optional[str]]:
     """Split a buffer spec (buf, [buf, type], [buf, count, type]) into (buf, dtype)."""
     if isinstance(spec, (list, tuple)):
         if not spec:
             raise ValueError("empty buffer specification")
+        if isinstance(spec[0], (int, float, complex)):  # [1.0, 2.0]: data, not [buf, type]
+            raise not_a_buffer(name, spec)
         dtype = spec[-1].dtype if isinstance(spec[-1], Datatype) else None
         return spec[0], dtype
     return spec, None
@@ -111,8 +114,8 @@ def _pair(sendbuf: Any, recvbuf: Any) -> tuple[Any, Any, Optional[str]]:
     if not isinstance(recvbuf, (list, tuple)) and \
             (sendbuf is IN_PLACE or not isinstance(sendbuf, (list, tuple))):
         return (None if sendbuf is IN_PLACE else sendbuf), recvbuf, None  # plain buffers
-    rbuf, rtype = _buf(recvbuf)
-    sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf)
+    rbuf, rtype = _buf(recvbuf, "recvbuf")
+    sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf, "sendbuf")
     return sbuf, rbuf, _dtype_name(stype, rtype)
 
 
@@ -249,12 +252,12 @@ class Comm(_CommBase):
 
     def Bcast(self, buf: Any, root: int = 0, *, timeout: Optional[float] = None) -> None:
         """Copy root's buf into buf on every rank."""
-        b, dtype = _buf(buf)
+        b, dtype = _buf(buf, "buf")
         self._call(self._core.broadcast, b, root, timeout, dtype)
 
     def Ibcast(self, buf: Any, root: int = 0, *, timeout: Optional[float] = None) -> Request:
         """Start a Bcast; returns a Request."""
-        b, dtype = _buf(buf)
+        b, dtype = _buf(buf, "buf")
         return Request(self._call(self._core.ibroadcast, b, root, timeout, dtype), self)
 
     def _allgather_args(self, sendbuf: Any, recvbuf: Any) -> tuple:
@@ -278,7 +281,7 @@ class Comm(_CommBase):
 
     def _allgatherv_args(self, sendbuf: Any, recvbuf: Any) -> tuple:
         rbuf, counts, displs, rtype = _vbuf(recvbuf, self.size)
-        sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf)
+        sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf, "sendbuf")
         return sbuf, rbuf, counts, displs, _dtype_name(stype, rtype)
 
     def Allgatherv(self, sendbuf: Any, recvbuf: Any, *, timeout: Optional[float] = None) -> None:
@@ -363,6 +366,11 @@ class Comm(_CommBase):
     def __repr__(self) -> str:
         return f"<collectives.MPI.Comm rank {self.rank} of {self.size}>"
 
+    def __getattr__(self, name: str) -> Any:
+        """mpi4py names not provided (yet): NotImplementedError naming them (see _missing)."""
+        raise _missing.missing("collectives.MPI.Comm", name, _missing.MPI4PY_COMM,
+                               "mpi4py's MPI.Comm", instance=True)
+
 
 def Wtime() -> float:
     """Seconds on a monotonic clock."""
@@ -407,4 +415,4 @@ def Is_finalized() -> bool:
 def __getattr__(name: str) -> Any:
     if name == "COMM_WORLD":
         return _init_world()
-    raise AttributeError(f"module 'collectives.MPI' has no attribute {name!r}")
+    raise _missing.missing("collectives.MPI", name, _missing.MPI4PY_MODULE, "mpi4py's MPI")

@@ -203,13 +203,6 @@ def _simple_tasks_per_node(text: str) -> Optional[int]:
 
 _BYTES = re.compile(r"(\d+)(?:([kmg])(?:i?b)?|b)?", re.IGNORECASE)
 
-# Byte counts the core reads (param.c); "auto" is also allowed where the core has one.
-SIZE_VARS = ("COLLECTIVES_SEGMENT_BYTES", "COLLECTIVES_SOCKET_BUFFER", "COLLECTIVES_SHM_BYTES",
-             "COLLECTIVES_CUDA_SEGMENT_BYTES", "COLLECTIVES_FUSION_THRESHOLD")
-
-
-AUTO_SIZE_VARS = ("COLLECTIVES_SEGMENT_BYTES", "COLLECTIVES_SOCKET_BUFFER")
-
 
 def byte_size(name: str, text: str) -> int:
     """Variable `name`'s byte count as the core reads it: digits with an optional K, M or G
@@ -218,16 +211,6 @@ def byte_size(name: str, text: str) -> int:
     if not m:
         raise ValueError(f"{name}={text!r} is not a number of bytes (like 4M, 512K or 65536)")
     return int(m.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30}[(m.group(2) or "").lower()]
-
-
-def check_size_vars(env: Optional[Mapping[str, str]] = None) -> None:
-    """ValueError for any of SIZE_VARS the core would misread (it would take "4 M" as 4
-    bytes and "-1" or "big" as 0), so that a rank fails before it opens a link."""
-    env = os.environ if env is None else env
-    for name in SIZE_VARS:
-        text = env.get(name, "").strip()
-        if text and not (name in AUTO_SIZE_VARS and text.lower() == "auto"):
-            byte_size(name, text)
 
 
 def _int_var(env: Mapping[str, str], name: str, minimum: int = 0) -> int:

@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Callable, Optional
 
-from . import _env, _store
+from . import _env, _store, config
 
 _lock = threading.RLock()
 _state: Optional["_World"] = None
@@ -111,13 +111,6 @@ def bind_mode() -> str:
     return text
 
 
-def check_host_policy() -> None:
-    """ValueError for a COLLECTIVES_SPIN_US or COLLECTIVES_BIND the policy cannot read,
-    raised before the rank connects to anyone."""
-    spin_us()
-    bind_mode()
-
-
 _cpus: Optional[list] = None
 
 
@@ -179,6 +172,45 @@ def local_place(hosts: list, rank: int) -> tuple:
     return hosts[:rank].count(hosts[rank]), hosts.count(hosts[rank])
 
 
+_START_CHECKS = ("check that every rank runs the same command with the same store address, "
+                 "that {addr} is reachable from every host (COLLECTIVES_STORE_ADDR, or "
+                 "MASTER_ADDR/MASTER_PORT; a firewall), and that the start-up deadline "
+                 "(COLLECTIVES_START_TIMEOUT, else COLLECTIVES_TIMEOUT, now {t:g} s) leaves "
+                 "the slowest rank time to start")
+
+
+# Seconds rank 0 keeps the store after a start-up timeout, for the ranks that came.
+START_LINGER = 2.0
+
+
+def _missing_ranks(client, size: int) -> list:
+    """The ranks that have not published their address ([] if the store is gone)."""
+    try:
+        return [r for r in range(size) if not client.check([f"addr/{r}"])]
+    except (OSError, TimeoutError, ConnectionError):
+        return []
+
+
+def start_timeout_error(info: _env.WorldInfo, timeout: float, missing: Optional[list],
+                        detail: str) -> TimeoutError:
+    """The one exception a rank raises when the job did not assemble in time: which ranks
+    did not arrive (None: the store itself was not reached) and what to check."""
+    addr = _env.format_addr(info.store_host, info.store_port)
+    if missing is None:
+        what = (f"rank {info.rank} of {info.size} could not reach the store at {addr} "
+                f"(rank 0 hosts it) within {timeout:g} s: is rank 0 running?")
+    elif missing:
+        names = ", ".join(map(str, missing))
+        plural = "s" if len(missing) > 1 else ""
+        what = (f"start-up timed out after {timeout:g} s: rank{plural} {names} of {info.size} "
+                f"did not arrive at the store at {addr}")
+    else:  # the store went away first: rank 0 gave up (or died) before this rank
+        what = (f"start-up failed: the store at {addr} stopped answering before every rank "
+                f"arrived (rank 0 gave up or exited first; its error says which ranks were "
+                f"missing) ({detail})")
+    return TimeoutError(f"{what}; {_START_CHECKS.format(addr=addr, t=timeout)}")
+
+
 def _rendezvous(info: _env.WorldInfo, timeout: float):
     from ._core import Communicator
 
@@ -187,6 +219,10 @@ def _rendezvous(info: _env.WorldInfo, timeout: float):
         server = _start_store(info.store_host, info.store_port)
     try:
         client = _store.StoreClient(info.store_host, info.store_port, timeout=timeout)
+    except TimeoutError as exc:
+        if server is not None:
+            server.close()
+        raise start_timeout_error(info, timeout, None, str(exc)) from None
     except BaseException:
         if server is not None:
             server.close()
@@ -200,6 +236,23 @@ def _rendezvous(info: _env.WorldInfo, timeout: float):
         hosts, host_cpus = exchange_addresses(core, info.rank, info.size, advertise, client.set,
                                               lambda key: client.get(key, timeout=timeout))
         client.set(f"joined/{info.rank}", b"")
+    except (TimeoutError, ConnectionError) as exc:
+        missing = _missing_ranks(client, info.size)
+        try:
+            client.set(f"gave_up/{info.rank}", b"")
+            if server is not None:
+                # Keep the store a moment (bounded) for the ranks that came: each
+                # reads who is missing before it gives up too.
+                came = [f"gave_up/{r}" for r in range(info.size) if r not in missing]
+                deadline = time.monotonic() + START_LINGER
+                while time.monotonic() < deadline and not client.check(came):
+                    time.sleep(0.05)
+        except (OSError, TimeoutError, ConnectionError):
+            pass
+        client.close()
+        if server is not None:
+            server.close()
+        raise start_timeout_error(info, timeout, missing, str(exc)) from None
     except BaseException:
         client.close()
         if server is not None:
@@ -226,8 +279,7 @@ def init(timeout: Optional[float], wrap: Callable):
         from ._core import Communicator
 
         info = _env.detect()
-        _env.check_size_vars()
-        check_host_policy()
+        config.check_env()  # every COLLECTIVES_* tunable, before any connection
         t = float(timeout) if timeout else _default_timeout()
         if info.size == 1:
             core, server, client = Communicator(0, 1), None, None

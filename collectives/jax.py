@@ -411,7 +411,9 @@ def allreduce(x: Any, op: Any = "sum", *, comm: Any = None, algorithm: str = "au
         x: a JAX array (or array-like) or a pytree of them; same structure,
             shapes and dtypes on every rank.
         op: "sum", "mean" (alias "avg"), "min", "max" or "prod", or a
-            ``collectives.MPI`` op (``MPI.SUM``...). "mean" needs a floating dtype.
+            ``collectives.MPI`` op (``MPI.SUM``...). "mean" of an integer leaf
+            is a float, as ``jax.lax.pmean`` gives: the integer sum divided by
+            the number of ranks.
         comm: a ``collectives.MPI.Comm`` (default: the world).
         algorithm: "auto", "ring", "tree" or "butterfly".
 
@@ -428,10 +430,17 @@ def allreduce(x: Any, op: Any = "sum", *, comm: Any = None, algorithm: str = "au
         if np.dtype(a.dtype) not in _REDUCIBLE:
             raise TypeError(f"allreduce: unsupported dtype {a.dtype} (supported: int8, uint8, "
                             f"int32, int64, float16, bfloat16, float32, float64)")
-        if _OPS[op_name] == _MEAN and not jnp.issubdtype(a.dtype, jnp.floating):
-            raise TypeError(f"allreduce: op='mean' needs a floating dtype, got {a.dtype}")
     params.update(op=_OPS[op_name], algo=_ALGORITHMS[algorithm])
-    return tree.unflatten([allreduce_p.bind(a, **params) for a in arrays])
+    sum_params = dict(params, op=_SUM)
+
+    def reduce(a):
+        if params["op"] == _MEAN and not jnp.issubdtype(a.dtype, jnp.inexact):
+            # As jax.lax.pmean: the integer sum, then a true division by the rank
+            # count, which gives JAX's default float (float32; float64 for 64-bit
+            # integers under jax_enable_x64).
+            return allreduce_p.bind(a, **sum_params) / core.size
+        return allreduce_p.bind(a, **params)
+    return tree.unflatten([reduce(a) for a in arrays])
 
 
 def allgather(x: Any, *, tiled: bool = False, comm: Any = None) -> Any:

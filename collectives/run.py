@@ -13,8 +13,10 @@ does, so that OpenMP/BLAS thread pools do not starve the ranks. torchrun's
 variables are set too (``RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE
 MASTER_ADDR MASTER_PORT``, a second port for torch's own store), so a
 ``torch.distributed`` script runs unchanged. Every output line comes back
-prefixed ``[rank]<stdout>:`` or ``[rank]<stderr>:``. When a rank fails, the others are stopped and the
-launcher returns the failed rank's code (128 + signal for a signal).
+prefixed ``[rank]<stdout>:`` or ``[rank]<stderr>:``; a progress bar redrawn
+with ``\\r`` (tqdm) is forwarded as it is drawn, not when its line ends.
+When a rank fails, the others are stopped and the launcher returns the failed
+rank's code (128 + signal for a signal).
 
 A remote rank is stopped through its ssh connection. sshd forwards no signal
 without a tty, so the remote side runs the command under a small sh watcher
@@ -39,6 +41,7 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, Mapping, Optional, Sequence
 
+from . import config
 from ._env import format_addr
 
 __all__ = [
@@ -339,23 +342,33 @@ def _threads_per_rank(host: str, local_size: int) -> int:
 
 
 class _OutputPump:
-    """Copies every rank's stdout/stderr to ours, one prefixed line at a time."""
+    """Copies every rank's stdout/stderr to ours, one prefixed line at a time.
+
+    A line ends at "\n" or "\r". A whole line is written at once, so lines of
+    different ranks never interleave. After a "\r" (a progress bar such as
+    tqdm's redraws its line as "\r text" with no end), the text that follows is
+    forwarded as it comes, prefixed once, so the bar moves instead of waiting
+    for the newline at its end.
+    """
 
     def __init__(self, sel: selectors.BaseSelector) -> None:
         self.sel = sel
         self.partial: dict[int, bytearray] = {}
+        # per fd: [the next byte starts a line (needs the prefix), the last line end was "\r"]
+        self.state: dict[int, list] = {}
         self.open = 0
 
     def add(self, rank: int, stream: str, pipe: IO[bytes]) -> None:
         os.set_blocking(pipe.fileno(), False)
         self.sel.register(pipe, selectors.EVENT_READ, (rank, stream))
         self.partial[pipe.fileno()] = bytearray()
+        self.state[pipe.fileno()] = [True, False]
         self.open += 1
 
     @staticmethod
-    def _emit(rank: int, stream: str, line: bytes) -> None:
+    def _emit(rank: int, stream: str, line: bytes, prefix: bool = True) -> None:
         out = sys.stdout if stream == "stdout" else sys.stderr
-        data = b"[%d]<%s>:" % (rank, stream.encode()) + line
+        data = (b"[%d]<%s>:" % (rank, stream.encode()) if prefix else b"") + line
         raw = getattr(out, "buffer", None)
         if raw is None:  # a text-only stream (e.g. replaced in tests)
             out.write(data.decode("utf-8", "replace"))
@@ -364,6 +377,37 @@ class _OutputPump:
         out.flush()  # anything we wrote through the text layer goes first
         raw.write(data)  # one write per line: lines never interleave
         raw.flush()
+
+    def _pump(self, rank: int, stream: str, fd: int, buf: bytearray) -> None:
+        """Write every ended line of buf, and after a "\r" the unended rest too."""
+        state = self.state[fd]
+        while buf:
+            ends = [i for i in (buf.find(b"\n"), buf.find(b"\r")) if i >= 0]
+            if not ends:
+                break
+            end = min(ends) + 1
+            piece = bytes(buf[:end])
+            del buf[:end]
+            if piece == b"\n" and state[1]:  # the "\n" of a "\r\n": ends the same line
+                self._emit(rank, stream, piece, prefix=False)
+            elif piece == b"\r" and state[0]:  # a redraw's leading "\r": already at a line start
+                pass
+            else:
+                self._emit(rank, stream, piece, prefix=state[0])
+            state[0], state[1] = True, piece.endswith(b"\r")
+        if buf and state[1]:  # a progress line being redrawn: forward it now
+            self._emit(rank, stream, bytes(buf), prefix=state[0])
+            state[0] = False
+            buf.clear()
+
+    def _finish(self, rank: int, stream: str, fd: int) -> None:
+        """EOF: end a last line that has no line end."""
+        buf = self.partial.pop(fd, bytearray())
+        state = self.state.pop(fd, [True, False])
+        if buf:
+            self._emit(rank, stream, bytes(buf) + b"\n", prefix=state[0])
+        elif not state[0]:
+            self._emit(rank, stream, b"\n", prefix=False)
 
     def read(self, key: selectors.SelectorKey) -> None:
         rank, stream = key.data
@@ -374,22 +418,15 @@ class _OutputPump:
             return
         except OSError:
             chunk = b""
-        buf = self.partial[fd]
-        if not chunk:  # EOF: flush a last line that has no newline
-            if buf:
-                self._emit(rank, stream, bytes(buf) + b"\n")
+        if not chunk:  # EOF
+            self._finish(rank, stream, fd)
             self.sel.unregister(key.fileobj)
             key.fileobj.close()
-            del self.partial[fd]
             self.open -= 1
             return
+        buf = self.partial[fd]
         buf += chunk
-        end = buf.rfind(b"\n")
-        if end < 0:
-            return
-        for line in bytes(buf[: end + 1]).splitlines(keepends=True):
-            self._emit(rank, stream, line)
-        del buf[: end + 1]
+        self._pump(rank, stream, fd, buf)
 
     def close_all(self) -> None:
         for key in list(self.sel.get_map().values()):
@@ -398,9 +435,7 @@ class _OutputPump:
 
     def read_remaining(self, key: selectors.SelectorKey) -> None:
         rank, stream = key.data
-        buf = self.partial.pop(key.fd, bytearray())
-        if buf:
-            self._emit(rank, stream, bytes(buf) + b"\n")
+        self._finish(rank, stream, key.fd)
         self.sel.unregister(key.fileobj)
         key.fileobj.close()
         self.open -= 1
@@ -577,6 +612,17 @@ def launch(ranks: Sequence[RankCommand], grace: float = DEFAULT_GRACE_S,
 # --------------------------------------------------------------------- CLI
 
 
+def _seconds(text: str) -> float:
+    """argparse type of --timeout/--start-timeout: a finite number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (value > 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a number of seconds > 0")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="collectives-run",
@@ -590,10 +636,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="file of 'host slots=N' or 'host:N' lines ('#' comments)")
     p.add_argument("--network-interface", dest="ifname", default=None,
                    help="interface the ranks talk over (sets COLLECTIVES_IFNAME)")
-    p.add_argument("--timeout", type=float, default=None,
+    p.add_argument("--timeout", type=_seconds, default=None,
                    help="deadline of every blocking wait in the ranks, in seconds "
                         "(sets COLLECTIVES_TIMEOUT)")
-    p.add_argument("--start-timeout", type=float, default=None,
+    p.add_argument("--start-timeout", type=_seconds, default=None,
                    help="seconds for ranks to start and meet at the store (sets "
                         "COLLECTIVES_START_TIMEOUT and ssh's ConnectTimeout)")
     p.add_argument("-x", dest="exports", action="append", default=[], metavar="VAR[=VALUE]",
@@ -648,6 +694,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         exports["COLLECTIVES_START_TIMEOUT"] = f"{args.start_timeout:g}"
         ssh_options = ["-o", f"ConnectTimeout={max(1, int(args.start_timeout))}"]
 
+    try:
+        # Every rank would refuse a bad COLLECTIVES_* setting: say it once, before starting any.
+        config.check_env({**os.environ, **exports})
+    except ValueError as exc:
+        parser.error(str(exc))
     try:
         store_addr = choose_store_addr(hosts)
         torch_addr = choose_store_addr(hosts)

@@ -217,6 +217,7 @@ int coll_param_count(void);
 const char *coll_param_name(int i);
 const char *coll_param_default(int i);
 const char *coll_param_description(int i);
+const char *coll_param_allowed(int i); /* the rule: see param.c */
 
 #ifdef __cplusplus
 }

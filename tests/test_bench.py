@@ -556,3 +556,68 @@ def test_a_failed_job_leaves_the_others_their_turns(tmp_path: Path, fail: str) -
     assert sorted({(m[2], m[3]) for m in measured if m[2] == "ours"}) == \
         [("ours", s) for s in range(nsteps)]
     assert all(m[3] <= 1 for m in measured if m[2] == "mpi")  # none after the failure
+
+
+@pytest.mark.timeout(120)
+def test_rows_stream_as_measured_and_progress_goes_to_stderr() -> None:
+    """stdout and stderr are pipes: each size's row is printed (and flushed) as soon as it is
+    measured, while the sweep goes on, with the tables' numbers; stderr gets one progress
+    line per size."""
+    sizes = bench.sweep_sizes(8, 1 << 20, 4)
+    proc = subprocess.Popen([sys.executable, "-m", "collectives.bench", "allreduce", "-np", "2",
+                             "-b", "8", "-e", "1M", "-f", "4", "--iters", "2", "--warmup", "1",
+                             "--algo", "ring"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=_env(), cwd=REPO, start_new_session=True)
+    try:
+        first = proc.stdout.readline()
+        running = proc.poll() is None
+        rest, err = proc.communicate(timeout=100)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+    assert proc.returncode == 0, first + rest + err
+    assert first.startswith("# measured collectives-ring 8 B: out-of-place "), first
+    assert running, "the first row came only when the sweep had ended"
+    lines = (first + rest).splitlines()
+    measured = [line for line in lines if line.startswith("# measured ")]
+    assert [int(line.split()[3]) for line in measured] == sizes, measured
+    table_at = next(i for i, line in enumerate(lines) if line.startswith("# allreduce: "))
+    assert lines.index(measured[-1]) < table_at
+    for line, cells in zip(measured, _tables(first + rest)["collectives-ring"]):
+        m = re.search(r"out-of-place (\S+) us busbw (\S+) GB/s, in-place (\S+) us busbw (\S+) "
+                      r"GB/s$", line)
+        assert m and m.groups() == (cells[5], cells[7], cells[9], cells[11]), (line, cells)
+    progress = [line.split()[2] for line in err.splitlines()
+                if line.startswith("collectives-bench: collectives: ")]
+    assert progress == [f"{k}/{len(sizes)}" for k in range(1, len(sizes) + 1)], err
+
+
+def test_help_shows_the_defaults() -> None:
+    res = _run(["--help"])
+    assert res.returncode == 0, res.stderr
+    text = " ".join(res.stdout.split())
+    assert "largest size in bytes (K, M, G suffixes) (default: 256M)" in text, text
+    for piece in ("smallest size in bytes (K, M, G suffixes) (default: 8)",
+                  "timed iterations per size (default: 20)", "(default: 5)",
+                  "element type (default: float32)", "broadcast root (default: 0)",
+                  "(default: ring,tree,butterfly,auto)", "(default: 2)"):
+        assert piece in text, piece
+    assert "(default: None)" not in text and "(default: False)" not in text
+    assert bench.build_parser().parse_args(["allreduce"]).maxbytes == 256 << 20
+
+
+def test_one_number_format_across_tables(capsys: pytest.CaptureFixture) -> None:
+    """The comparison prints busbw as the nccl-tests tables do (GB/s to 0.001), times to
+    0.1 us."""
+    rows = bench.median_rows([[_row("collectives-auto", 1 << 20, t), _row("gloo", 1 << 20, 2 * t)]
+                              for t in (123.456, 123.456)])  # two runs: bandwidths filled in
+    bench.print_table(rows[:1])
+    bench.print_comparison(rows)
+    out = capsys.readouterr().out
+    busbw = f"{rows[0].busbw:.3f}"
+    table = [line.split() for line in out.splitlines() if line.startswith(" ") and
+             line.split()[0] == str(1 << 20)]
+    assert table[0][11] == busbw and table[0][9] == "123.5", table  # the nccl-tests table
+    assert table[1][1] == busbw and table[1][2] == f"{rows[1].busbw:.3f}", table  # comparison
+    assert "collectives-auto 123.5  gloo 246.9" in out

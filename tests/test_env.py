@@ -5,7 +5,7 @@ import socket
 
 import pytest
 
-from collectives import _env
+from collectives import _env, config
 from collectives._env import (WorldInfo, advertise_address, derived_port, detect,
                               expand_hostlist, format_addr, interface_address, parse_addr)
 
@@ -280,13 +280,13 @@ def test_byte_size_reads_what_the_core_reads(text, value):
                                        ("COLLECTIVES_CUDA_SEGMENT_BYTES", "4T")])
 def test_size_variables_the_core_would_misread_are_refused(name, text):
     with pytest.raises(ValueError, match=f"{name}='{re.escape(text)}' is not a number of bytes"):
-        _env.check_size_vars({name: text})
+        config.check_env({name: text})
 
 
 def test_size_variables_accept_auto_only_where_the_core_has_one():
-    _env.check_size_vars({"COLLECTIVES_SOCKET_BUFFER": "auto", "COLLECTIVES_SEGMENT_BYTES": "AUTO"})
+    config.check_env({"COLLECTIVES_SOCKET_BUFFER": "auto", "COLLECTIVES_SEGMENT_BYTES": "AUTO"})
     with pytest.raises(ValueError, match="COLLECTIVES_SHM_BYTES='auto'"):
-        _env.check_size_vars({"COLLECTIVES_SHM_BYTES": "auto"})
+        config.check_env({"COLLECTIVES_SHM_BYTES": "auto"})
 
 
 @pytest.mark.timeout(60)

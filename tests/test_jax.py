@@ -49,6 +49,12 @@ def oracle(op, shape, dtype, seed=0):
     red = {"sum": np.sum, "prod": np.prod, "min": np.min, "max": np.max, "mean": np.mean}[op]
     return red(vals, axis=0)
 
+def pmean_of(shape, dtype, seed):
+    """jax.lax.pmean over the n ranks' values, stacked on one named axis: what
+    allreduce(op="mean") follows, float result dtype included, for integers."""
+    stacked = jnp.stack([value(k, shape, dtype, "mean", seed) for k in range(n)])
+    return jax.vmap(lambda v: jax.lax.pmean(v, "i"), axis_name="i")(stacked)[0]
+
 TOL = {np.dtype(BF16): 1e-2, np.dtype("float16"): 1e-3}
 
 def same(case, got, want, dtype, exact=True):
@@ -80,12 +86,15 @@ def run_grid(x64=False):
     for mode in (("jit",) if x64 else ("eager", "jit")):  # x64: the dtypes, not the modes
         wrap = jax.jit if mode == "jit" else (lambda f: f)
         for op in ("sum", "prod", "min", "max", "mean"):
-            use = [(s, d) for s, d in specs if op != "mean" or jnp.issubdtype(d, jnp.floating)]
-            x = tree_of(use, lambda s, d, i: value(r, s, d, op, i))
+            x = tree_of(specs, lambda s, d, i: value(r, s, d, op, i))
             got = wrap(partial(cj.allreduce, op=op))(x)
-            for (s, d), g, i in zip(use, flat(got), range(len(use))):
-                same(("allreduce", mode, op, s, str(d), x64), g, oracle(op, s, d, i), d,
-                     exact=op != "mean")
+            for (s, d), g, i in zip(specs, flat(got), range(len(specs))):
+                case = ("allreduce", mode, op, s, str(d), x64)
+                if op == "mean" and not jnp.issubdtype(d, jnp.floating):
+                    ref = pmean_of(s, d, i)  # integers: JAX's float mean, its dtype
+                    same(case, g, np.asarray(ref, np.float64), ref.dtype, exact=False)
+                else:
+                    same(case, g, oracle(op, s, d, i), d, exact=op != "mean")
         x = tree_of(specs, lambda s, d, i: value(r, s, d, seed=i))
         got = wrap(cj.allgather)(x)
         for (s, d), g, i in zip(specs, flat(got), range(len(specs))):
@@ -168,7 +177,6 @@ same("vmap-broadcast", jax.vmap(partial(cj.broadcast, root=n - 1))(X),
 
 # argument errors are raised before anything is sent
 for call, exc in ((lambda: cj.allreduce(jnp.ones(2, jnp.uint32)), TypeError),
-                  (lambda: cj.allreduce(jnp.ones(2, jnp.int32), op="mean"), TypeError),
                   (lambda: cj.allreduce(jnp.ones(2), op="xor"), ValueError),
                   (lambda: cj.broadcast(jnp.ones(2), root=n), ValueError),
                   (lambda: cj.allgather(jnp.float32(1), tiled=True), ValueError)):
@@ -177,6 +185,10 @@ for call, exc in ((lambda: cj.allreduce(jnp.ones(2, jnp.uint32)), TypeError),
         fail("argument-error", f"no {exc.__name__}")
     except exc:
         pass
+
+# op="mean" on integers follows jax.lax.pmean: the float mean (float32 without x64)
+m = cj.allreduce({"i": jnp.arange(3, dtype=jnp.int32) + r}, op="mean")["i"]
+emit("int-mean", dtype=str(m.dtype), values=np.asarray(m, np.float64).tolist())
 
 jax.config.update("jax_enable_x64", True)
 run_grid(x64=True)
@@ -200,6 +212,9 @@ def test_collectives_grid_order_grad_vmap(n, jax_env):
         assert len(res[rank].get("grid")) == 2, res.report()
         assert res[rank].one("order")["iterations"] == 200
         assert res[rank].one("done")["failures"] == 0
+        int_mean = res[rank].one("int-mean")
+        assert int_mean["dtype"] == "float32"
+        assert int_mean["values"] == [k + (n - 1) / 2 for k in range(3)]
         if n > 1:  # every rank raises; the ones that see the bad header name the mismatch
             assert f"rank {rank}" in res[rank].one("mismatch")["message"]
     if n > 1:

@@ -119,6 +119,56 @@ def test_partial_last_line_and_no_mid_line_interleaving():
             assert parts[0] == f"r{rank}" and len(set(parts[1::2])) == 1, line
 
 
+def _read_until(pipe, needle: bytes, deadline: float) -> bytes:
+    """Bytes from pipe until needle shows up or the deadline passes."""
+    import select
+
+    got = b""
+    while needle not in got and time.monotonic() < deadline:
+        ready, _, _ = select.select([pipe], [], [], 0.1)
+        if ready:
+            chunk = os.read(pipe.fileno(), 1 << 16)
+            if not chunk:
+                break
+            got += chunk
+    return got
+
+
+@pytest.mark.timeout(40)
+def test_carriage_return_progress_is_forwarded_as_it_comes(tmp_path):
+    """A tqdm-style bar ("\\r text", no newline until the end) reaches our stderr, rank
+    prefix and all, while the rank is still running and waiting for us to see it."""
+    go = tmp_path / "go"
+    code = textwrap.dedent(f"""
+        import os, sys, time
+        sys.stderr.write("\\r 10%|#")
+        sys.stderr.flush()
+        end = time.monotonic() + 20
+        while not os.path.exists({str(go)!r}) and time.monotonic() < end:
+            time.sleep(0.02)
+        sys.stderr.write("\\r 50%|#####\\r100%|##########|\\n")
+        sys.stderr.write("done\\r\\n")
+        sys.stderr.flush()
+    """)
+    proc = subprocess.Popen([sys.executable, "-m", "collectives.run", "-np", "1", sys.executable,
+                             "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env=_env(), cwd=REPO, start_new_session=True)
+    try:
+        early = _read_until(proc.stderr, b"[0]<stderr>: 10%|#", time.monotonic() + 15)
+        assert early == b"[0]<stderr>: 10%|#", early  # forwarded before any newline
+        assert proc.poll() is None
+        go.touch()
+        rest = proc.stderr.read()
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        proc.stderr.close()
+    assert early + rest == (b"[0]<stderr>: 10%|#\r[0]<stderr>: 50%|#####\r"
+                            b"[0]<stderr>:100%|##########|\n[0]<stderr>:done\r\n"), rest
+
+
 # Ranks that must be running (and ready) before another fails touch a file in
 # SYNC_DIR; the failing rank waits for them, so the tests do not depend on how
 # fast the machine starts processes.

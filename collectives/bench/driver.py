@@ -42,9 +42,9 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from .rows import (ALONE, Row, bus_factor, median_rows, print_comparison, print_table,
-                   run_ratios, tune_table, write_csv, write_json, write_plot,
-                   write_tune_file)
+from .rows import (ALONE, LiveRows, Row, bus_factor, median_rows,
+                   print_comparison, print_table, row_message, run_ratios, tune_table,
+                   write_csv, write_json, write_plot, write_tune_file)
 from .turns import turn_orders, turn_rounds
 
 __all__ = ["Row", "parse_size", "bus_factor", "sweep_sizes", "element_count", "rank_input",
@@ -374,7 +374,8 @@ def sweep(backend: Backend, coll: str, algos: Sequence[str], dtype: str, op: str
           progress: Optional[bool] = None, host: Optional[str] = None,
           device: Optional[int] = None,
           gate: Optional[Callable[[int], None]] = None,
-          turn_iters: int = 0) -> tuple[list[Row], list[str]]:
+          turn_iters: int = 0,
+          on_rows: Optional[Callable[[list[Row]], None]] = None) -> tuple[list[Row], list[str]]:
     """Measure every (size, placement, implementation); collective on all ranks.
 
     Per size and placement, every implementation is warmed up, then their
@@ -384,6 +385,8 @@ def sweep(backend: Backend, coll: str, algos: Sequence[str], dtype: str, op: str
     the last: the driver's turns (TurnGate). A size takes one turn, or, with
     ``turn_iters``, len(turn_rounds(iters, turn_iters, size)) turns of that
     many timed iterations each (steps numbered from 0 across the sweep).
+    ``on_rows(rows)``, on rank 0, gets a size's rows (every implementation,
+    both placements) as soon as they are measured.
 
     Returns:
         (rows, notes): rows in (impl, size, inplace) order; notes name
@@ -397,7 +400,8 @@ def sweep(backend: Backend, coll: str, algos: Sequence[str], dtype: str, op: str
     tagged = bool(progress) and not sys.stderr.isatty()
     plan = _SweepPlan(backend, coll, impls, dtype, op, iters, warmup, check, root,
                       host or socket.gethostname(), device,
-                      (len(sizes) * 2 * len(impls)) if show else 0, tagged)
+                      (len(sizes) * 2 * len(impls)) if show else 0, tagged,
+                      on_rows if backend.rank == 0 else None)
     step = 0
     for nbytes in sizes:
         timed: dict[bool, _Timed] = {}
@@ -434,6 +438,7 @@ class _SweepPlan:
     device: Optional[int]
     total: int
     tagged: bool
+    on_rows: Optional[Callable[[list], None]] = None
     done: int = 0
 
 
@@ -527,43 +532,65 @@ def _sweep_size(plan: _SweepPlan, nbytes: int, rows: dict, notes: list, timed: d
                 bad = np.array([float(np.count_nonzero(result != want))])
                 backend.allreduce_f64(bad, "sum")
                 row.wrong = int(bad[0])
+    if last and plan.on_rows is not None:
+        plan.on_rows([rows[(impl, size, p)] for impl, _ in plan.impls for p in (False, True)
+                      if (impl, size, p) in rows])
 
 
 # ------------------------------------------------------------------- cli
 
 
+class _DefaultsHelp(argparse.HelpFormatter):
+    """--help shows each option's default, where it has one (not None, False or "")."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        d = action.default
+        if action.option_strings and not (d is None or d is False or d == "" or d == argparse.SUPPRESS):
+            text += " (default: %(default)s)"
+        return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command-line parser (shared by the driver, the workers and the peers' workers)."""
     p = argparse.ArgumentParser(prog="collectives-bench",
-                                description="Bandwidth tests in the nccl-tests format.")
-    p.add_argument("coll", choices=COLLS)
+                                description="Bandwidth tests in the nccl-tests format.",
+                                formatter_class=_DefaultsHelp)
+    p.add_argument("coll", choices=COLLS, help="the collective to measure")
     p.add_argument("-np", "-n", dest="np", type=int, default=None,
                    help="launch N ranks (driver mode); without it, run inside the current world")
     p.add_argument("--algo", default=",".join(ALGOS),
-                   help="allreduce algorithms, comma-separated (default: all)")
-    p.add_argument("--dtype", "-d", default="float32", choices=DTYPES)
-    p.add_argument("--op", "-o", default="sum", choices=OPS)
+                   help="allreduce algorithms, comma-separated")
+    p.add_argument("--dtype", "-d", default="float32", choices=DTYPES, help="element type")
+    p.add_argument("--op", "-o", default="sum", choices=OPS, help="reduction")
     p.add_argument("--root", "-r", type=int, default=0, help="broadcast root")
-    p.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("8"))
-    p.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("256M"))
-    p.add_argument("-f", "--stepfactor", type=int, default=4)
-    p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--warmup", "-w", type=int, default=5)
+    # String defaults go through parse_size too, and --help shows them as written.
+    p.add_argument("-b", "--minbytes", type=parse_size, default="8",
+                   help="smallest size in bytes (K, M, G suffixes)")
+    p.add_argument("-e", "--maxbytes", type=parse_size, default="256M",
+                   help="largest size in bytes (K, M, G suffixes)")
+    p.add_argument("-f", "--stepfactor", type=int, default=4,
+                   help="each size is the previous one times this")
+    p.add_argument("--iters", type=int, default=20, help="timed iterations per size")
+    p.add_argument("--warmup", "-w", type=int, default=5,
+                   help="untimed iterations before them")
     p.add_argument("--turn-iters", type=int, default=2, metavar="K",
                    help="driver mode, sizes from 4M: timed iterations a job measures in one turn "
-                        "before the next job takes its turn at the same size (default 2; 0: all "
+                        "before the next job takes its turn at the same size (0: all "
                         "of them; smaller sizes take one turn)")
     p.add_argument("--runs", type=int, default=1,
                    help="driver mode: run the whole sweep (ours and each --compare peer, taking "
                         "turns size by size) N times and report each row's median time over the runs")
     p.add_argument("--check", "-c", action="store_true",
                    help="verify every result exactly; exit non-zero if any value is wrong")
-    p.add_argument("--compare", default="", help=f"peers to run the same sweep: {','.join(PEERS)}")
-    p.add_argument("--csv", default=None, metavar="FILE")
-    p.add_argument("--json", default=None, metavar="FILE")
-    p.add_argument("--plot", default=None, metavar="FILE.png")
+    p.add_argument("--compare", default="",
+                   help=f"peers to run the same sweep, comma-separated: {','.join(PEERS)}")
+    p.add_argument("--csv", default=None, metavar="FILE", help="also write the rows as CSV")
+    p.add_argument("--json", default=None, metavar="FILE", help="also write the rows as JSON")
+    p.add_argument("--plot", default=None, metavar="FILE.png",
+                   help="also plot busbw against size (needs matplotlib)")
     p.add_argument("--tune", nargs="?", const=DEFAULT_TUNE_FILE, default=None, metavar="FILE",
-                   help=f"allreduce: write the table auto reads (default {DEFAULT_TUNE_FILE})")
+                   help=f"allreduce: write the table auto reads (FILE omitted: {DEFAULT_TUNE_FILE})")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                    help="where the buffers live; cuda: each rank on GPU local_rank %% count, "
                         "CUDA IPC between same-host ranks (compared with the device's copy "
@@ -628,11 +655,21 @@ def run_worker(args: argparse.Namespace, backend: Backend) -> int:
         from .turns import TurnGate
 
         gate = TurnGate(args.turns, backend.rank, backend.size)
+    # Each size as soon as it is measured: to the driver, or printed here as it would.
+    shown = None if args.worker_json else LiveRows(len(args.sizes), "", sys.stderr.isatty(),
+                                                   lambda: draw_progress(1, 1, ""))
+
+    def live(rows: list) -> None:
+        if shown is not None:
+            shown.handle("collectives", row_message(rows))
+            return
+        sys.stderr.write(row_message(rows))
+        sys.stderr.flush()
     try:
         rows, notes = sweep(backend, args.coll, args.algos, args.dtype, args.op, args.sizes,
                             args.iters, args.warmup, args.check, args.root,
                             progress=True if args.progress else None, device=device, gate=gate,
-                            turn_iters=args.turn_iters)
+                            turn_iters=args.turn_iters, on_rows=live)
     finally:
         if gate is not None:
             gate.close()
@@ -744,9 +781,11 @@ def drive(args: argparse.Namespace) -> int:
             suffix = "" if args.runs == 1 else f" (run {run + 1}/{args.runs})"
             nsteps = sum(len(turn_rounds(args.iters, args.turn_iters, nbytes))
                          for nbytes in args.sizes)
+            live = LiveRows(len(args.sizes), suffix, show, lambda: draw_progress(1, 1, ""))
             codes = _bench_turns.run_in_turns(
-                jobs, env, nsteps, turn_orders,
-                lambda name, line: _child_stderr(show, name + suffix, line))
+                jobs, env, nsteps, turn_orders,  # rows printed as they come, else progress
+                lambda name, line: live.handle(name, line) or _child_stderr(show, name + suffix,
+                                                                           line))
             got: list[Row] = []
             for name, cmd in jobs:
                 path, code = cmd[-1], codes[name]

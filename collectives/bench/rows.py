@@ -20,10 +20,13 @@ import numpy as np
 
 __all__ = ["ALONE", "Row", "bus_factor", "median_rows", "print_table", "run_ratios",
            "print_comparison", "write_csv", "write_json", "write_plot", "tune_table",
-           "write_tune_file"]
+           "write_tune_file", "ROW_TAG", "live_lines", "row_message", "LiveRows"]
 
 ALONE = "collectives-auto-alone"  # auto timed in a job of its own (driver mode, --compare)
 _ALL_BYTES = 18446744073709551615  # "every size" in a tune file (SIZE_MAX)
+ROW_TAG = "@@collectives-bench-row"  # a worker's stderr line: one size's rows, measured
+# The one number format of every table: times in us to 0.1, bandwidths in GB/s to 0.001.
+TIME_FMT, BW_FMT = ".1f", ".3f"
 
 
 def bus_factor(coll: str, nranks: int) -> float:
@@ -117,10 +120,11 @@ def print_table(rows: Sequence[Row], out: Any = None) -> None:
                     cells += ["-", "-", "-", "-"]
                     continue
                 busbws.append(row.busbw)
-                cells += [f"{row.time_us:.1f}", f"{row.algbw:.3f}", f"{row.busbw:.3f}",
+                cells += [format(row.time_us, TIME_FMT), format(row.algbw, BW_FMT),
+                          format(row.busbw, BW_FMT),
                           "N/A" if row.wrong is None else str(row.wrong)]
             print("".join(f"{c:>{w}}" for c, w in zip(cells, widths)), file=out)
-        avg = f"{sum(busbws) / len(busbws):.3f} GB/s" if busbws else "N/A"
+        avg = f"{format(sum(busbws) / len(busbws), BW_FMT)} GB/s" if busbws else "N/A"
         print(f"# Avg bus bandwidth    : {avg} ({impl})", file=out)
 
 
@@ -161,7 +165,7 @@ def print_comparison(rows: Sequence[Row], out: Any = None,
     print("#" + f"{'size':>10}" + "".join(f"{c:>{w}}" for c, w in zip(cols, widths)), file=out)
     for size in sizes:
         vals = [cell.get((i, size)) for i in ours + peers]
-        text = [_num(v.busbw if v else None, ".4g") for v in vals]
+        text = [_num(v.busbw if v else None, BW_FMT) for v in vals]
         base = cell.get((ref, size))
         for p in peers:
             theirs = cell.get((p, size))
@@ -172,9 +176,78 @@ def print_comparison(rows: Sequence[Row], out: Any = None,
             text.append(f"{min(each):.2f}-{max(each):.2f}x" if each else "-")
         print(f"{size:>11}" + "".join(f"{t:>{w}}" for t, w in zip(text, widths)), file=out)
     small = sizes[0]
-    lat = "  ".join(f"{i} {_num(cell[(i, small)].time_us if (i, small) in cell else None, '.1f')}"
+    lat = "  ".join(f"{i} {_num(cell[(i, small)].time_us if (i, small) in cell else None, TIME_FMT)}"
                     for i in ours + peers)
     print(f"# latency at {small} B (in-place time, us): {lat}", file=out)
+
+
+def live_lines(rows: Sequence[Row], label: str = "") -> list[str]:
+    """A size's rows as soon as they are measured (the tables follow at the end): per
+    implementation, out-of-place and in-place time and busbw, as in the tables."""
+    impls = list(dict.fromkeys(r.impl for r in rows))
+    return [_live_line([r for r in rows if r.impl == impl], label) for impl in impls]
+
+
+def _live_line(rows: Sequence[Row], label: str) -> str:
+    first = rows[0]
+    cells = []
+    for row in sorted(rows, key=lambda r: r.inplace):
+        where = "in-place" if row.inplace else "out-of-place"
+        if row.time_us is None:
+            cells.append(f"{where} -")
+            continue
+        wrong = "" if row.wrong is None else f" #wrong {row.wrong}"
+        cells.append(f"{where} {format(row.time_us, TIME_FMT)} us "
+                     f"busbw {_num(row.busbw, BW_FMT)} GB/s{wrong}")
+    run = f" ({label})" if label else ""
+    return f"# measured {first.impl}{run} {first.size} B: " + ", ".join(cells)
+
+
+def row_message(rows: Sequence[Row]) -> str:
+    """The stderr line by which a worker hands one size's rows to the driver as it goes."""
+    return f"{ROW_TAG} {json.dumps([asdict(r) for r in rows])}\n"
+
+
+class LiveRows:
+    """The driver's side of row_message, for one run (`suffix`, e.g. " (run 2/3)"): prints
+    each measured size at once on stdout and, when stderr is not a terminal (no progress
+    bar there), one progress line on stderr per size and job."""
+
+    def __init__(self, nsizes: int, suffix: str, bar_shown: bool, erase_bar: Any = None) -> None:
+        self.nsizes = nsizes
+        self.suffix = suffix
+        self.bar_shown = bar_shown
+        self.erase_bar = erase_bar
+        self.sizes: dict[str, set] = {}
+        self.started = time.monotonic()
+        self.closed = False  # stdout went away (| head): the run goes on, silently
+
+    def handle(self, job: str, line: str) -> bool:
+        """Print the rows of job's row_message line; False for any other line."""
+        at = line.find(ROW_TAG)
+        if at < 0:
+            return False
+        rows = [Row(**r) for r in json.loads(line[at + len(ROW_TAG):])]
+        if job == ALONE:
+            rows = [replace(r, impl=ALONE) for r in rows]
+        try:
+            if self.bar_shown and self.erase_bar is not None:
+                self.erase_bar()
+            if not self.closed:
+                print("\n".join(live_lines(rows, self.suffix.strip(" ()"))), flush=True)
+        except OSError:  # a closed pipe must not stop the reader that drains the job
+            self.closed = True
+        try:
+            if not self.bar_shown:
+                done = self.sizes.setdefault(job, set())
+                done.add(rows[0].size)
+                sys.stderr.write(f"collectives-bench: {job}{self.suffix}: {len(done)}/"
+                                 f"{self.nsizes} sizes measured "
+                                 f"({time.monotonic() - self.started:.1f} s)\n")
+                sys.stderr.flush()
+        except OSError:
+            pass
+        return True
 
 
 def write_csv(rows: Sequence[Row], path: str) -> None:

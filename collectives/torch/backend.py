@@ -386,7 +386,7 @@ class ProcessGroupCollectives(dist.ProcessGroup):
 def _communicator(store: Any, rank: int, size: int, timeout: timedelta) -> tuple[Any, bool]:
     """(core communicator, owned): the collectives world if it is this group, else via the store."""
     import collectives
-    from collectives import _env, _world
+    from collectives import _env, _world, config
     from collectives._core import Communicator
 
     if _world.is_initialized() or os.environ.get("COLLECTIVES_STORE_ADDR") or \
@@ -394,8 +394,7 @@ def _communicator(store: Any, rank: int, size: int, timeout: timedelta) -> tuple
         world = collectives.init()
         if world.rank == rank and world.size == size:
             return world._core, False
-    _env.check_size_vars()
-    _world.check_host_policy()
+    config.check_env()
     if size == 1:
         return Communicator(0, 1), True
     if rank == 0:

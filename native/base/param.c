@@ -7,68 +7,90 @@
 
 #include "coll.h"
 
+/* `allowed` is both the README's "allowed" column and the rule that
+ * collectives.config.check_env applies to the variable before the rendezvous;
+ * its small grammar ("one of: a, b", "list of: ...", "seconds > 0",
+ * "[power-of-two ]bytes[ > 0][, LO to HI][, or auto]", "microseconds >= 0",
+ * "integer >= N", "host:port", free text starting with "a "/"an ") is
+ * parsed there, and a test fails on any entry it cannot parse. */
 typedef struct {
   const char *name;
   const char *def;
   const char *desc;
+  const char *allowed;
 } coll_param_decl_t;
 
 static const coll_param_decl_t params[COLL_NUM_PARAMS] = {
     [COLL_PARAM_TIMEOUT] = {"COLLECTIVES_TIMEOUT", "300",
-                            "seconds a collective waits on a peer before failing"},
+                            "seconds a collective waits on a peer before failing", "seconds > 0"},
     [COLL_PARAM_SEGMENT_BYTES] = {"COLLECTIVES_SEGMENT_BYTES", "auto",
                                   "pipelining segment size of ring, tree and chain schedules (auto: "
                                   "512K, or 1M when the host runs more ranks than cores and a peer "
-                                  "is reached over TCP)"},
+                                  "is reached over TCP)", "bytes > 0, or auto"},
     [COLL_PARAM_SOCKET_BUFFER] = {"COLLECTIVES_SOCKET_BUFFER", "auto",
                                   "SO_SNDBUF/SO_RCVBUF of each TCP link (0: kernel autotuning; "
                                   "auto: 4M, or autotuning when the host runs more ranks than "
-                                  "cores)"},
+                                  "cores)", "bytes, or auto"},
     [COLL_PARAM_ALGO] = {"COLLECTIVES_ALGO", "",
-                         "force an allreduce algorithm: ring, tree, butterfly (overrides auto)"},
+                         "force an allreduce algorithm: ring, tree, butterfly (overrides auto)",
+                         "one of: ring, tree, butterfly, auto"},
     [COLL_PARAM_TUNE_FILE] = {"COLLECTIVES_TUNE_FILE", "",
-                              "table written by collectives-bench --tune that auto reads"},
-    [COLL_PARAM_DEBUG] = {"COLLECTIVES_DEBUG", "WARN", "log level: NONE, WARN or INFO"},
+                              "table written by collectives-bench --tune that auto reads",
+                              "a file path"},
+    [COLL_PARAM_DEBUG] = {"COLLECTIVES_DEBUG", "WARN", "log level: NONE, WARN or INFO",
+                          "one of: NONE, OFF, WARN, INFO, TRACE"},
     [COLL_PARAM_DEBUG_SUBSYS] = {"COLLECTIVES_DEBUG_SUBSYS", "ALL",
-                                 "INFO subsystems: INIT,NET,COLL,TUNE,CUDA or ALL"},
+                                 "INFO subsystems: INIT,NET,COLL,TUNE,CUDA or ALL",
+                                 "list of: INIT, NET, COLL, TUNE, CUDA, ALL"},
     [COLL_PARAM_IFNAME] = {"COLLECTIVES_IFNAME", "",
-                           "network interface whose address the ranks advertise (like NCCL_SOCKET_IFNAME)"},
+                           "network interface whose address the ranks advertise (like NCCL_SOCKET_IFNAME)",
+                           "an interface name"},
     [COLL_PARAM_STORE_ADDR] = {"COLLECTIVES_STORE_ADDR", "",
-                               "host:port of the rendezvous store hosted by rank 0"},
+                               "host:port of the rendezvous store hosted by rank 0", "host:port"},
     [COLL_PARAM_TRANSPORT] = {"COLLECTIVES_TRANSPORT", "",
-                              "force one transport for every peer: tcp or shm (same-host peers)"},
+                              "force one transport for every peer: tcp or shm (same-host peers)",
+                              "one of: tcp, shm"},
     [COLL_PARAM_SHM_BYTES] = {"COLLECTIVES_SHM_BYTES", "4M",
-                              "ring size per direction of a shared-memory link (a power of two)"},
+                              "ring size per direction of a shared-memory link (a power of two)",
+                              "power-of-two bytes, 64K to 1G"},
     [COLL_PARAM_SPIN_US] = {"COLLECTIVES_SPIN_US", "auto",
                             "microseconds a waiting rank keeps checking before it sleeps in poll() "
                             "(auto: 100); it yields its core between checks when the host runs more "
-                            "ranks than cores"},
+                            "ranks than cores", "microseconds >= 0, or auto"},
     [COLL_PARAM_BIND] = {"COLLECTIVES_BIND", "auto",
                          "pin each rank to one CPU of its affinity mask, local rank i to the i-th: "
-                         "auto when the host runs more ranks than CPUs, core always, none never"},
-    [COLL_PARAM_RANK] = {"COLLECTIVES_RANK", "", "this process's rank (set by collectives-run)"},
-    [COLL_PARAM_SIZE] = {"COLLECTIVES_SIZE", "", "number of ranks (set by collectives-run)"},
+                         "auto when the host runs more ranks than CPUs, core always, none never",
+                         "one of: auto, core, none"},
+    [COLL_PARAM_RANK] = {"COLLECTIVES_RANK", "", "this process's rank (set by collectives-run)",
+                         "integer >= 0"},
+    [COLL_PARAM_SIZE] = {"COLLECTIVES_SIZE", "", "number of ranks (set by collectives-run)",
+                         "integer >= 1"},
     [COLL_PARAM_LOCAL_RANK] = {"COLLECTIVES_LOCAL_RANK", "",
-                               "rank among this host's processes (set by collectives-run)"},
+                               "rank among this host's processes (set by collectives-run)",
+                               "integer >= 0"},
     [COLL_PARAM_LOCAL_SIZE] = {"COLLECTIVES_LOCAL_SIZE", "",
-                               "processes on this host (set by collectives-run)"},
+                               "processes on this host (set by collectives-run)", "integer >= 1"},
     [COLL_PARAM_START_TIMEOUT] = {"COLLECTIVES_START_TIMEOUT", "",
-                                  "seconds to wait for every rank at start-up (default: COLLECTIVES_TIMEOUT)"},
+                                  "seconds to wait for every rank at start-up (default: COLLECTIVES_TIMEOUT)",
+                                  "seconds > 0"},
     [COLL_PARAM_FUSION_THRESHOLD] = {"COLLECTIVES_FUSION_THRESHOLD", "128M",
-                                     "collectives.torch: bytes per gradient fusion buffer (0: no fusion)"},
+                                     "collectives.torch: bytes per gradient fusion buffer (0: no fusion)",
+                                     "bytes"},
     [COLL_PARAM_CACHE_DIR] = {"COLLECTIVES_CACHE_DIR", "~/.cache/collectives",
-                              "collectives.jax: where the FFI handler compiled on first use is kept"},
+                              "collectives.jax: where the FFI handler compiled on first use is kept",
+                              "a directory path"},
     [COLL_PARAM_CUDA] = {"COLLECTIVES_CUDA", "auto",
                          "build time: 1 builds the CUDA parts (fails without nvcc), 0 skips them, "
-                         "auto builds them when nvcc is found"},
+                         "auto builds them when nvcc is found", "one of: auto, 0, 1"},
     [COLL_PARAM_CUDA_IPC] = {"COLLECTIVES_CUDA_IPC", "1",
                              "GPU buffers of same-host ranks: 1 reads peers' memory over CUDA IPC, "
-                             "0 stages through pinned host memory"},
+                             "0 stages through pinned host memory", "one of: 0, 1"},
     [COLL_PARAM_CUDA_SEGMENT_BYTES] = {"COLLECTIVES_CUDA_SEGMENT_BYTES", "4M",
-                                       "pipelining segment size of collectives on GPU buffers"},
+                                       "pipelining segment size of collectives on GPU buffers",
+                                       "bytes > 0"},
     [COLL_PARAM_CUDA_FAKE] = {"COLLECTIVES_CUDA_FAKE", "0",
                               "tests only: 1 emulates one GPU in host memory, so that the GPU code "
-                              "paths run on machines without one"},
+                              "paths run on machines without one", "one of: 0, 1"},
 };
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
@@ -103,4 +125,7 @@ const char *coll_param_name(int i) { return (i >= 0 && i < COLL_NUM_PARAMS) ? pa
 const char *coll_param_default(int i) { return (i >= 0 && i < COLL_NUM_PARAMS) ? params[i].def : NULL; }
 const char *coll_param_description(int i) {
   return (i >= 0 && i < COLL_NUM_PARAMS) ? params[i].desc : NULL;
+}
+const char *coll_param_allowed(int i) {
+  return (i >= 0 && i < COLL_NUM_PARAMS) ? params[i].allowed : NULL;
 }

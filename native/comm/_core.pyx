@@ -667,11 +667,11 @@ def tune_choose(int size, size_t nbytes) -> str:
 
 
 def params() -> list:
-    """The declared tunables: (name, default, description) for each."""
+    """The declared tunables: (name, default, description, allowed values) for each."""
     out = []
     for i in range(coll_param_count()):
         out.append((coll_param_name(i).decode(), coll_param_default(i).decode(),
-                    coll_param_description(i).decode()))
+                    coll_param_description(i).decode(), coll_param_allowed(i).decode()))
     return out
 
 

@@ -177,10 +177,11 @@ cdef int _gpu_view(_View v, obj, str name, bint writable, object dtype) except -
             raise ValueError(f"{name} is read-only")
         strides = cai.get("strides")
         if not _c_contiguous(shape, strides, itemsize):
-            raise ValueError(f"{name} is not C-contiguous")
+            raise not_contiguous(name)
         if cai.get("mask") is not None:
             raise TypeError(f"{name} is a masked array")
         code = _CAI_TYPES.get((typestr[1], itemsize), -1)
+        kind = typestr
         v.ptr = <void *><uintptr_t>(ptr or 0)
         stream = cai.get("stream") if int(cai.get("version", 0)) >= 3 else None
         # 1 and 2 are the legacy and per-thread default streams, which the
@@ -210,8 +211,9 @@ cdef int _gpu_view(_View v, obj, str name, bint writable, object dtype) except -
         if mt.dl_tensor.strides != NULL:
             strides = tuple(mt.dl_tensor.strides[i] * itemsize for i in range(mt.dl_tensor.ndim))
         if not _c_contiguous(shape, strides, itemsize):
-            raise ValueError(f"{name} is not C-contiguous")
+            raise not_contiguous(name)
         code = _DL_TYPES.get((mt.dl_tensor.dtype.code, mt.dl_tensor.dtype.bits), -1)
+        kind = (mt.dl_tensor.dtype.code, mt.dl_tensor.dtype.bits)
         v.ptr = <void *>(<char *>mt.dl_tensor.data + mt.dl_tensor.byte_offset)
         v.stream = 0
         # The capsule stays ours (not renamed "used_dltensor"): when the view
@@ -227,14 +229,76 @@ cdef int _gpu_view(_View v, obj, str name, bint writable, object dtype) except -
             raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(DTYPES)}")
         code = DTYPES[dtype]
     elif code < 0:
-        raise TypeError(f"{name} has an unsupported element type (itemsize {itemsize}); "
-                        f"supported: {', '.join(DTYPES)}")
+        raise unsupported_dtype(name, _gpu_dtype_name(obj, kind))
     v.dtype = code
     cdef size_t esize = coll_dtype_size(<coll_dtype_t>code)
     if v.nbytes % esize:
         raise ValueError(f"{name} has {v.nbytes} bytes, not a whole number of {dtype or 'elements'}")
     v.count = v.nbytes // esize
     return 0
+
+
+# What a buffer argument may be, in the words of the error messages.
+EXPECTED_BUFFER = ("a numpy array, a torch tensor, or any object with the buffer protocol, "
+                   "__dlpack__ or __cuda_array_interface__ (CuPy, JAX)")
+
+
+def not_a_buffer(str name, obj):
+    """The TypeError for an argument that is no buffer at all (a list, a number, None)."""
+    what = type(obj).__name__
+    hint = ""
+    if isinstance(obj, (list, tuple, int, float, complex)):
+        hint = f"; convert a Python {what} with numpy.asarray(...)"
+    return TypeError(f"{name} must be {EXPECTED_BUFFER}, not {what}{hint}")
+
+
+def not_contiguous(str name):
+    """The ValueError for a strided view (a transpose, a slice with a step)."""
+    return ValueError(f"{name} is not contiguous in memory (a transposed or strided view): "
+                      f"pass tensor.contiguous() for a torch tensor, "
+                      f"numpy.ascontiguousarray(a) for a numpy array")
+
+
+def unsupported_dtype(str name, str dtype_name):
+    """The TypeError for an element type the core has no kernel for."""
+    return TypeError(f"{name} has element type {dtype_name}, which collectives does not "
+                     f"support; supported: {', '.join(DTYPES)}")
+
+
+cdef str _format_dtype_name(target, const char *fmt, Py_ssize_t itemsize):
+    """A numpy-style name ("int16", "complex64") for a buffer's element type;
+    the format code itself only when numpy cannot name it either."""
+    name = getattr(getattr(target, "dtype", None), "name", None)
+    if isinstance(name, str):
+        return name
+    text = fmt.decode("ascii", "replace") if fmt != NULL else "B"
+    try:
+        import numpy
+        return numpy.asarray(memoryview(target)).dtype.name
+    except Exception:
+        return f"format {text!r} ({itemsize} bytes)"
+
+
+# DLPack type codes, for naming an unsupported element type.
+_DL_KINDS = {0: "int", 1: "uint", 2: "float", 4: "bfloat", 5: "complex", 6: "bool"}
+
+
+cdef str _gpu_dtype_name(obj, kind):
+    """A GPU object's element type in its framework's words ("torch.int16" -> int16), else
+    numpy's name of its __cuda_array_interface__ typestr or of its DLPack (code, bits)."""
+    dt = getattr(obj, "dtype", None)
+    if dt is not None:
+        return str(dt).replace("torch.", "")
+    if isinstance(kind, str):
+        try:
+            import numpy
+            return numpy.dtype(kind).name
+        except Exception:
+            return f"typestr {kind!r}"
+    code, bits = kind
+    if code == 6:
+        return "bool"
+    return f"{_DL_KINDS.get(code, f'DLPack type code {code} of ')}{bits}"
 
 
 cdef int _ndarray_dtype(cnp.ndarray arr) noexcept:
@@ -253,7 +317,7 @@ cdef int _ndarray_dtype(cnp.ndarray arr) noexcept:
 cdef _View as_view(obj, str name, bint writable, object dtype):
     """Resolve obj into a contiguous view; `name` is used in messages."""
     if obj is None:
-        raise TypeError(f"{name} is None")
+        raise not_a_buffer(name, obj)
     cdef _View v = _View()
     v.device = -1
     cdef cnp.ndarray arr
@@ -286,12 +350,12 @@ cdef _View as_view(obj, str name, bint writable, object dtype):
         try:
             PyObject_GetBuffer(target, &v.buf, flags)
             break
-        except BufferError as exc:
+        except (BufferError, ValueError) as exc:  # numpy says ValueError
             text = str(exc)
             if writable and ("writ" in text or "read-only" in text or "readonly" in text):
                 raise ValueError(f"{name} is read-only") from None
             if "contiguous" in text:
-                raise ValueError(f"{name} is not C-contiguous") from None
+                raise not_contiguous(name) from None
             raise TypeError(f"{name}: {text}") from None
         except TypeError:
             if attempt == 0 and hasattr(obj, "__dlpack__"):
@@ -302,7 +366,7 @@ cdef _View as_view(obj, str name, bint writable, object dtype):
                     raise TypeError(f"{name}: cannot view {type(obj).__name__} as host memory: "
                                     f"{exc}") from None
                 continue
-            raise TypeError(f"{name} ({type(obj).__name__}) does not expose a buffer") from None
+            raise not_a_buffer(name, obj) from None
     v.held = True
     v.owner = target
     v.ptr = v.buf.buf
@@ -315,9 +379,7 @@ cdef _View as_view(obj, str name, bint writable, object dtype):
     else:
         code = format_dtype(v.buf.format, v.buf.itemsize)
         if code < 0:
-            fmt = v.buf.format.decode("ascii", "replace")
-            raise TypeError(f"{name} has unsupported element type {fmt!r} "
-                            f"(itemsize {v.buf.itemsize}); supported: {', '.join(DTYPES)}")
+            raise unsupported_dtype(name, _format_dtype_name(target, v.buf.format, v.buf.itemsize))
     v.dtype = code
     cdef size_t esize = coll_dtype_size(<coll_dtype_t>code)
     if v.nbytes % esize:

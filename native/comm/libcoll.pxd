@@ -113,6 +113,7 @@ cdef extern from "coll.h" nogil:
     const char *coll_param_name(int i)
     const char *coll_param_default(int i)
     const char *coll_param_description(int i)
+    const char *coll_param_allowed(int i)
 
 cdef extern from "algorithms/pattern.h" nogil:
     void coll_split(size_t count, int parts, int i, size_t *off, size_t *len)

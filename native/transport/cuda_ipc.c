@@ -32,6 +32,7 @@
 #include "transport/cuda_ipc.h"
 
 #include <string.h>
+#include <strings.h>
 
 #include "base/comm.h"
 #include "cuda/cuda.h"
@@ -41,7 +42,7 @@
 int coll_cuda_ipc_usable(coll_comm_t *comm, int peer) {
   if (coll_param_int(COLL_PARAM_CUDA_IPC) == 0) return 0;
   const char *forced = coll_param_str(COLL_PARAM_TRANSPORT);
-  if (forced && strcmp(forced, "tcp") == 0) return 0;
+  if (forced && strcasecmp(forced, "tcp") == 0) return 0;
   const char *a = comm->peers[comm->rank].host_id, *b = comm->peers[peer].host_id;
   return a[0] && strcmp(a, b) == 0;
 }

@@ -1,0 +1,125 @@
+"""Every COLLECTIVES_* variable is checked the same way, from its one declaration.
+
+native/param.c declares each tunable's allowed values; collectives.config
+turns that text into a check that init() and collectives-run apply before any
+connection, raising ValueError with the variable's name and what it allows.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from collectives import config
+
+
+def _allowed(name: str) -> str:
+    return next(a for n, _, _, a in config.params() if n == name)
+
+
+def test_every_declaration_has_a_readable_rule_that_its_default_meets() -> None:
+    decls = config.params()
+    assert len(decls) >= 24 and all(len(d) == 4 for d in decls)
+    for name, default, desc, allowed in decls:
+        assert allowed, f"{name} declares no allowed values"
+        check = config.checker(allowed)  # raises for text outside the grammar
+        if default and not default.startswith("~"):
+            check(name, default)
+
+
+def test_a_rule_outside_the_grammar_is_refused() -> None:
+    with pytest.raises(ValueError, match="cannot read the allowed values"):
+        config.checker("anything goes")
+
+
+@pytest.mark.parametrize("name,text", [
+    ("COLLECTIVES_TRANSPORT", "infiniband"),
+    ("COLLECTIVES_DEBUG", "verbose"),
+    ("COLLECTIVES_DEBUG_SUBSYS", "INIT,FOO"),
+    ("COLLECTIVES_ALGO", "rign"),
+    ("COLLECTIVES_BIND", "socket"),
+    ("COLLECTIVES_CUDA_IPC", "yes"),
+    ("COLLECTIVES_SHM_BYTES", "3M"),         # not a power of two
+    ("COLLECTIVES_SHM_BYTES", "32K"),        # below the core's smallest ring
+    ("COLLECTIVES_SHM_BYTES", "2G"),         # above its largest
+    ("COLLECTIVES_SEGMENT_BYTES", "0"),
+    ("COLLECTIVES_SEGMENT_BYTES", "4 M"),
+    ("COLLECTIVES_CUDA_SEGMENT_BYTES", "1.5M"),
+    ("COLLECTIVES_TIMEOUT", "0"),
+    ("COLLECTIVES_TIMEOUT", "-5"),
+    ("COLLECTIVES_TIMEOUT", "inf"),
+    ("COLLECTIVES_TIMEOUT", "nan"),
+    ("COLLECTIVES_TIMEOUT", "abc"),
+    ("COLLECTIVES_START_TIMEOUT", "0"),
+    ("COLLECTIVES_SPIN_US", "-1"),
+    ("COLLECTIVES_STORE_ADDR", "nohost"),
+    ("COLLECTIVES_SIZE", "0"),
+])
+def test_a_value_outside_the_declaration_names_the_variable(name, text) -> None:
+    with pytest.raises(ValueError) as info:
+        config.check_env({name: text})
+    message = str(info.value)
+    assert message.startswith(name), message
+    if name != "COLLECTIVES_STORE_ADDR":  # parse_addr says what an address looks like
+        allowed = _allowed(name)
+        items = allowed.split(": ", 1)[-1].split(", ")
+        assert allowed in message or all(i in message for i in items), message
+
+
+@pytest.mark.parametrize("name,text", [
+    ("COLLECTIVES_TRANSPORT", "TCP"), ("COLLECTIVES_TRANSPORT", "shm"),
+    ("COLLECTIVES_DEBUG", "info"), ("COLLECTIVES_DEBUG", "TRACE"),
+    ("COLLECTIVES_DEBUG_SUBSYS", "init,NET"), ("COLLECTIVES_ALGO", "auto"),
+    ("COLLECTIVES_SHM_BYTES", "1M"), ("COLLECTIVES_SHM_BYTES", "64K"),
+    ("COLLECTIVES_SHM_BYTES", "1G"), ("COLLECTIVES_SEGMENT_BYTES", "AUTO"),
+    ("COLLECTIVES_SOCKET_BUFFER", "0"), ("COLLECTIVES_FUSION_THRESHOLD", "0"),
+    ("COLLECTIVES_TIMEOUT", "0.5"), ("COLLECTIVES_SPIN_US", "0"),
+    ("COLLECTIVES_SPIN_US", "auto"), ("COLLECTIVES_STORE_ADDR", "[::1]:29500"),
+    ("COLLECTIVES_TUNE_FILE", "/no/such/file"), ("COLLECTIVES_TIMEOUT", ""),
+])
+def test_values_the_core_reads_pass(name, text) -> None:
+    config.check_env({name: text})
+
+
+def _env(extra: dict) -> dict:
+    from conftest import base_env
+    return base_env(extra)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name,text", [("COLLECTIVES_TRANSPORT", "infiniband"),
+                                       ("COLLECTIVES_TIMEOUT", "0")])
+def test_init_refuses_before_the_rendezvous(name, text) -> None:
+    """Rank 1 of 2 with no store up: without the check it would wait for the store."""
+    from conftest import free_port
+
+    env = _env({"COLLECTIVES_RANK": "1", "COLLECTIVES_SIZE": "2",
+                "COLLECTIVES_STORE_ADDR": f"127.0.0.1:{free_port()}",
+                "COLLECTIVES_START_TIMEOUT": "30", name: text})
+    res = subprocess.run([sys.executable, "-c", "import collectives; collectives.init()"],
+                         env=env, capture_output=True, text=True, timeout=50)
+    assert res.returncode != 0
+    assert f"ValueError: {name}='{text}'" in res.stderr, res.stderr
+    assert _allowed(name).split(": ")[-1].split(", ")[0] in res.stderr.splitlines()[-1]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("args,env,needle", [
+    (["--timeout", "-5"], {}, "--timeout: '-5': must be a number of seconds > 0"),
+    (["--timeout", "0"], {}, "--timeout: '0': must be a number of seconds > 0"),
+    (["--start-timeout", "0"], {}, "--start-timeout: '0': must be a number of seconds > 0"),
+    ([], {"COLLECTIVES_DEBUG": "verbose"}, "COLLECTIVES_DEBUG='verbose' is not one of NONE"),
+    (["-x", "COLLECTIVES_SHM_BYTES=3M"], {}, "COLLECTIVES_SHM_BYTES='3M' (3145728 bytes) is "
+                                             "not allowed: power-of-two bytes"),
+])
+def test_launcher_refuses_before_starting_any_rank(tmp_path, args, env, needle) -> None:
+    marker = tmp_path / "started"
+    cmd = [sys.executable, "-m", "collectives.run", "-np", "2", *args,
+           sys.executable, "-c", f"open({str(marker)!r}, 'a').write('x')"]
+    res = subprocess.run(cmd, env=_env(env), capture_output=True, text=True, timeout=50,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert res.returncode == 2, (res.returncode, res.stderr)
+    assert needle in res.stderr, res.stderr
+    assert not marker.exists(), "a rank was started"
