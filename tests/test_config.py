@@ -118,8 +118,9 @@ def test_launcher_refuses_before_starting_any_rank(tmp_path, args, env, needle) 
     marker = tmp_path / "started"
     cmd = [sys.executable, "-m", "collectives.run", "-np", "2", *args,
            sys.executable, "-c", f"open({str(marker)!r}, 'a').write('x')"]
+    from conftest import RUN_CWD
     res = subprocess.run(cmd, env=_env(env), capture_output=True, text=True, timeout=50,
-                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                         cwd=RUN_CWD)
     assert res.returncode == 2, (res.returncode, res.stderr)
     assert needle in res.stderr, res.stderr
     assert not marker.exists(), "a rank was started"

@@ -152,7 +152,7 @@ def test_carriage_return_progress_is_forwarded_as_it_comes(tmp_path):
     """)
     proc = subprocess.Popen([sys.executable, "-m", "collectives.run", "-np", "1", sys.executable,
                              "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            env=_env(), cwd=REPO, start_new_session=True)
+                            env=_env(), cwd=RUN_CWD, start_new_session=True)
     try:
         early = _read_until(proc.stderr, b"[0]<stderr>: 10%|#", time.monotonic() + 15)
         assert early == b"[0]<stderr>: 10%|#", early  # forwarded before any newline
