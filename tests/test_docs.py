@@ -10,6 +10,7 @@ pytestmark = pytest.mark.timeout(60)
 MODULES = ["collectives", "collectives.MPI", "collectives._core", "collectives.run",
            "collectives._env", "collectives._store", "collectives.bench", "collectives.bench.driver",
            "collectives.bench.rows", "collectives.bench.turns", "collectives.bench.peers",
+           "collectives.bench.sweep",
            "collectives.config",
            "collectives._world", "collectives._objects"]
 # Adapters: checked where their framework is installed.
