@@ -151,8 +151,9 @@ def host_id() -> str:
 
 def exchange_addresses(core, rank: int, size: int, advertise: str, put, get) -> tuple:
     """Publish where this rank listens, its host id and its CPUs through a store
-    (put(key, bytes), get(key) -> bytes), point core at every peer, and return the ranks'
-    host ids and the union of the CPU masks of the ranks on this rank's host."""
+    (put(key, bytes), get(key) -> bytes), point core at every peer, tell it whether some
+    host of the job runs more ranks than CPUs, and return the ranks' host ids and the
+    union of the CPU masks of the ranks on this rank's host."""
     cpus = ",".join(map(str, process_cpus()))
     put(f"addr/{rank}", f"{advertise}\n{core.port}\n{host_id()}\n{cpus}".encode())
     records = []
@@ -162,8 +163,12 @@ def exchange_addresses(core, rank: int, size: int, advertise: str, put, get) -> 
         core.set_peer_host(peer, peer_host)  # same-host peers may then use shared memory
         records.append((peer_host, peer_cpus))
     hosts = [host for host, _ in records]
-    host_cpus = {int(c) for host, text in records if host == hosts[rank] for c in text.split(",")}
-    return hosts, host_cpus
+    cpus_of: dict = {}
+    for host, text in records:
+        cpus_of.setdefault(host, set()).update(int(c) for c in text.split(","))
+    # From every rank's record, so every rank decides alike (the segment size follows it).
+    core.set_job_oversubscribed(any(hosts.count(h) > len(c) for h, c in cpus_of.items()))
+    return hosts, cpus_of[hosts[rank]]
 
 
 def local_place(hosts: list, rank: int) -> tuple:

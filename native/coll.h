@@ -129,6 +129,13 @@ void coll_comm_set_spin(coll_comm_t *comm, double us);
  * a core is the likely cause), while with a core per rank the fixed buffers
  * took up to 2x less time (2 ranks on 2 cores, 1-8 MiB). */
 void coll_comm_set_oversubscribed(coll_comm_t *comm, int oversubscribed);
+/* Whether some host of the job runs more ranks than it has cores; set
+ * before the first collective, with the same value on every rank (the
+ * rendezvous derives it from what all ranks published). Unlike the host's own
+ * state above, it may change the wire schedule: the automatic segment size
+ * (coll_comm_segment_bytes) follows it, so ranks on a busy host and on an
+ * idle one still cut messages alike. */
+void coll_comm_set_job_oversubscribed(coll_comm_t *comm, int oversubscribed);
 /* Pins every thread of this process to `cpu` (COLLECTIVES_BIND; the policy
  * in collectives/_world.py picks the CPU). With more ranks than cores, the
  * scheduler otherwise tends to put a ring's neighbours on one core, where
@@ -145,8 +152,9 @@ int coll_comm_is_broken(const coll_comm_t *comm);
 /* Number of open links (for tests that check finalize closes everything). */
 int coll_comm_num_links(const coll_comm_t *comm);
 /* The pipelining segment of host-memory schedules: COLLECTIVES_SEGMENT_BYTES,
- * or for "auto" 512 KiB, and 1 MiB when the host is oversubscribed and some
- * peer is reached over TCP. There, 4 ranks on 2 cores took 6-14 % less time
+ * or for "auto" 512 KiB, and 1 MiB when some host of the job is
+ * oversubscribed (coll_comm_set_job_oversubscribed) and some peer is reached
+ * over TCP: both facts every rank sees alike, as the schedule needs. There, 4 ranks on 2 cores took 6-14 % less time
  * at 4-128 MiB with 1 MiB segments (fewer hand-offs between ranks sharing a
  * core), while over shared memory they took 1.4-1.5x longer and with a core
  * per rank 512 KiB was as fast or faster. */

@@ -188,6 +188,11 @@ cdef class Communicator:
         COLLECTIVES_SOCKET_BUFFER=auto its TCP links keep the kernel's buffer autotuning."""
         coll_comm_set_oversubscribed(self._live(), oversubscribed)
 
+    def set_job_oversubscribed(self, bint oversubscribed) -> None:
+        """Whether some host of the job runs more ranks than cores (the same on every rank,
+        before the first collective): the automatic segment size follows it."""
+        coll_comm_set_job_oversubscribed(self._live(), oversubscribed)
+
     def bind_cpu(self, int cpu) -> None:
         """Pin every thread of this process to `cpu` (COLLECTIVES_BIND's policy picks it)."""
         coll_comm_bind_cpu(self._live(), cpu)

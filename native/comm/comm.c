@@ -71,6 +71,10 @@ int coll_comm_port(const coll_comm_t *comm) { return comm->port; }
 
 void coll_comm_set_spin(coll_comm_t *comm, double us) { comm->spin = us > 0 ? us * 1e-6 : 0; }
 
+void coll_comm_set_job_oversubscribed(coll_comm_t *comm, int oversubscribed) {
+  comm->job_oversubscribed = oversubscribed != 0;
+}
+
 void coll_comm_set_oversubscribed(coll_comm_t *comm, int oversubscribed) {
   comm->oversubscribed = oversubscribed != 0;
 }

@@ -611,5 +611,8 @@ out:
  * over TCP). */
 size_t coll_comm_segment_bytes(coll_comm_t *comm) {
   if (comm->segment_bytes) return comm->segment_bytes;
-  return comm->oversubscribed && !coll_links_all_shm(comm) ? (size_t)1 << 20 : (size_t)512 << 10;
+  /* Only facts every rank sees alike: a segment size of the rank's own host
+   * would cut one message differently on a busy host and an idle one. */
+  return comm->job_oversubscribed && !coll_links_all_shm(comm) ? (size_t)1 << 20
+                                                               : (size_t)512 << 10;
 }
