@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from . import _missing
 from ._core import CollectivesError, CommBase as _CommBase, Request as _CoreRequest, count_of
-from ._core import _mpi_register, not_a_buffer
+from ._core import _mpi_register, check_root, not_a_buffer
 from . import _world
 
 __all__ = [
@@ -109,8 +109,15 @@ def _buf(spec: Any, name: str = "buffer") -> tuple[Any, Optional[str]]:
     return spec, None
 
 
+def _no_none(sendbuf: Any) -> None:
+    """mpi4py takes None nowhere as a send buffer; the core reads None as in place."""
+    if sendbuf is None:
+        raise TypeError("sendbuf is None: pass MPI.IN_PLACE for the in-place form")
+
+
 def _pair(sendbuf: Any, recvbuf: Any) -> tuple[Any, Any, Optional[str]]:
     """(sendbuf, or None for IN_PLACE; recvbuf; the datatype both specs agree on, or None)."""
+    _no_none(sendbuf)
     if not isinstance(recvbuf, (list, tuple)) and \
             (sendbuf is IN_PLACE or not isinstance(sendbuf, (list, tuple))):
         return (None if sendbuf is IN_PLACE else sendbuf), recvbuf, None  # plain buffers
@@ -280,6 +287,7 @@ class Comm(_CommBase):
                                   dtype), self)
 
     def _allgatherv_args(self, sendbuf: Any, recvbuf: Any) -> tuple:
+        _no_none(sendbuf)
         rbuf, counts, displs, rtype = _vbuf(recvbuf, self.size)
         sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf, "sendbuf")
         return sbuf, rbuf, counts, displs, _dtype_name(stype, rtype)
@@ -344,11 +352,13 @@ class Comm(_CommBase):
 
     def gather(self, obj: Any, root: int = 0) -> Optional[list]:
         """The list of every rank's obj at root, None elsewhere."""
+        root = check_root(root, self.size)
         objs = self.allgather(obj)
         return objs if self.rank == root else None
 
     def scatter(self, objs: Optional[Sequence[Any]], root: int = 0) -> Any:
         """Rank i gets objs[i] from root."""
+        root = check_root(root, self.size)
         if self.rank == root and (objs is None or len(objs) != self.size):
             raise ValueError(f"scatter needs a sequence of {self.size} objects at the root")
         return self.bcast(list(objs) if self.rank == root else None, root)[self.rank]

@@ -1,8 +1,8 @@
 """Lowercase (pickle-based) collectives over the buffer ones.
 
 Objects are pickled to bytes; sizes travel first as int64 so every rank can
-size its receive buffer, then the bytes go through the core's broadcast or
-allgatherv like any buffer.
+size its receive buffer (with bcast's root, which every rank checks), then
+the bytes go through the core's broadcast or allgatherv like any buffer.
 """
 from __future__ import annotations
 
@@ -11,16 +11,34 @@ from typing import Any
 
 import numpy as np
 
+COLL_REMOTE_ERROR = 4  # coll_result_t: a peer disagreed (native/coll.h)
 
-def bcast(core: Any, obj: Any, root: int) -> Any:
-    """Root's obj on every rank."""
+
+def bcast(core: Any, obj: Any, root: Any) -> Any:
+    """Root's obj on every rank.
+
+    Every rank first learns every rank's root with the size (one small
+    allgather): ranks that disagree on the root would otherwise each send as
+    the root and return their own object, silently. From the same table every
+    rank raises the same error, before any object byte moves, and the
+    communicator stays usable.
+    """
+    from ._core import CollectivesError, check_root
+
+    root = check_root(root, core.size)
     if core.size == 1:
         return pickle.loads(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL))
     data = pickle.dumps(obj, pickle.HIGHEST_PROTOCOL) if core.rank == root else b""
-    length = np.array([len(data)], dtype=np.int64)
-    core.broadcast(length, root)
+    table = np.zeros(2 * core.size, dtype=np.int64)
+    core.allgatherv(np.array([root, len(data)], dtype=np.int64), table, [2] * core.size)
+    roots = [int(r) for r in table[0::2]]
+    if len(set(roots)) > 1:
+        said = ", ".join(f"rank {k}: root {r}" for k, r in enumerate(roots))
+        raise CollectivesError(COLL_REMOTE_ERROR, f"rank {core.rank}: the ranks disagree on the "
+                                                  f"root of bcast ({said})")
+    length = int(table[2 * root + 1])
     buf = np.frombuffer(data, dtype=np.uint8).copy() if core.rank == root else \
-        np.empty(int(length[0]), dtype=np.uint8)
+        np.empty(length, dtype=np.uint8)
     core.broadcast(buf, root)
     return obj if core.rank == root else pickle.loads(buf.tobytes())
 

@@ -481,9 +481,9 @@ def broadcast(x: Any, root: int = 0, *, comm: Any = None) -> Any:
         The same structure holding root's arrays.
     """
     core = _core_of(comm)
-    root = int(root)
-    if not 0 <= root < core.size:
-        raise ValueError(f"root {root} out of range for {core.size} ranks")
+    from ._core import check_root
+
+    root = check_root(root, core.size)
     core, arrays, tree, params = _prepare(x, core)
     params["root"] = root
     return tree.unflatten([broadcast_p.bind(a, **params) for a in arrays])

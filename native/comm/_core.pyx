@@ -11,6 +11,8 @@ from libc.string cimport memset
 
 from libcoll cimport *
 
+import operator
+
 include "errors.pxi"
 include "buffer.pxi"
 
@@ -347,10 +349,9 @@ cdef class Communicator:
             free(cc)
         return r
 
-    cdef object _broadcast_args(self, coll_args_t *a, buf, int root, timeout, dtype, stream):
+    cdef object _broadcast_args(self, coll_args_t *a, buf, root_arg, timeout, dtype, stream):
         self._live()
-        if not (0 <= root < self._size):
-            raise ValueError(f"root {root} out of range for {self._size} ranks")
+        cdef int root = check_root(root_arg, self._size)
         cdef _View v = as_view(buf, "buf", self._rank != root, dtype)
         memset(a, 0, sizeof(coll_args_t))
         a.sendbuf = v.ptr
@@ -362,7 +363,7 @@ cdef class Communicator:
         set_memory(a, stream, v)
         return v
 
-    def broadcast(self, buf, int root=0, timeout=None, dtype=None, stream=None) -> None:
+    def broadcast(self, buf, root=0, timeout=None, dtype=None, stream=None) -> None:
         """Copy root's buf into buf on every rank."""
         cdef coll_args_t a
         v = self._broadcast_args(&a, buf, root, timeout, dtype, stream)
@@ -371,7 +372,7 @@ cdef class Communicator:
             res = coll_broadcast(self.comm, &a)
         CHKERR(res, self.comm)
 
-    def ibroadcast(self, buf, int root=0, timeout=None, dtype=None, stream=None) -> Request:
+    def ibroadcast(self, buf, root=0, timeout=None, dtype=None, stream=None) -> Request:
         """Start a broadcast on the progress thread; returns a Request."""
         cdef coll_args_t a
         cdef Request r = self._request(self._broadcast_args(&a, buf, root, timeout, dtype, stream))
@@ -450,6 +451,22 @@ cdef class Communicator:
 # collectives.MPI's marker for in-place sends and its Op objects' core codes,
 # handed over by that module on import (_mpi_register).
 cdef object _mpi_in_place = object()
+# mpi4py takes None nowhere as a send buffer; the core reads None as in place,
+# so a None from a script would silently turn a call into its in-place form.
+_NONE_SENDBUF = "sendbuf is None: pass MPI.IN_PLACE for the in-place form"
+
+
+def check_root(root, int size, str name="root") -> int:
+    """root as a rank of a size-rank communicator, checked before any byte is sent: an
+    integer (numpy's too; not a float or a string) in [0, size)."""
+    try:
+        r = operator.index(root)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer rank, not {type(root).__name__} "
+                        f"({root!r})") from None
+    if not 0 <= r < size:
+        raise ValueError(f"{name} {r} out of range for {size} ranks")
+    return r
 cdef dict _mpi_ops = {}
 cdef object _mpi_sum = None
 
@@ -493,6 +510,8 @@ cdef class CommBase:
         if core is None:
             raise ValueError("this communicator has no core (make one with collectives.init())")
         cdef coll_args_t a
+        if sendbuf is None:
+            raise TypeError(_NONE_SENDBUF)
         views = core._allreduce_args(&a, None if sendbuf is _mpi_in_place else sendbuf, recvbuf,
                                      code, algorithm, timeout, None, 0, None)
         cdef coll_result_t res
