@@ -99,6 +99,10 @@ outcome("reducescatter", lambda: hvd.reducescatter(torch.ones(n, 2 + (r == 0)), 
 in_step("reducescatter")
 outcome("allgather-trailing", lambda: hvd.allgather(torch.ones(2, 2 + (r == 0))))
 in_step("allgather-trailing")
+outcome("object-root", lambda: hvd.broadcast_object({"from": r}, root_rank=r))
+in_step("object-root")
+outcome("params-bad-root", lambda: hvd.broadcast_parameters({"w": torch.ones(2)}, n + 1 if r == 0 else 0))
+in_step("params-bad-root")
 emit("end")
 '''
 
@@ -108,9 +112,11 @@ EXPECTED = {
     "dtype": "LayoutMismatch", "dtype-after-warmup": "LayoutMismatch", "op": "LayoutMismatch",
     "allreduce-big": "LayoutMismatch", "grouped": "LayoutMismatch", "async": "LayoutMismatch",
     "reducescatter": "LayoutMismatch", "allgather-trailing": "LayoutMismatch",
+    "object-root": "LayoutMismatch",
 }
 LOCAL_ERRORS = {"bad-arg": ("TypeError", lambda n: n - 1), "bad-root": ("ValueError", lambda n: 0),
-                "bad-splits": ("ValueError", lambda n: 0)}
+                "bad-splits": ("ValueError", lambda n: 0),
+                "params-bad-root": ("ValueError", lambda n: 0)}
 
 
 @pytest.mark.timeout(60)

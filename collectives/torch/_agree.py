@@ -5,7 +5,7 @@ per rank (``SLOT`` bytes, so it can never itself disagree). A slot holds:
 
     bytes   0  u32  magic "HVDA"     a slot written by this module
             4  u32  status           OK, or FAILED: this rank raised before the call
-            8  u64  digest           62-bit hash of the full description
+            8  u64  digest           64-bit hash (blake2b) of the full description
            16  i64  nbytes           this rank's payload bytes; -1: not inlined
            24  i64  extra            per-operation number (allgather: this rank's dim 0)
            32       description      what must match, as text (cut to DESC bytes)
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import struct
 import threading
 from typing import Any, Callable, Optional
 
@@ -37,7 +38,7 @@ DESC = 96
 INLINE = SLOT - HEAD - DESC  # 384 bytes: e.g. 96 float32 elements
 MAGIC = 0x41445648  # "HVDA"
 OK, FAILED = 1, 2
-_MASK = (1 << 62) - 1
+_HEAD = struct.Struct("<IIQqq")  # magic, status, digest, nbytes, extra: HEAD bytes
 
 
 class LayoutMismatch(RuntimeError, ValueError):
@@ -46,9 +47,9 @@ class LayoutMismatch(RuntimeError, ValueError):
     communicator stays usable."""
 
 
-def digest(text: str) -> int:
-    """A 62-bit hash of a description (blake2b)."""
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") & _MASK
+def digest(text: bytes) -> int:
+    """A 64-bit hash of a description (blake2b)."""
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
 
 
 class Agreed:
@@ -56,23 +57,22 @@ class Agreed:
 
     Args:
         slots: (size, SLOT) uint8, row r from rank r.
+        heads: per rank, the unpacked head (magic, status, digest, nbytes, extra).
     """
 
-    def __init__(self, slots: np.ndarray) -> None:
+    def __init__(self, slots: np.ndarray, heads: list) -> None:
         self.slots = slots
-        head = slots[:, :HEAD].copy().view(np.int64)  # (size, 4)
-        self.nbytes = head[:, 2]
-        self.extra = head[:, 3]
+        self.nbytes = [h[3] for h in heads]
+        self.extra = [h[4] for h in heads]
 
     @property
     def inline(self) -> bool:
         """True if every rank's payload is in its slot: nothing more to send."""
-        return bool((self.nbytes >= 0).all())
+        return min(self.nbytes) >= 0
 
     def payload(self, rank: int) -> np.ndarray:
         """Rank `rank`'s inlined payload bytes (uint8)."""
-        n = int(self.nbytes[rank])
-        return self.slots[rank, SLOT - INLINE:SLOT - INLINE + n]
+        return self.slots[rank, SLOT - INLINE:SLOT - INLINE + self.nbytes[rank]]
 
 
 def _text(slot: np.ndarray, lo: int, hi: int) -> str:
@@ -93,68 +93,66 @@ class Agreement:
         self.size = size
         self.calls = 0  # exchanges so far (the decorator tells a failure before one apart)
         self.lock = threading.Lock()
+        self._counts = [SLOT] * size
 
-    def _exchange(self, slot: np.ndarray) -> np.ndarray:
-        out = np.zeros(self.size * SLOT, dtype=np.uint8)
+    def _exchange(self, slot: bytearray) -> tuple[np.ndarray, list]:
+        out = np.empty(self.size * SLOT, dtype=np.uint8)
         with self.lock:
             self.calls += 1
-            self.core.allgatherv(slot, out, [SLOT] * self.size)
-        return out.reshape(self.size, SLOT)
+            self.core.allgatherv(np.frombuffer(slot, dtype=np.uint8), out, self._counts)
+        return out.reshape(self.size, SLOT), [_HEAD.unpack_from(out, r * SLOT)
+                                              for r in range(self.size)]
 
     def agree(self, what: str, desc: str, payload: Optional[np.ndarray] = None,
               extra: int = 0) -> Agreed:
         """Exchange slots; raise LayoutMismatch on every rank if any rank's `desc` differs
         or any rank failed. `payload` (bytes as uint8, or None) is inlined if it fits."""
-        slot = np.zeros(SLOT, dtype=np.uint8)
+        slot = bytearray(SLOT)
         nbytes = -1
         if payload is not None and payload.nbytes <= INLINE:
             nbytes = payload.nbytes
-            slot[SLOT - INLINE:SLOT - INLINE + nbytes] = payload.reshape(-1).view(np.uint8)
-        head = np.array([MAGIC | (OK << 32), digest(desc), nbytes, extra], dtype=np.int64)
-        slot[:HEAD] = head.view(np.uint8)
-        d = desc.encode()[:DESC]
-        slot[HEAD:HEAD + len(d)] = np.frombuffer(d, dtype=np.uint8)
-        slots = self._exchange(slot)
-        self._judge(what, slots)
-        return Agreed(slots)
+            slot[SLOT - INLINE:SLOT - INLINE + nbytes] = payload.tobytes()
+        text = desc.encode()
+        _HEAD.pack_into(slot, 0, MAGIC, OK, digest(text), nbytes, extra)
+        slot[HEAD:HEAD + min(len(text), DESC)] = text[:DESC]
+        slots, heads = self._exchange(slot)
+        self._judge(what, slots, heads)
+        return Agreed(slots, heads)
 
     def fail(self, what: str, error: BaseException) -> None:
         """Tell every rank that this rank's call raised `error` before any data moved
         (they raise LayoutMismatch naming it); the caller re-raises `error`."""
-        slot = np.zeros(SLOT, dtype=np.uint8)
-        slot[:HEAD] = np.array([MAGIC | (FAILED << 32), 0, -1, 0], dtype=np.int64).view(np.uint8)
+        slot = bytearray(SLOT)
+        _HEAD.pack_into(slot, 0, MAGIC, FAILED, 0, -1, 0)
         text = f"{type(error).__name__}: {error}".encode()[:SLOT - HEAD]
-        slot[HEAD:HEAD + len(text)] = np.frombuffer(text, dtype=np.uint8)
-        slots = self._exchange(slot)
-        heads = slots[:, :8].copy().view(np.uint32).reshape(self.size, 2)
-        if (heads[:, 0] != MAGIC).any():
-            bad = int(np.nonzero(heads[:, 0] != MAGIC)[0][0])
-            raise LayoutMismatch(f"{what}: rank {bad} sent no agreement slot (collectives "
+        slot[HEAD:HEAD + len(text)] = text
+        _, heads = self._exchange(slot)
+        bad = [r for r in range(self.size) if heads[r][0] != MAGIC]
+        if bad:
+            raise LayoutMismatch(f"{what}: rank {bad[0]} sent no agreement slot (collectives "
                                  "called in a different order?)") from error
 
-    def _judge(self, what: str, slots: np.ndarray) -> None:
-        heads = slots[:, :16].copy().view(np.uint64).reshape(self.size, 2)
-        magic = heads[:, 0] & 0xFFFFFFFF
-        status = heads[:, 0] >> 32
-        if (magic != MAGIC).any():
-            bad = int(np.nonzero(magic != MAGIC)[0][0])
-            raise LayoutMismatch(f"{what}: rank {bad} sent no agreement slot (collectives "
+    def _judge(self, what: str, slots: np.ndarray, heads: list) -> None:
+        first = heads[0]
+        if all(h[0] == MAGIC and h[1] == OK and h[2] == first[2] for h in heads):
+            return
+        bad = [r for r in range(self.size) if heads[r][0] != MAGIC]
+        if bad:
+            raise LayoutMismatch(f"{what}: rank {bad[0]} sent no agreement slot (collectives "
                                  "called in a different order?)")
-        failed = [r for r in range(self.size) if status[r] == FAILED]
+        failed = [r for r in range(self.size) if heads[r][1] == FAILED]
         if failed:
             k = failed[0]
             raise LayoutMismatch(f"{what}: rank {k} raised before the collective, so no rank "
                                  f"ran it ({_text(slots[k], HEAD, SLOT)})")
-        digests = heads[:, 1]
-        differ = [r for r in range(self.size) if digests[r] != digests[0]]
-        if differ:
-            k = differ[0]
-            raise LayoutMismatch(
-                f"{what}: ranks passed different arguments, so no rank ran it: rank 0 has "
-                f"{_text(slots[0], HEAD, HEAD + DESC)}; rank {k} has "
-                f"{_text(slots[k], HEAD, HEAD + DESC)}"
-                + (f" (ranks {', '.join(map(str, differ))} differ from rank 0)"
-                   if len(differ) > 1 else ""))
+        differ = [r for r in range(self.size) if heads[r][2] != first[2]]
+        k = differ[0]
+        raise LayoutMismatch(
+            f"{what}: ranks passed different arguments, so no rank ran it: rank 0 has "
+            f"{_text(slots[0], HEAD, HEAD + DESC)}; rank {k} has "
+            f"{_text(slots[k], HEAD, HEAD + DESC)}"
+            + (f" (ranks {', '.join(map(str, differ))} differ from rank 0)"
+               if len(differ) > 1 else ""))
 
 
 def inline_bytes(buf: Any) -> Optional[np.ndarray]:
