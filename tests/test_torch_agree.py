@@ -103,6 +103,10 @@ outcome("object-root", lambda: hvd.broadcast_object({"from": r}, root_rank=r))
 in_step("object-root")
 outcome("params-bad-root", lambda: hvd.broadcast_parameters({"w": torch.ones(2)}, n + 1 if r == 0 else 0))
 in_step("params-bad-root")
+outcome("barrier-vs-allreduce", lambda: hvd.barrier() if r == 0 else hvd.allreduce(torch.ones(2)))
+in_step("barrier-vs-allreduce")
+outcome("join-vs-broadcast", lambda: hvd.join() if r == n - 1 else hvd.broadcast(torch.ones(2000), 0))
+in_step("join-vs-broadcast")
 emit("end")
 '''
 
@@ -112,7 +116,8 @@ EXPECTED = {
     "dtype": "LayoutMismatch", "dtype-after-warmup": "LayoutMismatch", "op": "LayoutMismatch",
     "allreduce-big": "LayoutMismatch", "grouped": "LayoutMismatch", "async": "LayoutMismatch",
     "reducescatter": "LayoutMismatch", "allgather-trailing": "LayoutMismatch",
-    "object-root": "LayoutMismatch",
+    "object-root": "LayoutMismatch", "barrier-vs-allreduce": "LayoutMismatch",
+    "join-vs-broadcast": "LayoutMismatch",
 }
 LOCAL_ERRORS = {"bad-arg": ("TypeError", lambda n: n - 1), "bad-root": ("ValueError", lambda n: 0),
                 "bad-splits": ("ValueError", lambda n: 0),

@@ -13,7 +13,8 @@ per rank (``SLOT`` bytes, so it can never itself disagree). A slot holds:
 
 Every rank sees the same slots, so every rank decides the same way: all go
 on, or all raise (``LayoutMismatch`` naming the ranks that differ, or, on the
-ranks that did not fail, naming the rank that raised and its error). Nothing
+ranks that did not fail, naming the rank that raised and its error), with the
+same message on every rank (a rank's own traceback says which call). Nothing
 was sent but the slots, so the communicator stays usable after either.
 
 Small operations are finished from the slots alone (allreduce reduces the
@@ -124,7 +125,7 @@ class Agreement:
         (they raise LayoutMismatch naming it); the caller re-raises `error`."""
         slot = bytearray(SLOT)
         _HEAD.pack_into(slot, 0, MAGIC, FAILED, 0, -1, 0)
-        text = f"{type(error).__name__}: {error}".encode()[:SLOT - HEAD]
+        text = f"{what}: {type(error).__name__}: {error}".encode()[:SLOT - HEAD]
         slot[HEAD:HEAD + len(text)] = text
         _, heads = self._exchange(slot)
         bad = [r for r in range(self.size) if heads[r][0] != MAGIC]
@@ -143,12 +144,12 @@ class Agreement:
         failed = [r for r in range(self.size) if heads[r][1] == FAILED]
         if failed:
             k = failed[0]
-            raise LayoutMismatch(f"{what}: rank {k} raised before the collective, so no rank "
-                                 f"ran it ({_text(slots[k], HEAD, SLOT)})")
+            raise LayoutMismatch(f"rank {k} raised before the collective, so no rank ran it "
+                                 f"({_text(slots[k], HEAD, SLOT)})")
         differ = [r for r in range(self.size) if heads[r][2] != first[2]]
         k = differ[0]
         raise LayoutMismatch(
-            f"{what}: ranks passed different arguments, so no rank ran it: rank 0 has "
+            "ranks passed different arguments to one call, so no rank ran it: rank 0 has "
             f"{_text(slots[0], HEAD, HEAD + DESC)}; rank {k} has "
             f"{_text(slots[k], HEAD, HEAD + DESC)}"
             + (f" (ranks {', '.join(map(str, differ))} differ from rank 0)"

@@ -756,10 +756,13 @@ def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None,
 
 # ------------------------------------------------------------ barrier, join
 
+@_symmetric("barrier")
 def barrier(process_set: Any = None) -> None:
     """Return once every rank has called barrier (queued allreduces finish first)."""
     _check_process_set(process_set)
-    current().core.barrier()
+    ctx = current()
+    if ctx.size > 1:  # the agreement's allgather is a barrier that also catches a rank elsewhere
+        ctx.check_now("barrier", "barrier")
 
 
 def join(device: int = -1) -> int:
@@ -779,8 +782,6 @@ def join(device: int = -1) -> int:
     ctx = current()
     if ctx.size == 1:
         return 0
-    stamp = np.array([time.time()], dtype=np.float64)
-    stamps = np.zeros(ctx.size, dtype=np.float64)
-    ctx.core.allgatherv(stamp, stamps, [1] * ctx.size)
+    stamps = ctx.agreement.agree("join", "join", extra=time.time_ns()).extra
     return int(np.argmax(stamps))
 
