@@ -256,3 +256,72 @@ def test_random_sequences_right_everywhere_or_raise_everywhere(n, seed):
         assert all((x == "ok") == (want == "ok") for x in results), \
             (step, want, [script[k][step] for k in range(n)])
     assert 5 <= sum(injected.values()) <= steps - 20  # the seed mixes both kinds
+
+
+HOROVOD_STYLE_TESTS = r'''
+import pytest
+import torch
+import collectives.torch as hvd
+
+def setup_module():
+    hvd.init()
+
+def test_allreduce_error():  # Horovod's: shapes differ by rank; every rank must raise
+    r = hvd.rank()
+    with pytest.raises(RuntimeError):
+        hvd.allreduce(torch.ones(17 + r, 17))
+
+def test_allreduce_type_error():
+    t = torch.ones(17, dtype=torch.int32 if hvd.rank() % 2 == 0 else torch.float32)
+    with pytest.raises(RuntimeError):
+        hvd.allreduce(t)
+
+def test_broadcast_rank_error():
+    with pytest.raises(RuntimeError):
+        hvd.broadcast(torch.ones(17), hvd.rank())
+
+def test_bad_argument_on_one_rank():  # fails on the last rank only, as a buggy test does
+    t = torch.ones(3, dtype=torch.complex64) if hvd.rank() == hvd.size() - 1 else torch.ones(3)
+    hvd.allreduce(t)
+
+def test_after_one_failed_test():
+    n = hvd.size()
+    assert torch.equal(hvd.allreduce(torch.ones(5), op=hvd.Sum), torch.full((5,), float(n)))
+    assert hvd.allgather(torch.ones(1, 2) * hvd.rank()).shape == (n, 2)
+    hvd.barrier()
+
+def test_grouped_after():
+    out = hvd.grouped_allreduce([torch.ones(300), torch.ones(2)], op=hvd.Sum)
+    assert torch.equal(out[0], torch.full((300,), float(hvd.size())))
+'''
+
+PYTEST_RUNNER = r'''
+import os
+import sys
+import pytest
+
+class Report:
+    def pytest_runtest_logreport(self, report):
+        if report.when == "call" or report.outcome != "passed":
+            sys.stdout.write("\n")  # pytest's progress dots leave the line open
+            emit("test", name=report.nodeid.split("::")[-1], when=report.when, outcome=report.outcome)
+
+with open("test_horovod_style.py", "w") as f:
+    f.write(os.environ["TESTS_SOURCE"])
+pytest.main(["-q", "-p", "no:cacheprovider", "test_horovod_style.py"], plugins=[Report()])
+'''
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_horovod_style_test_file_one_process_per_rank(n):
+    """Issue 24 item 4: a test file run by pytest in one process per rank (as Horovod's
+    CI does): a test failing on one rank only must not make the later tests fail."""
+    res = run_world(n, PYTEST_RUNNER, timeout=50, env={"TESTS_SOURCE": HOROVOD_STYLE_TESTS})
+    for rank in range(n):
+        got = {t["name"]: t["outcome"] for t in res[rank].get("test")}
+        want = dict.fromkeys(["test_allreduce_error", "test_allreduce_type_error",
+                              "test_broadcast_rank_error", "test_after_one_failed_test",
+                              "test_grouped_after"], "passed")
+        want["test_bad_argument_on_one_rank"] = "failed"  # TypeError there, LayoutMismatch elsewhere
+        assert got == want, (rank, got, res.report())
