@@ -179,6 +179,14 @@ def reduce_inline(agreed: Agreed, out: np.ndarray, op: str, dtype: Optional[str]
         _core.scale_local(flat, flat, float(size), dtype=dtype)
 
 
+def _usable(core: Any) -> bool:
+    """False once the communicator is closed or broken (then nothing can be announced)."""
+    try:
+        return not core.closed and not core.broken
+    except Exception:
+        return False
+
+
 _depth = threading.local()
 
 
@@ -204,7 +212,7 @@ def symmetric(what: str, get: Callable[[], Any]) -> Callable:
                 return fn(*args, **kwargs)
             except Exception as e:
                 if agreement is not None and agreement.size > 1 and agreement.calls == before \
-                        and not getattr(agreement.core, "broken", False):
+                        and _usable(agreement.core):
                     agreement.fail(what, e)
                 raise
             finally:
