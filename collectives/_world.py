@@ -194,16 +194,20 @@ def _connect_store(info: _env.WorldInfo, generation: int, timeout: float) -> "_s
     deadline = time.monotonic() + timeout
     while True:
         try:
-            # one try (the client's own retries sleep 50 ms, the length of a whole
-            # world's life in a tight init/finalize loop); this loop retries
-            client = _store.StoreClient(info.store_host, info.store_port, timeout=0.002)
-        except (TimeoutError, OSError):
+            # A bare connect first: the client's own retries sleep 50 ms when refused,
+            # the length of a whole world's life in a tight init/finalize loop.
+            socket.create_connection((info.store_host, info.store_port),
+                                     timeout=min(10.0, max(0.05, deadline - time.monotonic()))
+                                     ).close()
+        except OSError:
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"could not connect to the store at "
                                    f"{_env.format_addr(info.store_host, info.store_port)} "
                                    f"within {timeout:g} s") from None
             time.sleep(0.005)
             continue
+        client = _store.StoreClient(info.store_host, info.store_port,
+                                    timeout=max(0.05, deadline - time.monotonic()))
         client.timeout = timeout
         try:
             if info.rank == 0:
@@ -219,7 +223,8 @@ def _connect_store(info: _env.WorldInfo, generation: int, timeout: float) -> "_s
         client.close()
         if time.monotonic() >= deadline:
             raise TimeoutError(f"the store at {client.address} did not start world "
-                               f"#{generation} within {timeout:g} s")
+                               f"#{generation} within {timeout:g} s (every rank must call "
+                               f"init and finalize the same number of times)")
         time.sleep(0.005)
 
 
