@@ -124,10 +124,10 @@ LOCAL_ERRORS = {"bad-arg": ("TypeError", lambda n: n - 1), "bad-root": ("ValueEr
                 "params-bad-root": ("ValueError", lambda n: 0)}
 
 
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("n", [2, 3, 4])
-def test_issue_reproductions_raise_everywhere_then_go_on(n):
-    res = run_world(n, REPRO_BODY, timeout=50).assert_ok()
+@pytest.mark.timeout(90)
+def test_issue_reproductions_raise_everywhere_then_go_on(world):
+    n, res = world
+    res.assert_ok()
     for rank in range(n):
         res[rank].one("end")
         assert res[rank].one("done")["failures"] == 0, res.report()
@@ -238,11 +238,10 @@ for step in range(int(os.environ["STEPS"])):
 '''
 
 
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("n,seed", [(2, 1), (3, 2), (4, 3)])
-def test_random_sequences_right_everywhere_or_raise_everywhere(n, seed):
-    steps = 60
-    res = run_world(n, RANDOM_BODY, timeout=50, env={"SEED": seed, "STEPS": steps})
+@pytest.mark.timeout(90)
+def test_random_sequences_right_everywhere_or_raise_everywhere(world):
+    n, res = world
+    steps = STEPS
     script = {}
     for rank in range(n):
         assert res[rank].returncode == 0 and not res[rank].get("fail"), res.report()
@@ -312,12 +311,11 @@ pytest.main(["-q", "-p", "no:cacheprovider", "test_horovod_style.py"], plugins=[
 '''
 
 
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("n", [2, 3, 4])
-def test_horovod_style_test_file_one_process_per_rank(n):
+@pytest.mark.timeout(90)
+def test_horovod_style_test_file_one_process_per_rank(world):
     """Issue 24 item 4: a test file run by pytest in one process per rank (as Horovod's
     CI does): a test failing on one rank only must not make the later tests fail."""
-    res = run_world(n, PYTEST_RUNNER, timeout=50, env={"TESTS_SOURCE": HOROVOD_STYLE_TESTS})
+    n, res = world
     for rank in range(n):
         got = {t["name"]: t["outcome"] for t in res[rank].get("test")}
         want = dict.fromkeys(["test_allreduce_error", "test_allreduce_type_error",
@@ -325,3 +323,16 @@ def test_horovod_style_test_file_one_process_per_rank(n):
                               "test_grouped_after"], "passed")
         want["test_bad_argument_on_one_rank"] = "failed"  # TypeError there, LayoutMismatch elsewhere
         assert got == want, (rank, got, res.report())
+
+
+STEPS = 60
+
+
+@pytest.fixture(scope="module", params=[2, 3, 4])
+def world(request):
+    """(n, result) of one launch at n ranks running the three bodies above in turn
+    (a launch costs seconds on 2 cores: one per rank count, not one per test)."""
+    n = request.param
+    res = run_world(n, REPRO_BODY + RANDOM_BODY + PYTEST_RUNNER, timeout=80,
+                    env={"SEED": n - 1, "STEPS": STEPS, "TESTS_SOURCE": HOROVOD_STYLE_TESTS})
+    return n, res
