@@ -135,8 +135,13 @@ class Agreement:
 
     def _judge(self, what: str, slots: np.ndarray, heads: list) -> None:
         first = heads[0]
-        if all(h[0] == MAGIC and h[1] == OK and h[2] == first[2] for h in heads):
+        if all(h[0] == MAGIC and h[1] == OK and h[2] == first[2] and -1 <= h[3] <= INLINE
+               for h in heads):
             return
+        bad = [r for r in range(self.size) if heads[r][1] == OK and not -1 <= heads[r][3] <= INLINE]
+        if bad:  # the bytes come from a peer: bounded before anything reads them
+            raise LayoutMismatch(f"{what}: rank {bad[0]} sent a malformed agreement slot "
+                                 f"(payload of {heads[bad[0]][3]} bytes)")
         bad = [r for r in range(self.size) if heads[r][0] != MAGIC]
         if bad:
             raise LayoutMismatch(f"{what}: rank {bad[0]} sent no agreement slot (collectives "
@@ -170,6 +175,9 @@ def reduce_inline(agreed: Agreed, out: np.ndarray, op: str, dtype: Optional[str]
 
     flat = out.reshape(-1)
     size = len(agreed.nbytes)
+    if any(nb != flat.nbytes for nb in agreed.nbytes):
+        raise LayoutMismatch(f"allreduce: ranks sent {agreed.nbytes} bytes for a tensor of "
+                             f"{flat.nbytes} bytes")
     flat.view(np.uint8)[:] = agreed.payload(0)
     if flat.size == 0:
         return

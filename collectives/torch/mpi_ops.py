@@ -444,6 +444,10 @@ def _allgather_now(tensor: torch.Tensor, what: str = "allgather") -> tuple[torch
         inline_bytes(sbuf), extra=src.shape[0])
     dims = [int(d) for d in agreed.extra]
     row = int(np.prod(src.shape[1:], dtype=np.int64))
+    sizes = [d * row * send.element_size() for d in dims]
+    if min(dims) < 0 or (agreed.inline and list(agreed.nbytes) != sizes):
+        raise LayoutMismatch(f"{what}: ranks sent inconsistent row counts {dims} "
+                             f"({list(agreed.nbytes)} bytes)")
     out = torch.empty((sum(dims),) + tuple(src.shape[1:]), dtype=wdt, device=src.device)
     rbuf, dt = as_buffer(out)
     if agreed.inline:
