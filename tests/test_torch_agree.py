@@ -107,6 +107,22 @@ outcome("barrier-vs-allreduce", lambda: hvd.barrier() if r == 0 else hvd.allredu
 in_step("barrier-vs-allreduce")
 outcome("join-vs-broadcast", lambda: hvd.join() if r == n - 1 else hvd.broadcast(torch.ones(2000), 0))
 in_step("join-vs-broadcast")
+
+def hostile():
+    """Rank 0 sends a slot claiming a 1 TiB payload: the others reject it unread."""
+    import struct
+    import numpy as np
+    from collectives.torch import _agree
+    from collectives.torch._context import current
+    if r == 0:
+        slot = bytearray(_agree.SLOT)
+        struct.pack_into("<IIQqq", slot, 0, _agree.MAGIC, _agree.OK, 0, 1 << 40, 0)
+        out = np.empty(n * _agree.SLOT, dtype=np.uint8)
+        current().core.allgatherv(np.frombuffer(slot, dtype=np.uint8), out, [_agree.SLOT] * n)
+        return
+    hvd.allreduce(torch.ones(2))
+outcome("hostile-slot", hostile)
+in_step("hostile-slot")
 emit("end")
 '''
 
@@ -141,6 +157,12 @@ def test_issue_reproductions_raise_everywhere_then_go_on(world):
             if rank != k:
                 assert f"rank {k} raised" in got[case]["message"] and exc in got[case]["message"]
             assert got[case + "/after"]["result"] == "ok", (rank, case, got[case + "/after"])
+    for rank in range(1, n):
+        got = [c for c in res[rank].get("case") if c["case"] == "hostile-slot"][0]
+        assert got["result"] == "LayoutMismatch" and "rank 0 sent a malformed" in got["message"], got
+    for rank in range(n):
+        after = [c for c in res[rank].get("case") if c["case"] == "hostile-slot/after"]
+        assert after and after[0]["result"] == "ok", (rank, after)
     # every rank names the same culprit with the same words
     for case in EXPECTED:
         texts = {c["message"] for rank in range(n) for c in res[rank].get("case")
