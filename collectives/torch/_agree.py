@@ -22,6 +22,18 @@ inlined payloads with the core's own kernels, in rank order, so every rank
 computes bit-identical results; broadcast copies the root's): for them the
 check is the collective. Larger ones pay one small allgather in front of the
 data, a latency, not a bandwidth, cost.
+
+Why not only a fingerprint in the data's wire header (which already carries
+count, dtype, op and root): the core sees a header only while the data
+moves, a rank that finds a mismatch there cannot stop peers already further
+in the schedule, so the core breaks the communicator (coll.h); and ranks that
+disagree on the count send messages of different sizes, which no later call
+could resynchronise. The agreement decides before any of that.
+
+The exchange is a blocking collective: it waits for the allreduces already
+queued on the core's progress thread (as any blocking collective does), so
+``allreduce_async`` of a large tensor returns once the earlier queued ones
+have finished, not at once.
 """
 from __future__ import annotations
 
