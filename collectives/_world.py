@@ -28,6 +28,13 @@ from . import _env, _store, config
 
 _lock = threading.RLock()
 _state: Optional["_World"] = None
+# How many worlds this process has created. Every rank of a job creates and
+# closes its worlds in step (init, finalize, init, ...), so the count names
+# the same world on every rank: the store of world g says so under
+# "generation/<g>", and a rank re-initializing retries until the store it
+# reaches says its own generation (not the previous one, which rank 0 may
+# still be closing).
+_generation = 0
 
 
 # Seconds rank 0 keeps the store at exit for ranks still reading addresses.
@@ -203,7 +210,7 @@ def start_timeout_error(info: _env.WorldInfo, timeout: float, missing: Optional[
     addr = _env.format_addr(info.store_host, info.store_port)
     if missing is None:
         what = (f"rank {info.rank} of {info.size} could not reach the store at {addr} "
-                f"(rank 0 hosts it) within {timeout:g} s: is rank 0 running?")
+                f"(rank 0 hosts it) within {timeout:g} s: is rank 0 running? ({detail})")
     elif missing:
         names = ", ".join(map(str, missing))
         plural = "s" if len(missing) > 1 else ""
@@ -216,14 +223,56 @@ def start_timeout_error(info: _env.WorldInfo, timeout: float, missing: Optional[
     return TimeoutError(f"{what}; {_START_CHECKS.format(addr=addr, t=timeout)}")
 
 
-def _rendezvous(info: _env.WorldInfo, timeout: float):
+def _connect_store(info: _env.WorldInfo, generation: int, timeout: float) -> "_store.StoreClient":
+    """A client of the store of world `generation`: rank 0 marks its new store so; the
+    others retry (about every 5 ms, up to `timeout`) while they reach no store, or the
+    previous world's store (its rank 0 closes it once every rank has joined it)."""
+    key = f"generation/{generation}"
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            # A bare connect first: the client's own retries sleep 50 ms when refused,
+            # the length of a whole world's life in a tight init/finalize loop.
+            socket.create_connection((info.store_host, info.store_port),
+                                     timeout=min(10.0, max(0.05, deadline - time.monotonic()))
+                                     ).close()
+        except OSError:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"could not connect to the store at "
+                                   f"{_env.format_addr(info.store_host, info.store_port)} "
+                                   f"within {timeout:g} s") from None
+            time.sleep(0.005)
+            continue
+        client = _store.StoreClient(info.store_host, info.store_port,
+                                    timeout=max(0.05, deadline - time.monotonic()))
+        client.timeout = timeout
+        try:
+            if info.rank == 0:
+                client.set(key, b"")
+                return client
+            if client.check([key]):
+                return client
+        except (ConnectionError, TimeoutError, OSError):
+            pass  # the previous world's store closed under us
+        except BaseException:
+            client.close()
+            raise
+        client.close()
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"the store at {client.address} did not start world "
+                               f"#{generation} within {timeout:g} s (every rank must call "
+                               f"init and finalize the same number of times)")
+        time.sleep(0.005)
+
+
+def _rendezvous(info: _env.WorldInfo, timeout: float, generation: int = 0):
     from ._core import Communicator
 
     server = None
     if info.rank == 0:
         server = _start_store(info.store_host, info.store_port)
     try:
-        client = _store.StoreClient(info.store_host, info.store_port, timeout=timeout)
+        client = _connect_store(info, generation, timeout)
     except TimeoutError as exc:
         if server is not None:
             server.close()
@@ -277,7 +326,7 @@ def init(timeout: Optional[float], wrap: Callable):
     the native one (collectives.MPI passes Comm._from_core): this module sits
     below the front ends and imports none of them.
     """
-    global _state
+    global _state, _generation
     with _lock:
         if _state is not None:
             return _state.comm
@@ -290,7 +339,9 @@ def init(timeout: Optional[float], wrap: Callable):
             core, server, client = Communicator(0, 1), None, None
             local_rank, local_size, host_cpus = 0, 1, set(process_cpus())
         else:
-            core, server, client, local_rank, local_size, host_cpus = _rendezvous(info, t)
+            _generation += 1
+            core, server, client, local_rank, local_size, host_cpus = \
+                _rendezvous(info, t, _generation)
         apply_host_policy(core, local_rank, local_size, host_cpus)
         comm = wrap(core, local_rank, local_size)
         _state = _World(comm, core, server, client)

@@ -213,7 +213,7 @@ def test_ops_match_single_process(n):
         assert res[rank].one("done")["failures"] == 0
         assert len(res[rank].get("mismatch")) == 2, res.report()
     if n > 1:
-        assert "different tensors" in res[0].get("mismatch")[0]["message"]
+        assert "different arguments" in res[0].get("mismatch")[0]["message"]
 
 
 BACKEND_BODY = r'''

@@ -1,24 +1,24 @@
 """The state of ``collectives.torch``: one context object holding the world communicator.
 
 Everything the Horovod API needs between calls (the communicator, the node
-layout, the fusion threshold, which tensor layouts were already verified
-across ranks) hangs off one ``TorchContext``. The module keeps a single
+layout, the fusion threshold, the per-call agreement of arguments across
+ranks) hangs off one ``TorchContext``. The module keeps a single
 reference to it (``current()``); handles keep their own buffers alive, so
 there is no module-level map of handles (STYLE rule 26).
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import socket
 import threading
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
-import numpy as np
 import torch
 
 import collectives
 from collectives._env import byte_size
+
+from ._agree import Agreement, LayoutMismatch
 
 # torch dtype -> the core's dtype name (what travels on the wire unchanged)
 CORE_DTYPES = {
@@ -101,16 +101,6 @@ def as_buffer(tensor: torch.Tensor) -> tuple[Any, Optional[str]]:
     return t.numpy(), None
 
 
-def layout_hash(items: Iterable[Any]) -> int:
-    """A 62-bit digest of a layout description (names, shapes, dtypes)."""
-    digest = hashlib.blake2b(repr(tuple(items)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & ((1 << 62) - 1)
-
-
-class LayoutMismatch(ValueError):
-    """Ranks submitted different tensors (names, shapes or dtypes) to the same collective."""
-
-
 class TorchContext:
     """The world communicator and what the Horovod API derives from it.
 
@@ -127,64 +117,18 @@ class TorchContext:
         self.local_size: int = comm.local_size
         self.fusion_threshold: int = fusion_threshold()
         self.lock = threading.RLock()
-        self._verified: set = set()
+        self.agreement = Agreement(self.core, self.rank, self.size)
         hosts = comm.allgather(socket.gethostname()) if self.size > 1 else [socket.gethostname()]
         order = list(dict.fromkeys(hosts))
         self.cross_rank: int = order.index(hosts[self.rank])
         self.cross_size: int = len(order)
 
-    # -- layout checks --------------------------------------------------------
-    def needs_check(self, key: Any) -> bool:
-        """True the first time this rank sees `key` (then it is remembered)."""
-        with self.lock:
-            if key in self._verified:
-                return False
-            self._verified.add(key)
-            return True
-
-    def start_check(self, key: Any, what: str) -> Optional["LayoutCheck"]:
-        """Queue a cross-rank comparison of `key` (first time only); None if already verified.
-
-        The check is a 2-element int64 allreduce MAX of (h, -h): every rank
-        holds the same values iff max(h) == min(h). It is queued on the core's
-        progress thread before the data it guards, so it costs no extra wait.
-        """
-        if self.size == 1 or not self.needs_check(key):
-            return None
-        h = layout_hash(key)
-        buf = np.array([h, -h], dtype=np.int64)
-        return LayoutCheck(self.core.iallreduce(None, buf, op="max"), buf, h, what, self.rank)
-
+    # -- agreement ------------------------------------------------------------
     def check_now(self, key: Any, what: str) -> None:
-        """Blocking form of start_check: raise LayoutMismatch at once if ranks differ."""
-        check = self.start_check(key, what)
-        if check is not None:
-            check.wait()
-
-
-class LayoutCheck:
-    """A queued layout comparison; wait() raises LayoutMismatch if the ranks differ."""
-
-    def __init__(self, request: Any, buf: np.ndarray, mine: int, what: str, rank: int) -> None:
-        self.request = request
-        self.buf = buf
-        self.mine = mine
-        self.what = what
-        self.rank = rank
-
-    def test(self) -> bool:
-        """True once the comparison has completed."""
-        return bool(self.request.Test())
-
-    def wait(self) -> None:
-        """Wait for the comparison; raise LayoutMismatch naming the operation if ranks differ."""
-        self.request.Wait()
-        hi, lo = int(self.buf[0]), -int(self.buf[1])
-        if hi != lo:
-            raise LayoutMismatch(
-                f"{self.what}: ranks submitted different tensors (name, shape or dtype) to the "
-                f"same collective; layout hashes range over [{lo:#x}, {hi:#x}], rank {self.rank} "
-                f"has {self.mine:#x}")
+        """Raise LayoutMismatch on every rank unless every rank passed an equal `key`
+        (compared on every call, never cached; see _agree)."""
+        if self.size > 1:
+            self.agreement.agree(what, key if isinstance(key, str) else repr(key))
 
 
 class _Holder:

@@ -3,8 +3,10 @@
 ``broadcast_parameters`` and ``broadcast_optimizer_state`` pack tensors of one
 dtype into one buffer and broadcast it once (fusion), so a model with hundreds
 of parameters costs a few round trips, not hundreds. Before the data, one
-tiny allreduce compares a hash of every rank's (name, shape, dtype) list, so a
-rank with a different model gets a clear error instead of garbage.
+small allgather compares every rank's (name, shape, dtype) list (see _agree),
+so a rank with a different model gets a clear error instead of garbage, and a
+rank whose arguments are invalid raises while the others get a LayoutMismatch
+naming it, instead of waiting for it.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from ._agree import symmetric
 from ._context import as_buffer, check_tensor, current, wire_dtype
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
@@ -57,6 +60,7 @@ def _broadcast_fused_(named: Sequence[tuple[str, torch.Tensor]], root_rank: int,
                     pos += t.numel()
 
 
+@symmetric("broadcast_parameters", lambda: current().agreement)
 def broadcast_parameters(params: Any, root_rank: int) -> None:
     """Overwrite every rank's parameters (or any named tensors) with root's, in place.
 
@@ -120,6 +124,7 @@ class _TensorSlot:
         self.dtype = dtype
 
 
+@symmetric("broadcast_optimizer_state", lambda: current().agreement)
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) -> None:
     """Make every rank's optimizer state and hyperparameters equal to root's.
 
@@ -163,6 +168,7 @@ def _collect_slots(obj: Any, out: list) -> None:
             _collect_slots(v, out)
 
 
+@symmetric("broadcast_object", lambda: current().agreement)
 def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
                      process_set: Any = None) -> Any:
     """Root's Python object on every rank (pickled; tensors included).
@@ -179,9 +185,11 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
     ctx = current()
     if not 0 <= root_rank < ctx.size:
         raise ValueError(f"root_rank {root_rank} out of range for {ctx.size} ranks")
+    ctx.check_now(f"broadcast_object root={root_rank}", "broadcast_object")
     return ctx.comm.bcast(obj, root_rank)
 
 
+@symmetric("allgather_object", lambda: current().agreement)
 def allgather_object(obj: Any, name: Optional[str] = None, process_set: Any = None) -> list:
     """Every rank's Python object, in rank order (pickled).
 

@@ -10,9 +10,13 @@ handle; every rank still issues collectives in the same program order, and a
 blocking collective waits for the queued allreduces first, so mixing them is
 safe.
 
-Ranks that submit different names, shapes or dtypes under the same call get
-a ``LayoutMismatch`` (a ValueError) on every rank: the first time a (name,
-shape, dtype) is used, a tiny allreduce compares a hash of it across ranks.
+Every call starts with the agreement of ``_agree``: one small allgather in
+which every rank sees every rank's arguments (name, shape, dtype, root, op).
+Ranks that passed different ones all get a ``LayoutMismatch`` (a RuntimeError
+and a ValueError), and a rank whose arguments are invalid raises its own
+error while the others get a ``LayoutMismatch`` naming it; either way no data
+moved and every operation can be called again. Tensors of up to ``INLINE``
+bytes travel inside that allgather, which then is the whole collective.
 """
 from __future__ import annotations
 
@@ -22,8 +26,8 @@ from typing import Any, Callable, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from ._context import (CORE_DTYPES, LayoutCheck, LayoutMismatch, TorchContext, as_buffer,
-                       check_tensor, current, wire_dtype)
+from ._agree import LayoutMismatch, inline_bytes, reduce_inline, symmetric
+from ._context import as_buffer, check_tensor, current, wire_dtype
 from .basics import (Adasum, Average, Max, Min, Product, ReduceOp, Sum, ccl_built, cross_rank,
                      cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, init,
                      is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
@@ -44,6 +48,11 @@ __all__ = [
 ]
 
 
+def _symmetric(what: str) -> Callable:
+    """An argument error raised on one rank before the agreement reaches every rank."""
+    return symmetric(what, lambda: current().agreement)
+
+
 def _check_process_set(process_set: Any) -> None:
     if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
         raise NotImplementedError("collectives.torch: process sets are not supported")
@@ -59,10 +68,8 @@ class Handle:
     """
 
     def __init__(self, requests: Sequence[Any], output: Any,
-                 finish: Optional[Callable[[], Any]] = None, keep: Any = None,
-                 checks: Sequence[LayoutCheck] = ()) -> None:
+                 finish: Optional[Callable[[], Any]] = None, keep: Any = None) -> None:
         self._requests = list(requests)
-        self._checks = [c for c in checks if c is not None]
         self._output = output
         self._finish = finish
         self._keep = keep
@@ -72,15 +79,13 @@ class Handle:
         """True once every part has completed (synchronize then returns at once)."""
         if self._done:
             return True
-        return all(c.test() for c in self._checks) and all(r.Test() for r in self._requests)
+        return all(r.Test() for r in self._requests)
 
     def wait(self) -> Any:
         """Wait for completion, run the finishing step once, return the output."""
         if self._done:
             return self._output
         try:
-            for c in self._checks:
-                c.wait()
             for r in self._requests:
                 r.Wait()
         except BaseException:
@@ -149,6 +154,14 @@ def _empty_like(t: torch.Tensor) -> torch.Tensor:
     return torch.empty(t.shape, dtype=t.dtype, device=t.device)
 
 
+def _describe(what: str, name: Optional[str], tensor: torch.Tensor, **more: Any) -> str:
+    """What every rank must pass alike to one call, as text (compared across ranks)."""
+    text = f"{what} shape={tuple(tensor.shape)} dtype={str(tensor.dtype)[6:]}"
+    for key, value in more.items():
+        text += f" {key}={value}"
+    return text + (f" name={name!r}" if name is not None else "")
+
+
 def _allreduce_start(tensor: torch.Tensor, output: torch.Tensor, op: ReduceOp, prescale: float,
                      postscale: float, name: Optional[str], what: str) -> Handle:
     """Queue out = op over ranks of tensor (output may be tensor itself: in place)."""
@@ -167,10 +180,8 @@ def _allreduce_start(tensor: torch.Tensor, output: torch.Tensor, op: ReduceOp, p
             recv.copy_(src)
         _scale(recv, prescale)
         send = None
-    check = ctx.start_check((what, name, tuple(tensor.shape), str(tensor.dtype), op.name), what)
     rbuf, dt = as_buffer(recv)
     sbuf = None if send is None else as_buffer(send)[0]
-    req = ctx.core.iallreduce(sbuf, rbuf, op=op.core, dtype=dt)
 
     def finish() -> torch.Tensor:
         _scale(recv, postscale)
@@ -178,9 +189,17 @@ def _allreduce_start(tensor: torch.Tensor, output: torch.Tensor, op: ReduceOp, p
             output.detach().copy_(recv)
         return output
 
-    return Handle([req], output, finish, keep=(tensor, send, recv), checks=[check])
+    if ctx.size > 1:
+        agreed = ctx.agreement.agree(what, _describe(what, name, tensor, op=op.name),
+                                     inline_bytes(rbuf if sbuf is None else sbuf))
+        if agreed.inline:
+            reduce_inline(agreed, rbuf, op.core, dt)
+            return Handle([], output, finish)
+    req = ctx.core.iallreduce(sbuf, rbuf, op=op.core, dtype=dt)
+    return Handle([req], output, finish, keep=(tensor, send, recv))
 
 
+@_symmetric("allreduce")
 def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
                     op: Optional[ReduceOp] = None, prescale_factor: float = 1.0,
                     postscale_factor: float = 1.0, process_set: Any = None) -> Handle:
@@ -205,6 +224,7 @@ def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: 
     return _allreduce_start(tensor, output, op, prescale_factor, postscale_factor, name, "allreduce")
 
 
+@_symmetric("allreduce")
 def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None,
                      name: Optional[str] = None, op: Optional[ReduceOp] = None,
                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
@@ -237,6 +257,7 @@ class _AllreduceFunction(torch.autograd.Function):
         return g, None, None, None, None
 
 
+@_symmetric("allreduce")
 def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
               compression: type = Compression.none, op: Optional[ReduceOp] = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
@@ -269,6 +290,7 @@ def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Option
     return compression.decompress(out, cctx)
 
 
+@_symmetric("allreduce")
 def allreduce_(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
                op: Optional[ReduceOp] = None, prescale_factor: float = 1.0,
                postscale_factor: float = 1.0, process_set: Any = None) -> torch.Tensor:
@@ -290,10 +312,12 @@ def _grouped_start(tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tens
     tensors = list(tensors)
     for i, t in enumerate(tensors):
         check_tensor(t, f"tensors[{i}]")
-    key = ("grouped_allreduce", name, op.name,
-           tuple((tuple(t.shape), str(t.dtype)) for t in tensors))
-    check = ctx.start_check(key, "grouped_allreduce")
     by_dtype: dict = {}
+    for t in tensors:
+        wire_dtype(t.dtype)
+    ctx.check_now(f"grouped_allreduce op={op.name} tensors={len(tensors)} "
+                  f"{[(tuple(t.shape), str(t.dtype)[6:]) for t in tensors]} name={name!r}",
+                  "grouped_allreduce")
     for i, t in enumerate(tensors):
         by_dtype.setdefault(wire_dtype(t.dtype), []).append(i)
     requests, fused = [], []
@@ -319,9 +343,10 @@ def _grouped_start(tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tens
                 pos += n
         return list(outputs)
 
-    return Handle(requests, list(outputs), finish, keep=(tensors, fused), checks=[check])
+    return Handle(requests, list(outputs), finish, keep=(tensors, fused))
 
 
+@_symmetric("grouped_allreduce")
 def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
                             name: Optional[str] = None, op: Optional[ReduceOp] = None,
                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
@@ -346,6 +371,7 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[b
     return _grouped_start(tensors, outputs, op, prescale_factor, postscale_factor, name)
 
 
+@_symmetric("grouped_allreduce")
 def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
                              name: Optional[str] = None, op: Optional[ReduceOp] = None,
                              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
@@ -360,6 +386,7 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[
     return _grouped_start(tensors, list(tensors), op, prescale_factor, postscale_factor, name)
 
 
+@_symmetric("grouped_allreduce")
 def grouped_allreduce(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
                       name: Optional[str] = None, compression: type = Compression.none,
                       op: Optional[ReduceOp] = None, prescale_factor: float = 1.0,
@@ -385,6 +412,7 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: Optional[bool] =
     return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
 
 
+@_symmetric("grouped_allreduce")
 def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
                        name: Optional[str] = None, op: Optional[ReduceOp] = None,
                        prescale_factor: float = 1.0, postscale_factor: float = 1.0,
@@ -400,44 +428,37 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: Optional[bool] 
 
 # ----------------------------------------------------------------- allgather
 
-_META = 5  # per rank: ndim, dtype code, dim 0, elements per row, hash of the trailing shape
-
-
-def _gather_meta(ctx: TorchContext, tensor: torch.Tensor, what: str) -> np.ndarray:
-    """Every rank's (ndim, dtype, dim0, row elements, trailing hash); ValueError on mismatch."""
-    from ._context import layout_hash
-
-    shape = tuple(tensor.shape) if tensor.dim() else (1,)
-    row = int(np.prod(shape[1:], dtype=np.int64))
-    mine = np.array([len(shape), list(CORE_DTYPES).index(tensor.dtype) if tensor.dtype in
-                     CORE_DTYPES else 100 + int(tensor.dtype.itemsize), shape[0], row,
-                     layout_hash(shape[1:])], dtype=np.int64)
-    meta = np.zeros(ctx.size * _META, dtype=np.int64)
-    ctx.core.allgatherv(mine, meta, [_META] * ctx.size)
-    meta = meta.reshape(ctx.size, _META)
-    bad = [r for r in range(ctx.size) if (meta[r, [0, 1, 3, 4]] != meta[0, [0, 1, 3, 4]]).any()]
-    if bad:
-        raise LayoutMismatch(f"{what}: tensors must have the same dtype and shape except in "
-                             f"dimension 0; rank {bad[0]} differs from rank 0 (this rank "
-                             f"{ctx.rank} has shape {tuple(tensor.shape)}, {tensor.dtype})")
-    return meta
-
-
 def _allgather_now(tensor: torch.Tensor, what: str = "allgather") -> tuple[torch.Tensor, np.ndarray]:
     """Concatenate every rank's tensor along dim 0 (different dim 0 allowed); also the dim-0 sizes."""
     ctx = current()
     check_tensor(tensor)
     src = tensor.detach().reshape(tuple(tensor.shape) if tensor.dim() else (1,))
+    wdt = wire_dtype(src.dtype)
     if ctx.size == 1:
         return src.clone(), np.array([src.shape[0]])
-    meta = _gather_meta(ctx, src, what)
-    dims = [int(d) for d in meta[:, 2]]
-    row = int(meta[0, 3])
-    wdt = wire_dtype(src.dtype)
     send = src if (wdt == src.dtype and src.is_contiguous()) else src.to(wdt).contiguous()
+    sbuf = as_buffer(send)[0]
+    # dimension 0 may differ between ranks: it travels as the slot's extra number
+    agreed = ctx.agreement.agree(
+        what, f"{what} rows of shape {tuple(src.shape[1:])} dtype={str(src.dtype)[6:]}",
+        inline_bytes(sbuf), extra=src.shape[0])
+    dims = [int(d) for d in agreed.extra]
+    row = int(np.prod(src.shape[1:], dtype=np.int64))
+    sizes = [d * row * send.element_size() for d in dims]
+    if min(dims) < 0 or (agreed.inline and list(agreed.nbytes) != sizes):
+        raise LayoutMismatch(f"{what}: ranks sent inconsistent row counts {dims} "
+                             f"({list(agreed.nbytes)} bytes)")
     out = torch.empty((sum(dims),) + tuple(src.shape[1:]), dtype=wdt, device=src.device)
     rbuf, dt = as_buffer(out)
-    ctx.core.allgatherv(as_buffer(send)[0], rbuf, [d * row for d in dims], None, None, dt)
+    if agreed.inline:
+        flat = rbuf.reshape(-1).view(np.uint8)
+        pos = 0
+        for r in range(ctx.size):
+            part = agreed.payload(r)
+            flat[pos:pos + part.size] = part
+            pos += part.size
+    else:
+        ctx.core.allgatherv(sbuf, rbuf, [d * row for d in dims], None, None, dt)
     if wdt != src.dtype:
         out = out.to(src.dtype)
     return out, np.array(dims)
@@ -460,6 +481,7 @@ class _AllgatherFunction(torch.autograd.Function):
         return g.narrow(0, ctx.offset, ctx.dim).reshape(ctx.shape), None
 
 
+@_symmetric("allgather")
 def allgather(tensor: torch.Tensor, name: Optional[str] = None, process_set: Any = None
               ) -> torch.Tensor:
     """Concatenate every rank's tensor along dimension 0 (differentiable).
@@ -479,6 +501,7 @@ def allgather(tensor: torch.Tensor, name: Optional[str] = None, process_set: Any
     return _allgather_now(tensor)[0]
 
 
+@_symmetric("allgather")
 def allgather_async(tensor: torch.Tensor, name: Optional[str] = None, process_set: Any = None
                     ) -> Handle:
     """Allgather `tensor` (see allgather); runs synchronously, returns a completed handle.
@@ -499,8 +522,6 @@ def _broadcast_into(tensor: torch.Tensor, output: torch.Tensor, root_rank: int,
     check_tensor(tensor)
     if not 0 <= root_rank < ctx.size:
         raise ValueError(f"root_rank {root_rank} out of range for {ctx.size} ranks")
-    ctx.check_now(("broadcast", name, tuple(tensor.shape), str(tensor.dtype), root_rank),
-                  "broadcast")
     wdt = wire_dtype(tensor.dtype)
     direct = wdt == tensor.dtype and output.is_contiguous()
     buf = output if direct else tensor.detach().to(wdt).contiguous()
@@ -508,7 +529,12 @@ def _broadcast_into(tensor: torch.Tensor, output: torch.Tensor, root_rank: int,
         output.detach().copy_(tensor.detach())
     b, dt = as_buffer(buf)
     if ctx.size > 1:
-        ctx.core.broadcast(b, root_rank, None, dt)
+        agreed = ctx.agreement.agree("broadcast", _describe("broadcast", name, tensor,
+                                                            root=root_rank), inline_bytes(b))
+        if agreed.inline:
+            b.reshape(-1).view(np.uint8)[:] = agreed.payload(root_rank)
+        else:
+            ctx.core.broadcast(b, root_rank, None, dt)
     if buf is not output:
         output.detach().copy_(buf)
     return output
@@ -532,6 +558,7 @@ class _BroadcastFunction(torch.autograd.Function):
         return g, None, None
 
 
+@_symmetric("broadcast")
 def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
               process_set: Any = None) -> torch.Tensor:
     """Root's tensor on every rank, in a new tensor (differentiable); the input is not modified.
@@ -552,6 +579,7 @@ def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
     return _broadcast_into(tensor, _empty_like(tensor), root_rank, name)
 
 
+@_symmetric("broadcast")
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
                process_set: Any = None) -> torch.Tensor:
     """Overwrite `tensor` with root's value on every rank.
@@ -570,6 +598,7 @@ def broadcast_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
         return _broadcast_into(tensor, tensor, root_rank, name)
 
 
+@_symmetric("broadcast")
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
                     process_set: Any = None) -> Handle:
     """Broadcast into a new tensor; runs synchronously, returns a completed handle.
@@ -582,6 +611,7 @@ def broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str] = 
                                  root_rank, name))
 
 
+@_symmetric("broadcast")
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
                      process_set: Any = None) -> Handle:
     """Broadcast in place; runs synchronously, returns a completed handle.
@@ -594,6 +624,7 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] =
 
 # -------------------------------------------------------- alltoall, reducescatter
 
+@_symmetric("alltoall")
 def alltoall(tensor: torch.Tensor, splits: Union[None, Sequence[int], torch.Tensor] = None,
              name: Optional[str] = None, process_set: Any = None) -> Any:
     """Send row block j of `tensor` to rank j; receive one block from every rank.
@@ -628,6 +659,9 @@ def alltoall(tensor: torch.Tensor, splits: Union[None, Sequence[int], torch.Tens
                              f"summing to dim 0 ({src.shape[0]})")
     table = np.zeros(n * n, dtype=np.int64)
     if n > 1:
+        ctx.check_now(f"alltoall rows of shape {tuple(src.shape[1:])} "
+                      f"dtype={str(src.dtype)[6:]}",
+                      "alltoall")
         ctx.core.allgatherv(np.array(mine, dtype=np.int64), table, [n] * n)
     else:
         table[:] = mine
@@ -644,6 +678,7 @@ def alltoall(tensor: torch.Tensor, splits: Union[None, Sequence[int], torch.Tens
     return out, torch.tensor(table[:, ctx.rank].copy(), dtype=torch.int32)
 
 
+@_symmetric("alltoall")
 def alltoall_async(tensor: torch.Tensor, splits: Union[None, Sequence[int], torch.Tensor] = None,
                    name: Optional[str] = None, process_set: Any = None) -> Handle:
     """alltoall run synchronously; returns a completed handle.
@@ -654,6 +689,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Union[None, Sequence[int], torc
     return _done(alltoall(tensor, splits, name, process_set))
 
 
+@_symmetric("reducescatter")
 def reducescatter(tensor: torch.Tensor, name: Optional[str] = None,
                   compression: type = Compression.none, op: Optional[ReduceOp] = None,
                   process_set: Any = None, prescale_factor: float = 1.0,
@@ -709,6 +745,7 @@ def reducescatter(tensor: torch.Tensor, name: Optional[str] = None,
     return compression.decompress(out, cctx)
 
 
+@_symmetric("reducescatter")
 def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None,
                         op: Optional[ReduceOp] = None, process_set: Any = None,
                         prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
@@ -723,10 +760,13 @@ def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None,
 
 # ------------------------------------------------------------ barrier, join
 
+@_symmetric("barrier")
 def barrier(process_set: Any = None) -> None:
     """Return once every rank has called barrier (queued allreduces finish first)."""
     _check_process_set(process_set)
-    current().core.barrier()
+    ctx = current()
+    if ctx.size > 1:  # the agreement's allgather is a barrier that also catches a rank elsewhere
+        ctx.check_now("barrier", "barrier")
 
 
 def join(device: int = -1) -> int:
@@ -746,8 +786,6 @@ def join(device: int = -1) -> int:
     ctx = current()
     if ctx.size == 1:
         return 0
-    stamp = np.array([time.time()], dtype=np.float64)
-    stamps = np.zeros(ctx.size, dtype=np.float64)
-    ctx.core.allgatherv(stamp, stamps, [1] * ctx.size)
+    stamps = ctx.agreement.agree("join", "join", extra=time.time_ns()).extra
     return int(np.argmax(stamps))
 

@@ -1,0 +1,243 @@
+"""The per-call agreement: every rank learns every rank's arguments before data moves.
+
+Each Horovod operation starts with one small allgather of a fixed-size slot
+per rank (``SLOT`` bytes, so it can never itself disagree). A slot holds:
+
+    bytes   0  u32  magic "HVDA"     a slot written by this module
+            4  u32  status           OK, or FAILED: this rank raised before the call
+            8  u64  digest           64-bit hash (blake2b) of the full description
+           16  i64  nbytes           this rank's payload bytes; -1: not inlined
+           24  i64  extra            per-operation number (allgather: this rank's dim 0)
+           32       description      what must match, as text (cut to DESC bytes)
+    SLOT - INLINE   payload          this rank's data when nbytes <= INLINE
+
+Every rank sees the same slots, so every rank decides the same way: all go
+on, or all raise (``LayoutMismatch`` naming the ranks that differ, or, on the
+ranks that did not fail, naming the rank that raised and its error), with the
+same message on every rank (a rank's own traceback says which call). Nothing
+was sent but the slots, so the communicator stays usable after either.
+
+Small operations are finished from the slots alone (allreduce reduces the
+inlined payloads with the core's own kernels, in rank order, so every rank
+computes bit-identical results; broadcast copies the root's): for them the
+check is the collective. Larger ones pay one small allgather in front of the
+data, a latency, not a bandwidth, cost.
+
+Why not only a fingerprint in the data's wire header (which already carries
+count, dtype, op and root): the core sees a header only while the data
+moves, a rank that finds a mismatch there cannot stop peers already further
+in the schedule, so the core breaks the communicator (coll.h); and ranks that
+disagree on the count send messages of different sizes, which no later call
+could resynchronise. The agreement decides before any of that.
+
+The exchange is a blocking collective: it waits for the allreduces already
+queued on the core's progress thread (as any blocking collective does), so
+``allreduce_async`` of a large tensor returns once the earlier queued ones
+have finished, not at once.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import struct
+import threading
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+SLOT = 512
+HEAD = 32
+DESC = 96
+INLINE = SLOT - HEAD - DESC  # 384 bytes: e.g. 96 float32 elements
+MAGIC = 0x41445648  # "HVDA"
+OK, FAILED = 1, 2
+_HEAD = struct.Struct("<IIQqq")  # magic, status, digest, nbytes, extra: HEAD bytes
+
+
+class LayoutMismatch(RuntimeError, ValueError):
+    """Ranks passed different arguments (shape, dtype, root, op, name) to the same call,
+    or another rank's call failed before any data moved: every rank raises it, and the
+    communicator stays usable."""
+
+
+def digest(text: bytes) -> int:
+    """A 64-bit hash of a description (blake2b)."""
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
+
+
+class Agreed:
+    """Every rank's slot after the exchange (all rows equal in layout by then).
+
+    Args:
+        slots: (size, SLOT) uint8, row r from rank r.
+        heads: per rank, the unpacked head (magic, status, digest, nbytes, extra).
+    """
+
+    def __init__(self, slots: np.ndarray, heads: list) -> None:
+        self.slots = slots
+        self.nbytes = [h[3] for h in heads]
+        self.extra = [h[4] for h in heads]
+
+    @property
+    def inline(self) -> bool:
+        """True if every rank's payload is in its slot: nothing more to send."""
+        return min(self.nbytes) >= 0
+
+    def payload(self, rank: int) -> np.ndarray:
+        """Rank `rank`'s inlined payload bytes (uint8)."""
+        return self.slots[rank, SLOT - INLINE:SLOT - INLINE + self.nbytes[rank]]
+
+
+def _text(slot: np.ndarray, lo: int, hi: int) -> str:
+    return bytes(slot[lo:hi]).rstrip(b"\0").decode("utf-8", "replace")
+
+
+class Agreement:
+    """The exchange itself, bound to one communicator.
+
+    Args:
+        core: the core ``Communicator`` the slots travel on.
+        rank, size: this rank and the rank count.
+    """
+
+    def __init__(self, core: Any, rank: int, size: int) -> None:
+        self.core = core
+        self.rank = rank
+        self.size = size
+        self.calls = 0  # exchanges so far (the decorator tells a failure before one apart)
+        self.lock = threading.Lock()
+        self._counts = [SLOT] * size
+
+    def _exchange(self, slot: bytearray) -> tuple[np.ndarray, list]:
+        out = np.empty(self.size * SLOT, dtype=np.uint8)
+        with self.lock:
+            self.calls += 1
+            self.core.allgatherv(np.frombuffer(slot, dtype=np.uint8), out, self._counts)
+        return out.reshape(self.size, SLOT), [_HEAD.unpack_from(out, r * SLOT)
+                                              for r in range(self.size)]
+
+    def agree(self, what: str, desc: str, payload: Optional[np.ndarray] = None,
+              extra: int = 0) -> Agreed:
+        """Exchange slots; raise LayoutMismatch on every rank if any rank's `desc` differs
+        or any rank failed. `payload` (bytes as uint8, or None) is inlined if it fits."""
+        slot = bytearray(SLOT)
+        nbytes = -1
+        if payload is not None and payload.nbytes <= INLINE:
+            nbytes = payload.nbytes
+            slot[SLOT - INLINE:SLOT - INLINE + nbytes] = payload.tobytes()
+        text = desc.encode()
+        _HEAD.pack_into(slot, 0, MAGIC, OK, digest(text), nbytes, extra)
+        slot[HEAD:HEAD + min(len(text), DESC)] = text[:DESC]
+        slots, heads = self._exchange(slot)
+        self._judge(what, slots, heads)
+        return Agreed(slots, heads)
+
+    def fail(self, what: str, error: BaseException) -> None:
+        """Tell every rank that this rank's call raised `error` before any data moved
+        (they raise LayoutMismatch naming it); the caller re-raises `error`."""
+        slot = bytearray(SLOT)
+        _HEAD.pack_into(slot, 0, MAGIC, FAILED, 0, -1, 0)
+        text = f"{what}: {type(error).__name__}: {error}".encode()[:SLOT - HEAD]
+        slot[HEAD:HEAD + len(text)] = text
+        _, heads = self._exchange(slot)
+        bad = [r for r in range(self.size) if heads[r][0] != MAGIC]
+        if bad:
+            raise LayoutMismatch(f"{what}: rank {bad[0]} sent no agreement slot (collectives "
+                                 "called in a different order?)") from error
+
+    def _judge(self, what: str, slots: np.ndarray, heads: list) -> None:
+        first = heads[0]
+        if all(h[0] == MAGIC and h[1] == OK and h[2] == first[2] and -1 <= h[3] <= INLINE
+               for h in heads):
+            return
+        bad = [r for r in range(self.size) if heads[r][1] == OK and not -1 <= heads[r][3] <= INLINE]
+        if bad:  # the bytes come from a peer: bounded before anything reads them
+            raise LayoutMismatch(f"{what}: rank {bad[0]} sent a malformed agreement slot "
+                                 f"(payload of {heads[bad[0]][3]} bytes)")
+        bad = [r for r in range(self.size) if heads[r][0] != MAGIC]
+        if bad:
+            raise LayoutMismatch(f"{what}: rank {bad[0]} sent no agreement slot (collectives "
+                                 "called in a different order?)")
+        failed = [r for r in range(self.size) if heads[r][1] == FAILED]
+        if failed:
+            k = failed[0]
+            raise LayoutMismatch(f"rank {k} raised before the collective, so no rank ran it "
+                                 f"({_text(slots[k], HEAD, SLOT)})")
+        differ = [r for r in range(self.size) if heads[r][2] != first[2]]
+        k = differ[0]
+        raise LayoutMismatch(
+            "ranks passed different arguments to one call, so no rank ran it: rank 0 has "
+            f"{_text(slots[0], HEAD, HEAD + DESC)}; rank {k} has "
+            f"{_text(slots[k], HEAD, HEAD + DESC)}"
+            + (f" (ranks {', '.join(map(str, differ))} differ from rank 0)"
+               if len(differ) > 1 else ""))
+
+
+def inline_bytes(buf: Any) -> Optional[np.ndarray]:
+    """The bytes of a host buffer (an as_buffer view) if they fit in a slot, else None."""
+    if not isinstance(buf, np.ndarray) or buf.nbytes > INLINE:
+        return None
+    return np.ascontiguousarray(buf).reshape(-1).view(np.uint8)
+
+
+def reduce_inline(agreed: Agreed, out: np.ndarray, op: str, dtype: Optional[str]) -> None:
+    """out = op over every rank's inlined payload, in rank order, with the core's kernels
+    (so every rank computes the same bits); AVG divides the sum by the rank count once."""
+    from collectives import _core
+
+    flat = out.reshape(-1)
+    size = len(agreed.nbytes)
+    if any(nb != flat.nbytes for nb in agreed.nbytes):
+        raise LayoutMismatch(f"allreduce: ranks sent {agreed.nbytes} bytes for a tensor of "
+                             f"{flat.nbytes} bytes")
+    flat.view(np.uint8)[:] = agreed.payload(0)
+    if flat.size == 0:
+        return
+    for r in range(1, size):
+        _core.reduce_local(flat, flat, agreed.payload(r).view(flat.dtype), op=op, dtype=dtype)
+    if op == "avg":
+        _core.scale_local(flat, flat, float(size), dtype=dtype)
+
+
+def _usable(core: Any) -> bool:
+    """False once the communicator is closed or broken (then nothing can be announced)."""
+    try:
+        return not core.closed and not core.broken
+    except Exception:
+        return False
+
+
+_depth = threading.local()
+
+
+def symmetric(what: str, get: Callable[[], Any]) -> Callable:
+    """Decorator: an exception raised before the call's agreement (bad argument on this
+    rank) is first announced to every rank through a FAILED slot, so they raise too
+    instead of waiting in a collective this rank never joins. `get()` returns the
+    context's Agreement, or raises if there is none (then nothing is exchanged)."""
+
+    def wrap(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            depth = getattr(_depth, "n", 0)
+            if depth:
+                return fn(*args, **kwargs)
+            try:
+                agreement = get()
+            except Exception:
+                agreement = None
+            before = agreement.calls if agreement is not None else 0
+            _depth.n = 1
+            try:
+                return fn(*args, **kwargs)
+            except Exception as e:
+                if agreement is not None and agreement.size > 1 and agreement.calls == before \
+                        and _usable(agreement.core):
+                    agreement.fail(what, e)
+                raise
+            finally:
+                _depth.n = 0
+
+        return call
+
+    return wrap
