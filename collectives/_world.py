@@ -210,7 +210,7 @@ def start_timeout_error(info: _env.WorldInfo, timeout: float, missing: Optional[
     addr = _env.format_addr(info.store_host, info.store_port)
     if missing is None:
         what = (f"rank {info.rank} of {info.size} could not reach the store at {addr} "
-                f"(rank 0 hosts it) within {timeout:g} s: is rank 0 running? ({detail})")
+                f"(rank 0 hosts it) within {timeout:g} s: is rank 0 running?")
     elif missing:
         names = ", ".join(map(str, missing))
         plural = "s" if len(missing) > 1 else ""
@@ -221,6 +221,11 @@ def start_timeout_error(info: _env.WorldInfo, timeout: float, missing: Optional[
                 f"arrived (rank 0 gave up or exited first; its error says which ranks were "
                 f"missing) ({detail})")
     return TimeoutError(f"{what}; {_START_CHECKS.format(addr=addr, t=timeout)}")
+
+
+class _OtherWorld(TimeoutError):
+    """The store answered, but for another world than this rank's init (the ranks called
+    init and finalize different numbers of times)."""
 
 
 def _connect_store(info: _env.WorldInfo, generation: int, timeout: float) -> "_store.StoreClient":
@@ -259,7 +264,7 @@ def _connect_store(info: _env.WorldInfo, generation: int, timeout: float) -> "_s
             raise
         client.close()
         if time.monotonic() >= deadline:
-            raise TimeoutError(f"the store at {client.address} did not start world "
+            raise _OtherWorld(f"the store at {client.address} did not start world "
                                f"#{generation} within {timeout:g} s (every rank must call "
                                f"init and finalize the same number of times)")
         time.sleep(0.005)
@@ -273,6 +278,10 @@ def _rendezvous(info: _env.WorldInfo, timeout: float, generation: int = 0):
         server = _start_store(info.store_host, info.store_port)
     try:
         client = _connect_store(info, generation, timeout)
+    except _OtherWorld:
+        if server is not None:
+            server.close()
+        raise
     except TimeoutError as exc:
         if server is not None:
             server.close()
