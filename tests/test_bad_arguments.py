@@ -70,3 +70,27 @@ def test_bad_roots_and_none_sendbuf_at_every_rank(n):
         assert "disagree on the root" in rec["message"] and "rank 1: root 1" in rec["message"]
         after = res[r].one("after")
         assert after["value"] == "obj0" and after["sum"] == n * (n - 1) // 2
+
+
+def test_torch_roots_are_checked_alike():
+    torch = pytest.importorskip("torch")
+    body = r"""
+import torch
+import collectives.torch as hvd
+hvd.init()
+t = torch.ones(3)
+for root in (1.5, 2 ** 40, "0", -1):
+    for name, call in (("broadcast", lambda: hvd.broadcast(t, root)),
+                       ("broadcast_", lambda: hvd.broadcast_(t.clone(), root)),
+                       ("broadcast_object", lambda: hvd.broadcast_object(1, root)),
+                       ("broadcast_parameters", lambda: hvd.broadcast_parameters({"w": t.clone()}, root))):
+        try:
+            call()
+            fail(f"{name} root={root!r}", "accepted")
+        except (TypeError, ValueError) as exc:
+            if "root_rank" not in str(exc):
+                fail(f"{name} root={root!r}", str(exc))
+emit("sum", value=float(hvd.allreduce(torch.ones(2), op=hvd.Sum)[0]))
+"""
+    res = run_world(2, body, timeout=50).assert_ok()
+    assert [res[r].one("sum")["value"] for r in range(2)] == [2.0, 2.0]

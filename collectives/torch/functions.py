@@ -15,6 +15,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from .._core import check_root
 from ._agree import symmetric
 from ._context import as_buffer, check_tensor, current, wire_dtype
 
@@ -25,8 +26,7 @@ __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_objec
 def _broadcast_fused_(named: Sequence[tuple[str, torch.Tensor]], root_rank: int, what: str) -> None:
     """Overwrite every tensor with root's value: one broadcast per wire dtype."""
     ctx = current()
-    if not 0 <= root_rank < ctx.size:
-        raise ValueError(f"root_rank {root_rank} out of range for {ctx.size} ranks")
+    root_rank = check_root(root_rank, ctx.size, "root_rank")
     for name, t in named:
         check_tensor(t, f"{what} {name!r}")
     ctx.check_now((what, root_rank, tuple((n, tuple(t.shape), str(t.dtype)) for n, t in named)),
@@ -183,8 +183,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
         Root's object (on root: `obj` itself).
     """
     ctx = current()
-    if not 0 <= root_rank < ctx.size:
-        raise ValueError(f"root_rank {root_rank} out of range for {ctx.size} ranks")
+    root_rank = check_root(root_rank, ctx.size, "root_rank")
     ctx.check_now(f"broadcast_object root={root_rank}", "broadcast_object")
     return ctx.comm.bcast(obj, root_rank)
 

@@ -26,6 +26,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 import numpy as np
 import torch
 
+from .._core import check_root
 from ._agree import LayoutMismatch, inline_bytes, reduce_inline, symmetric
 from ._context import as_buffer, check_tensor, current, wire_dtype
 from .basics import (Adasum, Average, Max, Min, Product, ReduceOp, Sum, ccl_built, cross_rank,
@@ -520,8 +521,7 @@ def _broadcast_into(tensor: torch.Tensor, output: torch.Tensor, root_rank: int,
     """output = root's tensor on every rank (output may be tensor itself)."""
     ctx = current()
     check_tensor(tensor)
-    if not 0 <= root_rank < ctx.size:
-        raise ValueError(f"root_rank {root_rank} out of range for {ctx.size} ranks")
+    root_rank = check_root(root_rank, ctx.size, "root_rank")
     wdt = wire_dtype(tensor.dtype)
     direct = wdt == tensor.dtype and output.is_contiguous()
     buf = output if direct else tensor.detach().to(wdt).contiguous()
