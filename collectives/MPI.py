@@ -23,6 +23,7 @@ import socket
 import time
 from typing import Any, Callable, Optional, Sequence
 
+from . import _core
 from ._core import CollectivesError, CommBase as _CommBase, Request as _CoreRequest, count_of
 from ._core import _mpi_register
 
@@ -30,7 +31,13 @@ __all__ = [
     "COMM_WORLD", "Comm", "Request", "Op", "Datatype", "Exception", "IN_PLACE",
     "SUM", "PROD", "MIN", "MAX", "AVG", "Wtime", "Wtick", "Get_processor_name",
     "Init", "Finalize", "Is_initialized", "Is_finalized",
+    "Status", "ANY_SOURCE", "ANY_TAG", "UNDEFINED", "TAG_UB",
 ]
+
+ANY_SOURCE = _core.ANY_SOURCE  # a receive's source: any rank
+ANY_TAG = _core.ANY_TAG        # a receive's tag: any tag
+TAG_UB = _core.TAG_MAX         # the largest tag
+UNDEFINED = -32766             # mpi4py's value: no index (Waitany), no whole count (Get_count)
 
 Exception = CollectivesError  # noqa: A001 -- mpi4py's name for its error class
 Exception.__doc__ = CollectivesError.__doc__
@@ -82,6 +89,61 @@ LONG_LONG = Datatype("LONG_LONG", "int64")
 INT64_T = Datatype("INT64_T", "int64")
 FLOAT = Datatype("FLOAT", "float32")
 DOUBLE = Datatype("DOUBLE", "float64")
+
+
+_ITEMSIZE = {"int8": 1, "uint8": 1, "int32": 4, "int64": 8, "float16": 2, "bfloat16": 2,
+             "float32": 4, "float64": 8}
+
+
+class Status:
+    """What a receive got (mpi4py's Status): its source, tag and size."""
+
+    def __init__(self) -> None:
+        self.source = ANY_SOURCE
+        self.tag = ANY_TAG
+        self.error = 0
+        self._nbytes = 0
+
+    def Get_source(self) -> int:
+        """The rank the message came from."""
+        return self.source
+
+    def Get_tag(self) -> int:
+        """The message's tag."""
+        return self.tag
+
+    def Get_error(self) -> int:
+        """0: the receive succeeded (a failed one raises instead)."""
+        return self.error
+
+    def Get_count(self, datatype: "Datatype" = None) -> int:
+        """Elements of `datatype` (default BYTE) received; UNDEFINED if not a whole number."""
+        size = _ITEMSIZE[(datatype or BYTE).dtype]
+        return self._nbytes // size if self._nbytes % size == 0 else UNDEFINED
+
+    def Get_elements(self, datatype: "Datatype") -> int:
+        """Same as Get_count(datatype) (no derived datatypes here)."""
+        return self.Get_count(datatype)
+
+    def Set_source(self, source: int) -> None:
+        """Set the source (mpi4py name)."""
+        self.source = source
+
+    def Set_tag(self, tag: int) -> None:
+        """Set the tag (mpi4py name)."""
+        self.tag = tag
+
+    @property
+    def count(self) -> int:
+        """Bytes received."""
+        return self._nbytes
+
+    def _fill(self, outcome: Optional[tuple]) -> None:
+        if outcome is not None:
+            self.source, self.tag, self._nbytes = outcome[0], outcome[1], outcome[4]
+
+    def __repr__(self) -> str:
+        return f"<collectives.MPI.Status source={self.source} tag={self.tag} bytes={self._nbytes}>"
 
 
 class _InPlace:
@@ -148,28 +210,107 @@ def _dtype_name(a: Optional[str], b: Optional[str]) -> Optional[str]:
 
 
 class Request:
-    """A non-blocking operation (mpi4py's Request subset)."""
+    """A non-blocking operation (mpi4py's Request subset).
 
-    def __init__(self, core_request: _CoreRequest, comm: "Comm") -> None:
+    Uppercase Wait/Test finish it; lowercase wait/test also return the
+    object a pickled irecv brought (None for other requests).
+    """
+
+    def __init__(self, core_request: _CoreRequest, comm: "Comm", pickled: bool = False) -> None:
         self._req = core_request
         self._comm = comm
+        self._pickled = pickled
 
-    def Wait(self, status: Any = None) -> None:
-        """Block until done; raise MPI.Exception if the collective failed."""
+    def _outcome(self, status: Optional[Status]) -> Any:
+        outcome = self._req._status
+        if status is not None:
+            status._fill(outcome)
+        if self._pickled and outcome is not None:
+            return pickle.loads(outcome[3])
+        return None
+
+    def Wait(self, status: Optional[Status] = None) -> bool:
+        """Block until done (raising MPI.Exception if it failed); fills status."""
         self._comm._call(self._req.Wait)
+        self._outcome(status)
+        return True
 
-    def Test(self, status: Any = None) -> bool:
-        """True once done (raising if it failed)."""
-        return self._comm._call(self._req.Test)
+    def Test(self, status: Optional[Status] = None) -> bool:
+        """True once done (raising if it failed); fills status then."""
+        done = self._comm._call(self._req.Test)
+        if done:
+            self._outcome(status)
+        return done
 
-    wait = Wait
-    test = Test
+    def wait(self, status: Optional[Status] = None) -> Any:
+        """Wait(); returns the object a pickled irecv received (else None)."""
+        self._comm._call(self._req.Wait)
+        return self._outcome(status)
+
+    def test(self, status: Optional[Status] = None) -> tuple:
+        """(done, object): the object a pickled irecv received once done, else None."""
+        if not self._comm._call(self._req.Test):
+            return False, None
+        return True, self._outcome(status)
 
     @staticmethod
-    def Waitall(requests: Sequence["Request"], statuses: Any = None) -> None:
-        """Wait for every request in order."""
-        for r in requests:
-            r.Wait()
+    def Waitall(requests: Sequence["Request"], statuses: Optional[list] = None) -> bool:
+        """Wait for every request; the first failure is raised after all have finished."""
+        Request.waitall(requests, statuses)
+        return True
+
+    @staticmethod
+    def waitall(requests: Sequence["Request"], statuses: Optional[list] = None) -> list:
+        """Wait for every request; returns each one's object (see wait)."""
+        objs, first = [], None
+        for i, r in enumerate(requests):
+            st = statuses[i] if statuses is not None and i < len(statuses) else None
+            try:
+                objs.append(r.wait(st))
+            except CollectivesError as exc:
+                first = first or exc
+                objs.append(None)
+        if first is not None:
+            raise first
+        return objs
+
+    @staticmethod
+    def Waitany(requests: Sequence["Request"], status: Optional[Status] = None) -> int:
+        """Block until one unfinished request completes; its index (UNDEFINED if none left)."""
+        return Request.waitany(requests, status)[0]
+
+    @staticmethod
+    def waitany(requests: Sequence["Request"], status: Optional[Status] = None) -> tuple:
+        """(index, object) of the first request to complete (UNDEFINED, None if none left)."""
+        reqs = list(requests)
+        if not reqs:
+            return UNDEFINED, None
+        comm = reqs[0]._comm
+        i = comm._call(_core.request_wait_any, [r._req for r in reqs])
+        if i < 0:
+            return UNDEFINED, None
+        return i, reqs[i].wait(status)
+
+    @staticmethod
+    def Testall(requests: Sequence["Request"], statuses: Optional[list] = None) -> bool:
+        """True if every request has completed (then finished, statuses filled); else
+        False, and none is finished by this call beyond what completed meanwhile."""
+        return Request.testall(requests, statuses)[0]
+
+    @staticmethod
+    def testall(requests: Sequence["Request"], statuses: Optional[list] = None) -> tuple:
+        """(True, objects) once every request has completed, else (False, None)."""
+        if not all(r._comm._call(r._req.Test) for r in requests):
+            return False, None
+        return True, Request.waitall(requests, statuses)
+
+    @staticmethod
+    def Testany(requests: Sequence["Request"], status: Optional[Status] = None) -> tuple:
+        """(index, True) of a completed request, else (UNDEFINED, False)."""
+        for i, r in enumerate(requests):
+            if r.Test(status):
+                return i, True
+        return UNDEFINED, False
 
 
 class Comm(_CommBase):
@@ -320,6 +461,74 @@ class Comm(_CommBase):
         return Request(self._call(self._core.ibarrier, timeout), self)
 
     barrier = Barrier
+
+    # -- point-to-point ------------------------------------------------------
+    def Send(self, buf: Any, dest: int, tag: int = 0, *, timeout: Optional[float] = None) -> None:
+        """Send buf to rank dest; returns once its bytes are handed to the link."""
+        b, dtype = _buf(buf)
+        self._call(_core.p2p_send, self._core, b, dest, tag, timeout, dtype)
+
+    def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+             status: Optional[Status] = None, *, timeout: Optional[float] = None) -> None:
+        """Receive into buf a message from source with tag (ANY_SOURCE/ANY_TAG match any)."""
+        b, dtype = _buf(buf)
+        src, tg, count = self._call(_core.p2p_recv, self._core, b, source, tag, timeout, dtype)
+        if status is not None:
+            status._fill((src, tg, count, None, count * _ITEMSIZE[dtype or _core.dtype_of(b)]))
+
+    def Isend(self, buf: Any, dest: int, tag: int = 0, *,
+              timeout: Optional[float] = None) -> Request:
+        """Start a Send; returns a Request (buf stays in use until it completes)."""
+        b, dtype = _buf(buf)
+        return Request(self._call(_core.p2p_isend, self._core, b, dest, tag, timeout, dtype), self)
+
+    def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, *,
+              timeout: Optional[float] = None) -> Request:
+        """Start a Recv into buf; returns a Request."""
+        b, dtype = _buf(buf)
+        return Request(self._call(_core.p2p_irecv, self._core, b, source, tag, timeout, dtype),
+                       self)
+
+    def Sendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
+                 source: int = ANY_SOURCE, recvtag: int = ANY_TAG,
+                 status: Optional[Status] = None, *, timeout: Optional[float] = None) -> None:
+        """Send sendbuf to dest and receive into recvbuf at once (neither waits for the other)."""
+        if recvbuf is None:
+            raise ValueError("Sendrecv needs a recvbuf")
+        sbuf, stype = _buf(sendbuf)
+        rbuf, rtype = _buf(recvbuf)
+        dtype = _dtype_name(stype, rtype)
+        src, tg, count = self._call(_core.p2p_sendrecv, self._core, sbuf, dest, sendtag, rbuf,
+                                    source, recvtag, timeout, dtype)
+        if status is not None:
+            status._fill((src, tg, count, None, count * _ITEMSIZE[dtype or _core.dtype_of(rbuf)]))
+
+    def send(self, obj: Any, dest: int, tag: int = 0) -> None:
+        """Send a Python object (pickled) to rank dest."""
+        self.Send(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), dest, tag)
+
+    def recv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+             status: Optional[Status] = None) -> Any:
+        """Receive a Python object sent with send/isend (buf is ignored, as in mpi4py 4)."""
+        return self.irecv(None, source, tag).wait(status)
+
+    def isend(self, obj: Any, dest: int, tag: int = 0) -> Request:
+        """Start sending a Python object (pickled); returns a Request."""
+        return self.Isend(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), dest, tag)
+
+    def irecv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
+        """Start receiving a Python object; the Request's wait() returns it."""
+        req = self._call(_core.p2p_irecv, self._core, None, source, tag)
+        return Request(req, self, pickled=True)
+
+    def sendrecv(self, sendobj: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
+                 source: int = ANY_SOURCE, recvtag: int = ANY_TAG,
+                 status: Optional[Status] = None) -> Any:
+        """Send sendobj to dest and return the object received from source, at once."""
+        rreq = self.irecv(None, source, recvtag)
+        sreq = self.isend(sendobj, dest, sendtag)
+        sreq.Wait()
+        return rreq.wait(status)
 
     # -- object collectives (pickle) ---------------------------------------
     def bcast(self, obj: Any, root: int = 0) -> Any:

@@ -6,6 +6,10 @@
  *   coll_allreduce, coll_allgatherv, coll_broadcast, coll_reduce_scatter_block,
  *   coll_barrier                       blocking collectives
  *   coll_iallreduce + coll_request_*   non-blocking allreduce on the progress thread
+ *   coll_isend / coll_irecv / coll_send / coll_recv / coll_sendrecv
+ *                                      point-to-point messages with tags (p2p.c)
+ *   coll_request_status / coll_request_wait_any
+ *                                      what a receive got; the first of several to finish
  *   coll_comm_last_error               text of the last failure (rank, peer, seq, values)
  *   coll_reduce_local                  one host reduction kernel, for tests and adapters
  *   coll_param_*                       the declared COLLECTIVES_* tunables
@@ -101,7 +105,24 @@ typedef struct {
   void *stream;          /* device buffers: the caller's cudaStream_t; the call waits for
                             the work queued on it before the call (NULL: legacy default) */
   void *ready_event;     /* set by the core for queued calls; callers leave it NULL */
+  int peer;              /* point-to-point: destination (send) or source (recv, or
+                            COLL_ANY_SOURCE) */
+  int tag;               /* point-to-point: >= 0, or COLL_ANY_TAG on a receive */
 } coll_args_t;
+
+#define COLL_ANY_SOURCE (-1)
+#define COLL_ANY_TAG (-1)
+#define COLL_TAG_MAX 0x7fffffff
+#define COLL_COUNT_ANY ((size_t)-1) /* a receive (recvbuf NULL) of any size: see
+                                       coll_request_take_buffer */
+
+/* What a completed point-to-point receive got. */
+typedef struct {
+  int source;
+  int tag;
+  size_t count;  /* elements received (at most the receive's count) */
+  size_t nbytes; /* their bytes */
+} coll_status_t;
 
 /* Creates rank `rank` of `size` and starts listening on bind_host (numeric
  * IPv4/IPv6 address, "" for any). comm_id (16 bytes) must be equal on all
@@ -176,6 +197,53 @@ coll_result_t coll_request_wait(coll_request_t *req);
 coll_result_t coll_request_test(coll_request_t *req, int *done);
 /* Frees a finished request; an unfinished one is waited for first. */
 void coll_request_free(coll_request_t *req);
+
+/* Point-to-point (p2p.c), over the same links as the collectives.
+ *
+ * Arguments: sendbuf/recvbuf, count (a receive's count is its capacity),
+ * dtype, peer, tag, timeout; host memory only. Contracts:
+ *   - messages from one rank to another are matched in the order they were
+ *     sent among those that fit a receive (same tag, or COLL_ANY_TAG; that
+ *     source, or COLL_ANY_SOURCE), and receives in the order they were posted,
+ *     as in MPI;
+ *   - the message's dtype must be the receive's and its count at most the
+ *     receive's: otherwise the receive fails with COLL_REMOTE_ERROR naming
+ *     both sides; a shorter message is fine (coll_request_status says how long);
+ *   - a send completes once its bytes are handed to the link: a message that
+ *     fits the link's buffers (socket or shared-memory ring) completes without
+ *     the receiver; a larger one needs the receiver to read it (MPI's
+ *     standard mode). A message that arrives before its receive is posted is
+ *     kept, up to COLLECTIVES_P2P_BUFFER_BYTES in all; beyond that it waits
+ *     in the link;
+ *   - a peer whose next message on a link belongs to a collective is not
+ *     read past it: a receive that needs a later message times out;
+ *   - every wait has the call's deadline (timeout <= 0: the communicator's);
+ *     a timeout, a dead peer or a mismatch breaks the communicator, as for
+ *     collectives; an argument error (COLL_INVALID_ARGUMENT) changes nothing;
+ *   - non-blocking forms return a request at once; all pending point-to-point
+ *     requests progress together whenever any is waited for or tested, so
+ *     posting a receive and a send and then waiting for both never deadlocks;
+ *     buffers stay the caller's until the request completes.
+ */
+coll_result_t coll_isend(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req);
+coll_result_t coll_irecv(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req);
+coll_result_t coll_send(coll_comm_t *comm, const coll_args_t *args);
+/* status may be NULL. */
+coll_result_t coll_recv(coll_comm_t *comm, const coll_args_t *args, coll_status_t *status);
+/* Sends sendbuf (count elements of dtype to send_args->peer with its tag) and
+ * receives into recv_args at once; neither waits for the other. */
+coll_result_t coll_sendrecv(coll_comm_t *comm, const coll_args_t *send_args,
+                            const coll_args_t *recv_args, coll_status_t *status);
+/* A completed receive's source, tag and count (a send's: its peer, tag and
+ * count). COLL_INVALID_USAGE if req is not point-to-point or not done. */
+coll_result_t coll_request_status(const coll_request_t *req, coll_status_t *status);
+/* A completed coll_irecv posted with recvbuf NULL and count COLL_COUNT_ANY
+ * allocated its buffer when the message matched: hands it (malloc'd, the
+ * caller frees it) and its size over. */
+coll_result_t coll_request_take_buffer(coll_request_t *req, void **buf, size_t *nbytes);
+/* Blocks until one of reqs[0, n) (all of one communicator; NULL entries
+ * skipped) is done; *index = its position. The request is not freed. */
+coll_result_t coll_request_wait_any(coll_request_t **reqs, int n, int *index);
 
 /* out[i] = in1[i] op in2[i] for `count` elements; out may alias in1 or in2.
  * AVG reduces as SUM here. */

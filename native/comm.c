@@ -177,6 +177,7 @@ void coll_comm_break(coll_comm_t *comm, coll_result_t code) {
   coll_links_close_all(comm);
   if (unlinked) coll_tcp_send_aborts(comm, unlinked);
   free(unlinked);
+  coll_p2p_fail_all(comm, code);
 }
 
 /* ---- argument checks (before any byte is sent; never break the comm) ---- */
@@ -204,6 +205,14 @@ static coll_result_t check_common(coll_comm_t *comm, const coll_args_t *a, int n
 /* ---- serialization with the progress thread ---- */
 
 static coll_result_t enter(coll_comm_t *comm) {
+  coll_result_t res = coll_comm_enter(comm);
+  /* A point-to-point message half sent or half received is finished
+   * first, so that this collective's messages do not land inside it. */
+  if (res == COLL_SUCCESS) res = coll_p2p_quiesce(comm, coll_comm_deadline(comm, 0));
+  return res;
+}
+
+coll_result_t coll_comm_enter(coll_comm_t *comm) {
   pthread_mutex_lock(&comm->mu);
   while (comm->busy || comm->qhead) pthread_cond_wait(&comm->cv, &comm->mu);
   comm->busy = 1;
@@ -221,6 +230,10 @@ static coll_result_t enter(coll_comm_t *comm) {
 }
 
 static coll_result_t leave(coll_comm_t *comm, coll_result_t res) {
+  return coll_comm_leave(comm, res);
+}
+
+coll_result_t coll_comm_leave(coll_comm_t *comm, coll_result_t res) {
   if (res != COLL_SUCCESS && res != COLL_INVALID_ARGUMENT && res != COLL_INVALID_USAGE)
     coll_comm_break(comm, res);
   pthread_mutex_lock(&comm->mu);
@@ -432,8 +445,11 @@ static void *progress_main(void *arg) {
   coll_comm_t *comm = arg;
   pthread_mutex_lock(&comm->mu);
   for (;;) {
-    while (!comm->qhead && !comm->stopping) pthread_cond_wait(&comm->cv, &comm->mu);
+    /* Waits for `busy` too: a point-to-point wait on another thread holds
+     * the links (as does a blocking collective there). */
+    while ((!comm->qhead || comm->busy) && !comm->stopping) pthread_cond_wait(&comm->cv, &comm->mu);
     if (!comm->qhead && comm->stopping) break;
+    while (comm->busy) pthread_cond_wait(&comm->cv, &comm->mu);
     coll_request_t *req = comm->qhead;
     comm->busy = 1;
     pthread_mutex_unlock(&comm->mu);
@@ -447,7 +463,8 @@ static void *progress_main(void *arg) {
       res = COLL_INVALID_USAGE;
       coll_cuda_event_destroy(req->args.ready_event);
     } else {
-      res = req->run(comm, &req->args);
+      res = coll_p2p_quiesce(comm, coll_comm_deadline(comm, 0));
+      if (res == COLL_SUCCESS) res = req->run(comm, &req->args);
       if (res != COLL_SUCCESS && res != COLL_INVALID_ARGUMENT) coll_comm_break(comm, res);
     }
 
@@ -530,6 +547,7 @@ coll_result_t coll_ibarrier(coll_comm_t *comm, double timeout, coll_request_t **
 }
 
 coll_result_t coll_request_wait(coll_request_t *req) {
+  if (req->p2p) return coll_p2p_wait(req);
   coll_comm_t *comm = req->comm;
   pthread_mutex_lock(&comm->mu);
   while (!req->done) pthread_cond_wait(&comm->cv, &comm->mu);
@@ -538,6 +556,7 @@ coll_result_t coll_request_wait(coll_request_t *req) {
 }
 
 coll_result_t coll_request_test(coll_request_t *req, int *done) {
+  if (req->p2p) return coll_p2p_test(req, done);
   coll_comm_t *comm = req->comm;
   pthread_mutex_lock(&comm->mu);
   *done = req->done;
@@ -548,6 +567,7 @@ coll_result_t coll_request_test(coll_request_t *req, int *done) {
 
 void coll_request_free(coll_request_t *req) {
   if (!req) return;
+  if (req->p2p) { coll_p2p_free(req); return; }
   coll_request_wait(req);
   free(req);
 }
@@ -565,6 +585,7 @@ void coll_comm_destroy(coll_comm_t *comm) {
   pthread_mutex_lock(&comm->mu);
   while (comm->busy) pthread_cond_wait(&comm->cv, &comm->mu);
   pthread_mutex_unlock(&comm->mu);
+  coll_p2p_destroy(comm);
   coll_links_close_all(comm);
   coll_tcp_shutdown(comm);
   coll_cuda_destroy(comm);

@@ -230,6 +230,7 @@ typedef struct {
   int *succ, *succ_idx;
   int *ready, nready;
   int remaining;
+  double deadline;
 } exec_t;
 
 static void complete(exec_t *x, int id) {
@@ -272,9 +273,14 @@ static coll_result_t progress_send(exec_t *x, peer_state_t *ps, int *moved) {
 static coll_result_t recv_header(exec_t *x, peer_state_t *ps, coll_step_t *st, int *moved) {
   struct iovec iov = {ps->rhdr + ps->rhdr_got, COLL_WIRE_HDR_BYTES - ps->rhdr_got};
   size_t n = 0;
-  COLL_CHECK(ps->link->tp->recv(ps->link, &iov, 1, &n));
+  COLL_CHECK(coll_link_recv(ps->link, &iov, 1, &n));
   if (n) *moved = 1;
   ps->rhdr_got += n;
+  if (ps->rhdr_got == COLL_WIRE_HDR_BYTES && ps->rhdr[5] == COLL_KIND_P2P) {
+    COLL_CHECK(coll_p2p_divert(x->s->comm, ps->link, ps->rhdr, NULL, 0, x->deadline));
+    ps->rhdr_got = 0; /* the caller reads the next header */
+    return COLL_SUCCESS;
+  }
   if (ps->rhdr_got == COLL_WIRE_HDR_BYTES) {
     coll_wire_hdr_t e = coll_sched_step_hdr(x->s, st);
     COLL_CHECK(coll_wire_check(x->s->comm, ps->peer, ps->rhdr, &e));
@@ -293,7 +299,7 @@ static coll_result_t reduce_in_place(exec_t *x, peer_state_t *ps, coll_step_t *s
   while (ps->rdone < st->nbytes) {
     const void *p;
     size_t avail;
-    COLL_CHECK(link->tp->recv_peek(link, &p, &avail));
+    COLL_CHECK(coll_link_peek(link, &p, &avail));
     size_t left = st->nbytes - ps->rdone;
     size_t take = avail < left ? avail : left;
     take -= take % s->elem;
@@ -302,7 +308,7 @@ static coll_result_t reduce_in_place(exec_t *x, peer_state_t *ps, coll_step_t *s
       /* An element split by the ring's wrap: copy just that one. */
       struct iovec iov = {link->stage, s->elem};
       size_t n = 0;
-      COLL_CHECK(link->tp->recv(link, &iov, 1, &n));
+      COLL_CHECK(coll_link_recv(link, &iov, 1, &n));
       if (n < s->elem) {
         /* Partial: the bytes are consumed, finish through the copy path. */
         ps->fill = n;
@@ -314,7 +320,7 @@ static coll_result_t reduce_in_place(exec_t *x, peer_state_t *ps, coll_step_t *s
       continue;
     }
     s->reduce((char *)st->dst + ps->rdone, (const char *)st->src + ps->rdone, p, take / s->elem, NULL);
-    link->tp->recv_consume(link, take);
+    coll_link_consume(link, take);
     ps->rdone += take;
     *moved = 1;
   }
@@ -366,12 +372,23 @@ static coll_result_t progress_recv(exec_t *x, peer_state_t *ps, int *moved) {
     }
     size_t want = 0, n = 0;
     for (int i = 0; i < k; i++) want += iov[i].iov_len;
-    if (want > 0) COLL_CHECK(ps->link->tp->recv(ps->link, iov, k, &n));
+    if (want > 0) COLL_CHECK(coll_link_recv(ps->link, iov, k, &n));
     if (n == 0 && want > 0) return COLL_SUCCESS;
     if (n) *moved = 1;
     size_t h = COLL_WIRE_HDR_BYTES - ps->rhdr_got;
     if (n < h) h = n;
     ps->rhdr_got += h;
+    if (ps->rhdr_got == COLL_WIRE_HDR_BYTES && !ps->rhdr_checked && ps->rhdr[5] == COLL_KIND_P2P) {
+      /* A point-to-point message sent before this collective's: the bytes
+       * read after its header (into this step's destination, which they
+       * may scribble on until the step's own bytes arrive) are its payload
+       * and what follows it. */
+      const void *extra = reducing ? (const void *)(ps->link->stage + ps->fill)
+                                   : (const void *)((char *)st->dst + ps->rdone);
+      COLL_CHECK(coll_p2p_divert(comm, ps->link, ps->rhdr, extra, n - h, x->deadline));
+      ps->rhdr_got = 0;
+      continue;
+    }
     if (ps->rhdr_got == COLL_WIRE_HDR_BYTES && !ps->rhdr_checked) {
       coll_wire_hdr_t e = coll_sched_step_hdr(s, st);
       COLL_CHECK(coll_wire_check(comm, ps->peer, ps->rhdr, &e));
@@ -470,7 +487,7 @@ coll_result_t coll_sched_run(coll_sched_t *s, double deadline) {
   struct pollfd *pfs = (struct pollfd *)(scratch + ps_bytes);
   int *peer_slot = (int *)(scratch + ps_bytes + pfs_bytes);
   int *ints = peer_slot + comm->size;
-  exec_t x = {s, ints, NULL, ints + s->nedges, 0, n};
+  exec_t x = {s, ints, NULL, ints + s->nedges, 0, n, deadline};
   int *queues = ints + s->nedges + n;  /* n slots for send/recv queues, n for succ counting */
   int *cnt = queues + n;
 
@@ -572,7 +589,7 @@ coll_result_t coll_sched_run(coll_sched_t *s, double deadline) {
       int receiving = head_ready(s, p->rq, p->nrq, p->rh);
       int ev = 0;
       if (sending || receiving) {
-        ev = p->link->tp->wait_events(p->link, sending, receiving);
+        ev = coll_link_wait_events(p->link, sending, receiving);
         if (ev < 0) { retry = 1; break; } /* the transport can move now */
       } else if (!p->hup && (p->sh < p->nsq || p->rh < p->nrq)) {
         ev = POLLRDHUP; /* watch for a hang-up on a link we still need, once */

@@ -53,7 +53,11 @@ typedef enum {
   COLL_KIND_ALLGATHERV = 2,
   COLL_KIND_BROADCAST = 3,
   COLL_KIND_REDUCE_SCATTER = 4,
-  COLL_KIND_BARRIER = 5
+  COLL_KIND_BARRIER = 5,
+  COLL_KIND_P2P = 6 /* a point-to-point message (p2p.c): seq counts the messages
+                       from this sender to this receiver, aux is the tag, count
+                       the elements, offset 0; the payload is count x dtype
+                       bytes (nbytes holds its low 32 bits) */
 } coll_kind_t;
 
 #define COLL_WIRE_IPC_DESC 1u /* "read my bytes here" */
