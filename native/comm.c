@@ -206,8 +206,7 @@ static coll_result_t check_common(coll_comm_t *comm, const coll_args_t *a, int n
 
 static coll_result_t enter(coll_comm_t *comm) {
   coll_result_t res = coll_comm_enter(comm);
-  /* A point-to-point message half sent or half received is finished
-   * first, so that this collective's messages do not land inside it. */
+  /* Half-read point-to-point headers go back to their links (comm.h). */
   if (res == COLL_SUCCESS) res = coll_p2p_quiesce(comm, coll_comm_deadline(comm, 0));
   return res;
 }
@@ -267,6 +266,7 @@ static coll_result_t memory_end(coll_comm_t *comm, const coll_args_t *a, coll_re
 
 static coll_result_t run_sched(coll_sched_t *s, const coll_args_t *a) {
   double deadline = coll_comm_deadline(s->comm, a->timeout);
+  if (a->memory == COLL_MEMORY_CUDA) COLL_CHECK(coll_p2p_finish(s->comm, deadline));
   return a->memory == COLL_MEMORY_CUDA ? coll_sched_run_device(s, deadline)
                                        : coll_sched_run(s, deadline);
 }

@@ -88,14 +88,28 @@ void coll_comm_break(coll_comm_t *comm, coll_result_t code);
 coll_result_t coll_comm_enter(coll_comm_t *comm);
 coll_result_t coll_comm_leave(coll_comm_t *comm, coll_result_t res);
 
-/* Point-to-point hooks for the collectives (p2p.c). Before a collective uses
- * the links: finish any message half sent or half received, so that the
- * collective's messages never land inside one. */
+/* Point-to-point hooks for the collectives (p2p.c). A message may be half
+ * sent or half received on a link when a collective starts (a large Isend):
+ * the collective's messages must not land inside it. coll_p2p_quiesce, at
+ * the start, hands back half-read headers. Then the host executor calls
+ * coll_p2p_drain before each send to / receive from a link: it moves the
+ * half-done message on, and *clear says whether the collective's own bytes
+ * may go. Waiting for that inside the collective, not before it, means a
+ * rank never waits for a peer to read before joining the collective that
+ * peer may be waiting in (coll_p2p_finish does wait: for GPU collectives,
+ * whose executor has no such hook). */
 coll_result_t coll_p2p_quiesce(coll_comm_t *comm, double deadline);
+coll_result_t coll_p2p_drain(coll_comm_t *comm, coll_link_t *link, int sending, int *moved,
+                             int *clear);
+coll_result_t coll_p2p_finish(coll_comm_t *comm, double deadline);
+/* For the executor's poll: 1 if a message to `peer` is half sent, | 2 if one
+ * from it is half received (such links are watched even when no step of
+ * the collective is ready on them). */
+int coll_p2p_pending(coll_comm_t *comm, int peer);
 /* A collective's executor read the header `hdr` of a point-to-point message
  * from `link`, followed by `nextra` bytes at `extra` (read with it): deliver
- * it (to a posted receive, else set aside), reading the rest of its payload,
- * and hand bytes past its end back to the link. */
+ * it (to a posted receive, else set aside) and hand bytes past its end back
+ * to the link; the rest of its payload is read by coll_p2p_drain. */
 coll_result_t coll_p2p_divert(coll_comm_t *comm, coll_link_t *link, const uint8_t *hdr,
                               const void *extra, size_t nextra, double deadline);
 /* Fails every pending point-to-point request (at break and destroy) and frees

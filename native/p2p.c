@@ -19,8 +19,10 @@
  *   wait/test           -> take the communicator, run every pending
  *                          message (sends, receives, link set-up) until the
  *                          one waited for is done, sleeping in poll()
- *   collective starts   -> coll_p2p_quiesce: no message is left half sent or
- *                          half received on any link
+ *   collective starts   -> coll_p2p_quiesce: half-read headers go back; then
+ *                          before its first message on a link, the executor
+ *                          moves a message half sent or half received there
+ *                          to its end (coll_p2p_drain, comm.h says why)
  *   collective reads a p2p header -> coll_p2p_divert: delivered or set aside
  *
  * Links are set up without blocking here: a higher peer is dialed (its
@@ -98,6 +100,7 @@ struct coll_p2p {
   size_t unexp_bytes, unexp_limit;
   struct pollfd *pfs;
   int npfs_cap;
+  int nhalf; /* during a collective: links with a message of ours half sent */
 };
 
 static const size_t MAX_BYTES = (size_t)1 << 48;
@@ -514,31 +517,115 @@ static coll_result_t link_wait(coll_comm_t *comm, coll_link_t *link, int sending
   return coll_link_polled(link, pfs, npf, &hup);
 }
 
-/* Finishes the message under way in each direction on `peer`'s link. */
-static coll_result_t finish_peer(coll_comm_t *comm, int peer, double deadline) {
-  p2p_peer_t *pp = &comm->p2p->peers[peer];
-  coll_link_t *link = comm->peers[peer].link;
-  if (!link) return COLL_SUCCESS;
-  int moved = 0;
-  while (pp->sending && pp->shdr_done > 0) {
-    COLL_CHECK(push_sends(comm, pp, link, 1, &moved));
-    if (pp->sending) COLL_CHECK(link_wait(comm, link, 1, 0, deadline, "finishing a message to"));
+static int half_sent(const p2p_peer_t *pp) { return pp->sending && pp->shdr_done > 0; }
+
+/* Before a collective over GPU buffers (whose executor has no drain hook):
+ * every message half sent or half received on a link is finished. While ours wait for their receivers, this rank reads what its
+ * peers send (delivering or setting it aside), since those peers may be
+ * finishing theirs before the same collective: a ring of ranks that each
+ * left a large Isend half sent would otherwise wait on one another. */
+coll_result_t coll_p2p_finish(coll_comm_t *comm, double deadline) {
+  struct coll_p2p *p = comm->p2p;
+  if (!p) return COLL_SUCCESS;
+  for (;;) {
+    int busy = 0, moved = 0, stuck = 0;
+    for (int peer = 0; peer < comm->size; peer++) {
+      p2p_peer_t *pp = &p->peers[peer];
+      coll_link_t *link = comm->peers[peer].link;
+      if (peer == comm->rank || !link) continue;
+      pp->held = HELD_NO;
+      if (half_sent(pp)) COLL_CHECK(push_sends(comm, pp, link, 1, &moved));
+      stuck |= half_sent(pp);
+    }
+    /* While a send of ours is stuck, read every peer: the one we wait for
+     * may be stuck sending to us. */
+    for (int peer = 0; peer < comm->size; peer++) {
+      p2p_peer_t *pp = &p->peers[peer];
+      coll_link_t *link = comm->peers[peer].link;
+      if (peer == comm->rank || !link) continue;
+      if (stuck || pp->reading) COLL_CHECK(pull(comm, pp, link, stuck ? 0 : 1, &moved));
+      busy |= half_sent(pp) || pp->reading;
+    }
+    if (!busy) break;
+    if (moved) continue;
+    int npf = 0;
+    for (int peer = 0; peer < comm->size; peer++) {
+      p2p_peer_t *pp = &p->peers[peer];
+      coll_link_t *link = comm->peers[peer].link;
+      if (peer == comm->rank || !link) continue;
+      int sending = half_sent(pp), receiving = (pp->reading || stuck) && !pp->held;
+      if (!sending && !receiving) continue;
+      int ev = coll_link_wait_events(link, sending, receiving);
+      if (ev < 0) { npf = -1; break; }
+      npf += coll_link_pollfds(link, ev, p->pfs + npf);
+    }
+    if (npf < 0) continue;
+    double left = deadline - coll_now();
+    if (left <= 0 || poll(p->pfs, (nfds_t)npf, (int)(left * 1000) + 1) == 0)
+      return coll_error(comm, COLL_TIMEOUT,
+                        "rank %d: timed out finishing point-to-point messages before a collective",
+                        comm->rank);
+    for (int peer = 0; peer < comm->size; peer++) {
+      coll_link_t *link = comm->peers[peer].link;
+      int hup = 0;
+      if (peer != comm->rank && link) COLL_CHECK(coll_link_polled(link, p->pfs, npf, &hup));
+    }
   }
-  pp->sending = 0; /* a header encoded but not sent is encoded again later */
-  while (pp->reading) {
-    COLL_CHECK(pull(comm, pp, link, 1, &moved));
-    if (pp->reading) COLL_CHECK(link_wait(comm, link, 0, 1, deadline, "finishing a message from"));
-  }
-  if (pp->rhdr_got > 0) {
-    COLL_CHECK(coll_link_unread(link, pp->rhdr, pp->rhdr_got));
+  for (int peer = 0; peer < comm->size; peer++) {
+    p2p_peer_t *pp = &p->peers[peer];
+    coll_link_t *link = comm->peers[peer].link;
+    pp->sending = 0; /* a header encoded but not sent is encoded again later */
+    if (link && pp->rhdr_got > 0) COLL_CHECK(coll_link_unread(link, pp->rhdr, pp->rhdr_got));
     pp->rhdr_got = 0;
   }
   return COLL_SUCCESS;
 }
 
 coll_result_t coll_p2p_quiesce(coll_comm_t *comm, double deadline) {
-  if (!comm->p2p) return COLL_SUCCESS;
-  for (int i = 0; i < comm->size; i++) COLL_CHECK(finish_peer(comm, i, deadline));
+  (void)deadline;
+  struct coll_p2p *p = comm->p2p;
+  if (!p) return COLL_SUCCESS;
+  p->nhalf = 0;
+  for (int peer = 0; peer < comm->size; peer++) {
+    p2p_peer_t *pp = &p->peers[peer];
+    coll_link_t *link = comm->peers[peer].link;
+    if (!half_sent(pp)) pp->sending = 0; /* encoded again later */
+    p->nhalf += half_sent(pp);
+    pp->held = HELD_NO;
+    if (link && pp->rhdr_got > 0 && !pp->reading) COLL_CHECK(coll_link_unread(link, pp->rhdr, pp->rhdr_got));
+    if (!pp->reading) pp->rhdr_got = 0;
+  }
+  return COLL_SUCCESS;
+}
+
+int coll_p2p_pending(coll_comm_t *comm, int peer) {
+  const p2p_peer_t *pp = &comm->p2p->peers[peer];
+  int reading = pp->reading || pp->rhdr_got > 0 || (comm->p2p->nhalf > 0 && !pp->held);
+  return (half_sent(pp) ? 1 : 0) | (reading ? 2 : 0);
+}
+
+coll_result_t coll_p2p_drain(coll_comm_t *comm, coll_link_t *link, int sending, int *moved,
+                             int *clear) {
+  struct coll_p2p *p = comm->p2p;
+  p2p_peer_t *pp = &p->peers[link->peer];
+  if (sending) {
+    if (half_sent(pp)) {
+      COLL_CHECK(push_sends(comm, pp, link, 1, moved));
+      if (!half_sent(pp)) p->nhalf--;
+    }
+    *clear = !half_sent(pp);
+    return COLL_SUCCESS;
+  }
+  if (pp->reading) {
+    COLL_CHECK(pull(comm, pp, link, 1, moved));
+  } else if (p->nhalf > 0 || pp->rhdr_got > 0) {
+    /* Some rank may be stuck sending to us as we are stuck sending: read
+     * its point-to-point messages even where no step of ours is ready, up
+     * to the collective's next header (held, handed back). */
+    pp->held = HELD_NO;
+    COLL_CHECK(pull(comm, pp, link, 0, moved));
+  }
+  *clear = !pp->reading && pp->rhdr_got == 0;
   return COLL_SUCCESS;
 }
 
@@ -553,7 +640,9 @@ coll_result_t coll_p2p_divert(coll_comm_t *comm, coll_link_t *link, const uint8_
   if (take) memcpy(pp->rdst, extra, take);
   pp->rdone = take;
   COLL_CHECK(coll_link_unread(link, (const char *)extra + take, nextra - take));
-  return finish_peer(comm, link->peer, deadline);
+  (void)deadline;
+  if (pp->rdone == pp->rnbytes) payload_done(comm, pp);
+  return COLL_SUCCESS; /* the rest comes through coll_p2p_drain */
 }
 
 /* ---- the engine: every pending message, until `target` is done ---- */

@@ -244,6 +244,11 @@ static void complete(exec_t *x, int id) {
 
 static coll_result_t progress_send(exec_t *x, peer_state_t *ps, int *moved) {
   coll_sched_t *s = x->s;
+  if (s->comm->p2p) { /* a point-to-point message half sent on this link goes first */
+    int clear = 1;
+    COLL_CHECK(coll_p2p_drain(s->comm, ps->link, 1, moved, &clear));
+    if (!clear) return COLL_SUCCESS;
+  }
   while (ps->sh < ps->nsq) {
     int id = ps->sq[ps->sh];
     coll_step_t *st = &s->steps[id];
@@ -338,6 +343,13 @@ static void recv_finish(exec_t *x, peer_state_t *ps, int id) {
 static coll_result_t progress_recv(exec_t *x, peer_state_t *ps, int *moved) {
   coll_sched_t *s = x->s;
   coll_comm_t *comm = s->comm;
+  if (comm->p2p && ps->rhdr_got == 0 && ps->rdone == 0 && ps->fill == 0) {
+    /* Between two of our messages on this link: one half received is read
+     * to its end first (and others that came, while a send is stuck). */
+    int clear = 1;
+    COLL_CHECK(coll_p2p_drain(comm, ps->link, 0, moved, &clear));
+    if (!clear) return COLL_SUCCESS;
+  }
   while (ps->rh < ps->nrq) {
     int id = ps->rq[ps->rh];
     coll_step_t *st = &s->steps[id];
@@ -387,7 +399,7 @@ static coll_result_t progress_recv(exec_t *x, peer_state_t *ps, int *moved) {
                                    : (const void *)((char *)st->dst + ps->rdone);
       COLL_CHECK(coll_p2p_divert(comm, ps->link, ps->rhdr, extra, n - h, x->deadline));
       ps->rhdr_got = 0;
-      continue;
+      return COLL_SUCCESS; /* the next call drains the rest of it first */
     }
     if (ps->rhdr_got == COLL_WIRE_HDR_BYTES && !ps->rhdr_checked) {
       coll_wire_hdr_t e = coll_sched_step_hdr(s, st);
@@ -587,6 +599,11 @@ coll_result_t coll_sched_run(coll_sched_t *s, double deadline) {
       peer_state_t *p = &ps[i];
       int sending = head_ready(s, p->sq, p->nsq, p->sh);
       int receiving = head_ready(s, p->rq, p->nrq, p->rh);
+      if (comm->p2p) { /* a point-to-point message half done on this link moves on */
+        int pend = coll_p2p_pending(comm, p->peer);
+        sending |= pend & 1;
+        receiving |= pend >> 1;
+      }
       int ev = 0;
       if (sending || receiving) {
         ev = coll_link_wait_events(p->link, sending, receiving);

@@ -133,6 +133,18 @@ comm.Recv(got, left, 51)
 check("kept big", got, np.arange(1 << 18, dtype=np.float32) + left)
 comm.Barrier()
 
+# --- a ring of Isends larger than any link buffer (8 MiB), left half sent when every
+# rank enters a collective: finishing them first must not wait rank on rank
+huge = np.arange(1 << 21, dtype=np.float32) * (r + 1)
+sreq = comm.Isend(huge, right, tag=52)
+x = np.ones(3, np.float32)
+comm.Allreduce(MPI.IN_PLACE, x)
+check("allreduce after isend", x, np.full(3, n, np.float32))
+got = np.zeros(1 << 21, np.float32)
+comm.Recv(got, left, 52)
+sreq.Wait()
+check("huge ring", got, np.arange(1 << 21, dtype=np.float32) * (left + 1))
+
 # --- Waitany / Testall
 reqs = [comm.Irecv(np.zeros(4, np.int32), left, tag=60 + k) for k in range(3)]
 expect(not MPI.Request.Testall(reqs), "testall before", "done before any send")
