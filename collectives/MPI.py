@@ -180,7 +180,7 @@ def _pair(sendbuf: Any, recvbuf: Any) -> tuple[Any, Any, Optional[str]]:
 def _vbuf(spec: Any, size: int) -> tuple[Any, list[int], Optional[list[int]], Optional[str]]:
     """Split a v-spec ([buf, counts], [buf, counts, displs], [buf, (counts, displs)], + type)."""
     if not isinstance(spec, (list, tuple)) or len(spec) < 2:
-        raise ValueError("Allgatherv needs recvbuf as [buf, counts] or [buf, counts, displs]")
+        raise ValueError("a v-buffer is [buf, counts] or [buf, counts, displs]")
     items = list(spec)
     dtype = None
     if isinstance(items[-1], Datatype):
@@ -192,7 +192,7 @@ def _vbuf(spec: Any, size: int) -> tuple[Any, list[int], Optional[list[int]], Op
     counts = [int(c) for c in rest[0]]
     displs = [int(d) for d in rest[1]] if len(rest) > 1 and rest[1] is not None else None
     if len(counts) != size:
-        raise ValueError(f"Allgatherv: {len(counts)} counts for {size} ranks")
+        raise ValueError(f"{len(counts)} counts for {size} ranks")
     return buf, counts, displs, dtype
 
 
@@ -462,6 +462,69 @@ class Comm(_CommBase):
 
     barrier = Barrier
 
+    # -- rooted collectives ---------------------------------------------------
+    def Reduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0, *,
+               timeout: Optional[float] = None) -> None:
+        """recvbuf at root = op over every rank's sendbuf (IN_PLACE at the root; recvbuf
+        is ignored elsewhere and may be None)."""
+        sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf)
+        rbuf, rtype = (None, None) if recvbuf is None else _buf(recvbuf)
+        if self.rank != root:
+            rbuf = rtype = None
+        self._call(_core.reduce, self._core, sbuf, rbuf, _op(op), root, timeout,
+                   _dtype_name(stype, rtype))
+
+    def _even_blocks(self, buf: Any, dtype: Optional[str], what: str) -> list:
+        total = count_of(buf, dtype)
+        if total % self.size:
+            raise ValueError(f"{what}: the root's buffer has {total} elements, not a multiple "
+                             f"of {self.size} ranks")
+        return [total // self.size] * self.size
+
+    def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
+               timeout: Optional[float] = None) -> None:
+        """The root gets every rank's sendbuf in rank order in recvbuf (IN_PLACE at the root)."""
+        sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf)
+        rbuf, counts, dtype = None, None, stype
+        if self.rank == root:
+            rbuf, rtype = _buf(recvbuf)
+            dtype = _dtype_name(stype, rtype)
+            counts = self._even_blocks(rbuf, dtype, "Gather")
+        self._call(_core.gatherv, self._core, sbuf, rbuf, counts, None, root, timeout, dtype)
+
+    def Gatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
+                timeout: Optional[float] = None) -> None:
+        """Gather blocks of different sizes: recvbuf at the root is [buf, counts(, displs)]."""
+        sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf)
+        rbuf = counts = displs = None
+        dtype = stype
+        if self.rank == root:
+            rbuf, counts, displs, rtype = _vbuf(recvbuf, self.size)
+            dtype = _dtype_name(stype, rtype)
+        self._call(_core.gatherv, self._core, sbuf, rbuf, counts, displs, root, timeout, dtype)
+
+    def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
+                timeout: Optional[float] = None) -> None:
+        """Rank i gets block i of the root's sendbuf in recvbuf (IN_PLACE recvbuf at the root)."""
+        rbuf, rtype = (None, None) if recvbuf is IN_PLACE else _buf(recvbuf)
+        sbuf, counts, dtype = None, None, rtype
+        if self.rank == root:
+            sbuf, stype = _buf(sendbuf)
+            dtype = _dtype_name(stype, rtype)
+            counts = self._even_blocks(sbuf, dtype, "Scatter")
+        self._call(_core.scatterv, self._core, sbuf, rbuf, counts, None, root, timeout, dtype)
+
+    def Scatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
+                 timeout: Optional[float] = None) -> None:
+        """Scatter blocks of different sizes: sendbuf at the root is [buf, counts(, displs)]."""
+        rbuf, rtype = (None, None) if recvbuf is IN_PLACE else _buf(recvbuf)
+        sbuf = counts = displs = None
+        dtype = rtype
+        if self.rank == root:
+            sbuf, counts, displs, stype = _vbuf(sendbuf, self.size)
+            dtype = _dtype_name(stype, rtype)
+        self._call(_core.scatterv, self._core, sbuf, rbuf, counts, displs, root, timeout, dtype)
+
     # -- point-to-point ------------------------------------------------------
     def Send(self, buf: Any, dest: int, tag: int = 0, *, timeout: Optional[float] = None) -> None:
         """Send buf to rank dest; returns once its bytes are handed to the link."""
@@ -550,15 +613,23 @@ class Comm(_CommBase):
         return functools.reduce(op, self.allgather(obj))
 
     def gather(self, obj: Any, root: int = 0) -> Optional[list]:
-        """The list of every rank's obj at root, None elsewhere."""
-        objs = self.allgather(obj)
-        return objs if self.rank == root else None
+        """The list of every rank's obj at root, None elsewhere (pickled; sent to the root only)."""
+        from . import _objects
+
+        if not 0 <= root < self.size:
+            raise ValueError(f"root {root} out of range for {self.size} ranks")
+        return self._call(_objects.gather, self._core, obj, root)
 
     def scatter(self, objs: Optional[Sequence[Any]], root: int = 0) -> Any:
-        """Rank i gets objs[i] from root."""
+        """Rank i gets objs[i] from root (each rank receives only its own)."""
+        from . import _objects
+
+        if not 0 <= root < self.size:
+            raise ValueError(f"root {root} out of range for {self.size} ranks")
         if self.rank == root and (objs is None or len(objs) != self.size):
             raise ValueError(f"scatter needs a sequence of {self.size} objects at the root")
-        return self.bcast(list(objs) if self.rank == root else None, root)[self.rank]
+        return self._call(_objects.scatter, self._core, list(objs) if self.rank == root else None,
+                          root)
 
     def Abort(self, errorcode: int = 1) -> None:
         """End this process at once; the launcher then stops the job."""

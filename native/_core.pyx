@@ -14,6 +14,7 @@ from libcoll cimport *
 include "errors.pxi"
 include "buffer.pxi"
 include "p2p.pxi"
+include "rooted.pxi"
 
 
 cdef class Request:

@@ -6,6 +6,8 @@
  *   coll_allreduce, coll_allgatherv, coll_broadcast, coll_reduce_scatter_block,
  *   coll_barrier                       blocking collectives
  *   coll_iallreduce + coll_request_*   non-blocking allreduce on the progress thread
+ *   coll_reduce, coll_gatherv, coll_scatterv
+ *                                      blocking rooted collectives (rooted.c), host memory
  *   coll_isend / coll_irecv / coll_send / coll_recv / coll_sendrecv
  *                                      point-to-point messages with tags (p2p.c)
  *   coll_request_status / coll_request_wait_any
@@ -179,6 +181,22 @@ coll_result_t coll_allgatherv(coll_comm_t *comm, const coll_args_t *args);
 coll_result_t coll_broadcast(coll_comm_t *comm, const coll_args_t *args);
 coll_result_t coll_reduce_scatter_block(coll_comm_t *comm, const coll_args_t *args);
 coll_result_t coll_barrier(coll_comm_t *comm, double timeout);
+
+/* Rooted collectives (rooted.c), host memory only; root in args->root.
+ * reduce: recvbuf (root only; ignored elsewhere, may be NULL) = op over the
+ *   ranks' sendbuf, count elements each; sendbuf == recvbuf at the root is
+ *   in place; AVG divides once at the root.
+ * gatherv: each rank sends count elements from sendbuf; the root puts rank
+ *   i's block at recvbuf + displs[i] (counts[i] elements; counts/displs and
+ *   recvbuf only matter at the root, where counts[root] must equal count).
+ *   sendbuf == recvbuf + displs[root] at the root is in place. A rank whose
+ *   count differs from the root's counts[rank] fails, both values named.
+ * scatterv: the root sends counts[i] elements from sendbuf + displs[i] to
+ *   rank i, which receives count elements into recvbuf; recvbuf ==
+ *   sendbuf + displs[root] at the root is in place. */
+coll_result_t coll_reduce(coll_comm_t *comm, const coll_args_t *args);
+coll_result_t coll_gatherv(coll_comm_t *comm, const coll_args_t *args);
+coll_result_t coll_scatterv(coll_comm_t *comm, const coll_args_t *args);
 
 /* Non-blocking collectives: queued on the communicator's progress thread and
  * run in call order with the other queued requests; a blocking collective

@@ -414,6 +414,12 @@ typedef coll_result_t (*run_fn)(coll_comm_t *, const coll_args_t *);
 /* A blocking collective: check (nothing sent on failure), wait for queued
  * requests, run, break the communicator on failure. */
 static coll_result_t blocking(coll_comm_t *comm, const coll_args_t *a, check_fn check, run_fn run) {
+  return coll_comm_blocking(comm, a, check, run);
+}
+
+coll_result_t coll_comm_blocking(coll_comm_t *comm, const coll_args_t *a,
+                                 coll_result_t (*check)(coll_comm_t *, const coll_args_t *),
+                                 coll_result_t (*run)(coll_comm_t *, const coll_args_t *)) {
   COLL_CHECK(check(comm, a));
   coll_result_t res = enter(comm);
   if (res == COLL_SUCCESS) res = run(comm, a);

@@ -87,6 +87,10 @@ void coll_comm_break(coll_comm_t *comm, coll_result_t code);
  * first if res is a failure other than an argument or usage error. */
 coll_result_t coll_comm_enter(coll_comm_t *comm);
 coll_result_t coll_comm_leave(coll_comm_t *comm, coll_result_t res);
+/* A blocking collective: check (nothing sent on failure), enter, run, leave. */
+coll_result_t coll_comm_blocking(coll_comm_t *comm, const coll_args_t *a,
+                                 coll_result_t (*check)(coll_comm_t *, const coll_args_t *),
+                                 coll_result_t (*run)(coll_comm_t *, const coll_args_t *));
 
 /* Point-to-point hooks for the collectives (p2p.c). A message may be half
  * sent or half received on a link when a collective starts (a large Isend):

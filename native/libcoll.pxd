@@ -101,6 +101,9 @@ cdef extern from "coll.h" nogil:
     coll_result_t coll_broadcast(coll_comm_t *comm, const coll_args_t *args)
     coll_result_t coll_reduce_scatter_block(coll_comm_t *comm, const coll_args_t *args)
     coll_result_t coll_barrier(coll_comm_t *comm, double timeout)
+    coll_result_t coll_reduce(coll_comm_t *comm, const coll_args_t *args)
+    coll_result_t coll_gatherv(coll_comm_t *comm, const coll_args_t *args)
+    coll_result_t coll_scatterv(coll_comm_t *comm, const coll_args_t *args)
 
     coll_result_t coll_iallreduce(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req)
     coll_result_t coll_iallgatherv(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req)

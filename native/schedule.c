@@ -26,7 +26,8 @@ void coll_sched_init(coll_sched_t *s, coll_comm_t *comm, coll_kind_t kind, const
                      uint32_t aux) {
   memset(s, 0, sizeof *s);
   s->comm = comm;
-  int reducing = kind == COLL_KIND_ALLREDUCE || kind == COLL_KIND_REDUCE_SCATTER;
+  int reducing = kind == COLL_KIND_ALLREDUCE || kind == COLL_KIND_REDUCE_SCATTER ||
+                 kind == COLL_KIND_REDUCE;
   s->hdr.coll = (uint8_t)kind;
   s->hdr.redop = reducing ? (uint8_t)args->op : 0;
   s->hdr.dtype = (uint8_t)args->dtype;

@@ -31,6 +31,9 @@ const char *coll_kind_name(int kind) {
     case COLL_KIND_REDUCE_SCATTER: return "reduce_scatter";
     case COLL_KIND_BARRIER: return "barrier";
     case COLL_KIND_P2P: return "send/recv";
+    case COLL_KIND_REDUCE: return "reduce";
+    case COLL_KIND_GATHER: return "gatherv";
+    case COLL_KIND_SCATTER: return "scatterv";
     default: return "unknown";
   }
 }
@@ -101,10 +104,11 @@ coll_result_t coll_wire_check(coll_comm_t *comm, int peer, const uint8_t got[COL
                       "rank %d: op mismatch in %s #%u: this rank has %s, rank %d has %s", comm->rank,
                       coll_kind_name(e->coll), e->seq, op_text(e->redop), peer, op_text(g.redop));
   if (g.aux != e->aux) {
-    if (e->coll == COLL_KIND_BROADCAST)
+    if (e->coll == COLL_KIND_BROADCAST || e->coll == COLL_KIND_REDUCE ||
+        e->coll == COLL_KIND_GATHER || e->coll == COLL_KIND_SCATTER)
       return coll_error(comm, COLL_REMOTE_ERROR,
-                        "rank %d: root mismatch in broadcast #%u: this rank has root %u, rank %d has %u",
-                        comm->rank, e->seq, e->aux, peer, g.aux);
+                        "rank %d: root mismatch in %s #%u: this rank has root %u, rank %d has %u",
+                        comm->rank, coll_kind_name(e->coll), e->seq, e->aux, peer, g.aux);
     if (e->coll == COLL_KIND_ALLREDUCE)
       return coll_error(comm, COLL_REMOTE_ERROR,
                         "rank %d: algorithm mismatch in allreduce #%u: this rank runs %s, rank %d runs %s",
