@@ -525,6 +525,36 @@ class Comm(_CommBase):
             dtype = _dtype_name(stype, rtype)
         self._call(_core.scatterv, self._core, sbuf, rbuf, counts, displs, root, timeout, dtype)
 
+    def Alltoall(self, sendbuf: Any, recvbuf: Any, *, timeout: Optional[float] = None) -> None:
+        """Block j of sendbuf goes to rank j; block i of recvbuf comes from rank i (sendbuf
+        may be IN_PLACE)."""
+        sbuf, rbuf, dtype = _pair(sendbuf, recvbuf)
+        counts = self._even_blocks(rbuf, dtype, "Alltoall")
+        if sbuf is not None and count_of(sbuf, dtype) != sum(counts):
+            raise ValueError(f"Alltoall: sendbuf has {count_of(sbuf, dtype)} elements, "
+                             f"recvbuf {sum(counts)}")
+        self._call(_core.alltoallv, self._core, sbuf, rbuf, counts, counts, None, None, timeout,
+                   dtype)
+
+    def Alltoallv(self, sendbuf: Any, recvbuf: Any, *, timeout: Optional[float] = None) -> None:
+        """Blocks of different sizes: sendbuf and recvbuf are [buf, counts(, displs)]
+        (sendbuf may be IN_PLACE: recvbuf's layout is used for both)."""
+        rbuf, rcounts, rdispls, rtype = _vbuf(recvbuf, self.size)
+        if sendbuf is IN_PLACE:
+            sbuf, scounts, sdispls, stype = None, rcounts, rdispls, None
+        else:
+            sbuf, scounts, sdispls, stype = _vbuf(sendbuf, self.size)
+        self._call(_core.alltoallv, self._core, sbuf, rbuf, scounts, rcounts, sdispls, rdispls,
+                   timeout, _dtype_name(stype, rtype))
+
+    def alltoall(self, sendobj: Sequence[Any]) -> list:
+        """Rank i gets sendobj[i] from every rank, as a list in rank order (pickled)."""
+        from . import _objects
+
+        if sendobj is None or len(sendobj) != self.size:
+            raise ValueError(f"alltoall needs a sequence of {self.size} objects")
+        return self._call(_objects.alltoall, self._core, list(sendobj))
+
     # -- point-to-point ------------------------------------------------------
     def Send(self, buf: Any, dest: int, tag: int = 0, *, timeout: Optional[float] = None) -> None:
         """Send buf to rank dest; returns once its bytes are handed to the link."""

@@ -86,6 +86,10 @@ def reduce(comm: Communicator, sendbuf: Any, recvbuf: Any, op: str = "sum", root
 def gatherv(comm: Communicator, sendbuf: Any, recvbuf: Any, counts: Optional[Sequence[int]] = None,
             displs: Optional[Sequence[int]] = None, root: int = 0, timeout: Optional[float] = None,
             dtype: Optional[str] = None) -> None: ...
+def alltoallv(comm: Communicator, sendbuf: Any, recvbuf: Any, sendcounts: Sequence[int],
+              recvcounts: Sequence[int], senddispls: Optional[Sequence[int]] = None,
+              recvdispls: Optional[Sequence[int]] = None, timeout: Optional[float] = None,
+              dtype: Optional[str] = None) -> None: ...
 def scatterv(comm: Communicator, sendbuf: Any, recvbuf: Any, counts: Optional[Sequence[int]] = None,
              displs: Optional[Sequence[int]] = None, root: int = 0, timeout: Optional[float] = None,
              dtype: Optional[str] = None) -> None: ...

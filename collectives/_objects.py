@@ -82,3 +82,25 @@ def scatter(core: Any, objs: Any, root: int) -> Any:
     buf = np.empty(int(mine[0]), dtype=np.uint8)
     _core.scatterv(core, data, buf, counts, None, root)
     return pickle.loads(buf.tobytes())
+
+
+def alltoall(core: Any, objs: list) -> list:
+    """objs[j] to rank j from every rank; returns what each rank sent this one, in rank order."""
+    from . import _core
+
+    parts = [pickle.dumps(o, pickle.HIGHEST_PROTOCOL) for o in objs]
+    if core.size == 1:
+        return [pickle.loads(parts[0])]
+    n = core.size
+    send_len = np.array([len(p) for p in parts], dtype=np.int64)
+    recv_len = np.zeros(n, dtype=np.int64)
+    _core.alltoallv(core, send_len, recv_len, [1] * n, [1] * n)
+    rcounts = [int(k) for k in recv_len]
+    out = np.empty(sum(rcounts), dtype=np.uint8)
+    _core.alltoallv(core, np.frombuffer(b"".join(parts), dtype=np.uint8), out,
+                    [len(p) for p in parts], rcounts)
+    objs_in, pos = [], 0
+    for k in rcounts:
+        objs_in.append(pickle.loads(out[pos:pos + k].tobytes()))
+        pos += k
+    return objs_in

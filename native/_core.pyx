@@ -15,6 +15,7 @@ include "errors.pxi"
 include "buffer.pxi"
 include "p2p.pxi"
 include "rooted.pxi"
+include "alltoall.pxi"
 
 
 cdef class Request:

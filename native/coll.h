@@ -8,6 +8,7 @@
  *   coll_iallreduce + coll_request_*   non-blocking allreduce on the progress thread
  *   coll_reduce, coll_gatherv, coll_scatterv
  *                                      blocking rooted collectives (rooted.c), host memory
+ *   coll_alltoallv                     pairwise exchange (alltoall.c), host memory
  *   coll_isend / coll_irecv / coll_send / coll_recv / coll_sendrecv
  *                                      point-to-point messages with tags (p2p.c)
  *   coll_request_status / coll_request_wait_any
@@ -197,6 +198,13 @@ coll_result_t coll_barrier(coll_comm_t *comm, double timeout);
 coll_result_t coll_reduce(coll_comm_t *comm, const coll_args_t *args);
 coll_result_t coll_gatherv(coll_comm_t *comm, const coll_args_t *args);
 coll_result_t coll_scatterv(coll_comm_t *comm, const coll_args_t *args);
+/* alltoallv (alltoall.c), host memory: rank r sends counts[j] elements from
+ * sendbuf + displs[j] to rank j and receives counts[size + j] elements from
+ * rank j into recvbuf + displs[size + j] (counts and displs hold 2 * size
+ * entries: send side, then receive side). Every pair must agree on the
+ * size of what passes between them, else the receiver fails naming both.
+ * sendbuf == recvbuf is in place (the send side read from a copy). */
+coll_result_t coll_alltoallv(coll_comm_t *comm, const coll_args_t *args);
 
 /* Non-blocking collectives: queued on the communicator's progress thread and
  * run in call order with the other queued requests; a blocking collective

@@ -104,6 +104,7 @@ cdef extern from "coll.h" nogil:
     coll_result_t coll_reduce(coll_comm_t *comm, const coll_args_t *args)
     coll_result_t coll_gatherv(coll_comm_t *comm, const coll_args_t *args)
     coll_result_t coll_scatterv(coll_comm_t *comm, const coll_args_t *args)
+    coll_result_t coll_alltoallv(coll_comm_t *comm, const coll_args_t *args)
 
     coll_result_t coll_iallreduce(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req)
     coll_result_t coll_iallgatherv(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req)

@@ -34,6 +34,7 @@ const char *coll_kind_name(int kind) {
     case COLL_KIND_REDUCE: return "reduce";
     case COLL_KIND_GATHER: return "gatherv";
     case COLL_KIND_SCATTER: return "scatterv";
+    case COLL_KIND_ALLTOALL: return "alltoallv";
     default: return "unknown";
   }
 }

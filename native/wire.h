@@ -58,6 +58,7 @@ typedef enum {
   COLL_KIND_REDUCE = 7,  /* rooted.c: aux is the root, as for the two below */
   COLL_KIND_GATHER = 8,  /* count 0: each block's size is checked per message */
   COLL_KIND_SCATTER = 9,
+  COLL_KIND_ALLTOALL = 10, /* alltoall.c: count 0, as for gather */
   COLL_KIND_P2P = 6 /* a point-to-point message (p2p.c): seq counts the messages
                        from this sender to this receiver, aux is the tag, count
                        the elements, offset 0; the payload is count x dtype
