@@ -681,7 +681,7 @@ static coll_result_t pass(coll_comm_t *comm, int *moved) {
 
 static coll_result_t op_timeout(coll_comm_t *comm, coll_p2p_op_t *op) {
   char who[32], tag[32];
-  int held = op->peer >= 0 && op->peer != comm->rank && comm->p2p->peers[op->peer].held;
+  int held = op->peer >= 0 && op->peer != comm->rank ? comm->p2p->peers[op->peer].held : HELD_NO;
   if (op->is_send)
     return coll_error(comm, COLL_TIMEOUT,
                       "rank %d: send to rank %d (tag %d, %zu %s elements) timed out after %.1f s: "

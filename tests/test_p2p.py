@@ -264,6 +264,21 @@ try:
             comm.Recv(np.zeros(3), MPI.ANY_SOURCE, tag=99, timeout=1.5)
         else:
             comm.Recv(np.zeros(1), 1, tag=9)
+    elif kind == "full_wait":
+        # COLLECTIVES_P2P_BUFFER_BYTES=1M: the second unexpected 600 kB message does not
+        # fit, so it waits in the link, and the tag-2 message behind it is out of reach
+        if r == 0:
+            for _ in range(3):
+                comm.Send(np.zeros(150_000, np.float32), 1, tag=1)
+            comm.Send(np.zeros(1, np.float32), 1, tag=2)
+            comm.Recv(np.zeros(1), 1, tag=9)  # released when rank 1 fails
+        else:
+            comm.Recv(np.zeros(1, np.float32), 0, tag=2, timeout=1.5)
+    elif kind == "full_divert":
+        # a 2 MB message nobody has posted a receive for, read by rank 1's Barrier
+        if r == 0:
+            comm.Send(np.zeros(500_000, np.float32), 1, tag=1)
+        comm.Barrier()
     emit("no_error")
 except BaseException as exc:
     error_record(exc, t0)
@@ -276,9 +291,9 @@ except BaseException as exc:
 """
 
 
-def _run_fail(n, scenario, timeout_s=5.0):
+def _run_fail(n, scenario, timeout_s=5.0, env=None):
     return run_world(n, FAIL, timeout=60, args=[json.dumps(scenario)],
-                     collective_timeout=timeout_s)
+                     collective_timeout=timeout_s, env=env)
 
 
 def _err(rk):
@@ -323,3 +338,20 @@ def test_tag_nobody_sends_times_out(kind, rank, peer):
     assert 1.4 < e["elapsed"] < 4.0, e
     other = _err(res[0])
     assert "rank 1" in other["message"], other
+
+
+def test_unexpected_messages_are_bounded():
+    """Messages that arrive before their receive are kept up to COLLECTIVES_P2P_BUFFER_BYTES:
+    past it they wait in the link (a receive behind them times out, saying why), and one
+    that a collective would have to set aside fails it, naming the sender and the limit."""
+    env = {"COLLECTIVES_P2P_BUFFER_BYTES": "1M"}
+    res = _run_fail(2, {"kind": "full_wait"}, env=env)
+    assert not res.timed_out, res.report()
+    e = _err(res[1])
+    assert "timed out" in e["message"] and "COLLECTIVES_P2P_BUFFER_BYTES" in e["message"], e
+    res = _run_fail(2, {"kind": "full_divert"}, env=env)
+    assert not res.timed_out, res.report()
+    e = _err(res[1])
+    for w in ("rank 0 sent a 2000000-byte point-to-point message", "COLLECTIVES_P2P_BUFFER_BYTES"):
+        assert w in e["message"], e
+    assert e["elapsed"] < 4.0, e
