@@ -23,7 +23,7 @@ import socket
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from . import _missing
+from . import _core, _missing
 from ._core import CollectivesError, CommBase as _CommBase, Request as _CoreRequest, count_of
 from ._core import _mpi_register, check_root, not_a_buffer
 from . import _world
@@ -32,7 +32,13 @@ __all__ = [
     "COMM_WORLD", "Comm", "Request", "Op", "Datatype", "Exception", "IN_PLACE",
     "SUM", "PROD", "MIN", "MAX", "AVG", "Wtime", "Wtick", "Get_processor_name",
     "Init", "Finalize", "Is_initialized", "Is_finalized",
+    "Status", "ANY_SOURCE", "ANY_TAG", "UNDEFINED", "TAG_UB",
 ]
+
+ANY_SOURCE = _core.ANY_SOURCE  # a receive's source: any rank
+ANY_TAG = _core.ANY_TAG        # a receive's tag: any tag
+TAG_UB = _core.TAG_MAX         # the largest tag
+UNDEFINED = -32766             # mpi4py's value: no index (Waitany), no whole count (Get_count)
 
 Exception = CollectivesError  # noqa: A001 -- mpi4py's name for its error class
 Exception.__doc__ = CollectivesError.__doc__
@@ -86,6 +92,61 @@ FLOAT = Datatype("FLOAT", "float32")
 DOUBLE = Datatype("DOUBLE", "float64")
 
 
+_ITEMSIZE = {"int8": 1, "uint8": 1, "int32": 4, "int64": 8, "float16": 2, "bfloat16": 2,
+             "float32": 4, "float64": 8}
+
+
+class Status:
+    """What a receive got (mpi4py's Status): its source, tag and size."""
+
+    def __init__(self) -> None:
+        self.source = ANY_SOURCE
+        self.tag = ANY_TAG
+        self.error = 0
+        self._nbytes = 0
+
+    def Get_source(self) -> int:
+        """The rank the message came from."""
+        return self.source
+
+    def Get_tag(self) -> int:
+        """The message's tag."""
+        return self.tag
+
+    def Get_error(self) -> int:
+        """0: the receive succeeded (a failed one raises instead)."""
+        return self.error
+
+    def Get_count(self, datatype: "Datatype" = None) -> int:
+        """Elements of `datatype` (default BYTE) received; UNDEFINED if not a whole number."""
+        size = _ITEMSIZE[(datatype or BYTE).dtype]
+        return self._nbytes // size if self._nbytes % size == 0 else UNDEFINED
+
+    def Get_elements(self, datatype: "Datatype") -> int:
+        """Same as Get_count(datatype) (no derived datatypes here)."""
+        return self.Get_count(datatype)
+
+    def Set_source(self, source: int) -> None:
+        """Set the source (mpi4py name)."""
+        self.source = source
+
+    def Set_tag(self, tag: int) -> None:
+        """Set the tag (mpi4py name)."""
+        self.tag = tag
+
+    @property
+    def count(self) -> int:
+        """Bytes received."""
+        return self._nbytes
+
+    def _fill(self, outcome: Optional[tuple]) -> None:
+        if outcome is not None:
+            self.source, self.tag, self._nbytes = outcome[0], outcome[1], outcome[4]
+
+    def __repr__(self) -> str:
+        return f"<collectives.MPI.Status source={self.source} tag={self.tag} bytes={self._nbytes}>"
+
+
 class _InPlace:
     """The IN_PLACE marker for send buffers."""
 
@@ -129,7 +190,7 @@ def _pair(sendbuf: Any, recvbuf: Any) -> tuple[Any, Any, Optional[str]]:
 def _vbuf(spec: Any, size: int) -> tuple[Any, list[int], Optional[list[int]], Optional[str]]:
     """Split a v-spec ([buf, counts], [buf, counts, displs], [buf, (counts, displs)], + type)."""
     if not isinstance(spec, (list, tuple)) or len(spec) < 2:
-        raise ValueError("Allgatherv needs recvbuf as [buf, counts] or [buf, counts, displs]")
+        raise ValueError("a v-buffer is [buf, counts] or [buf, counts, displs]")
     items = list(spec)
     dtype = None
     if isinstance(items[-1], Datatype):
@@ -141,7 +202,7 @@ def _vbuf(spec: Any, size: int) -> tuple[Any, list[int], Optional[list[int]], Op
     counts = [int(c) for c in rest[0]]
     displs = [int(d) for d in rest[1]] if len(rest) > 1 and rest[1] is not None else None
     if len(counts) != size:
-        raise ValueError(f"Allgatherv: {len(counts)} counts for {size} ranks")
+        raise ValueError(f"{len(counts)} counts for {size} ranks")
     return buf, counts, displs, dtype
 
 
@@ -159,28 +220,107 @@ def _dtype_name(a: Optional[str], b: Optional[str]) -> Optional[str]:
 
 
 class Request:
-    """A non-blocking operation (mpi4py's Request subset)."""
+    """A non-blocking operation (mpi4py's Request subset).
 
-    def __init__(self, core_request: _CoreRequest, comm: "Comm") -> None:
+    Uppercase Wait/Test finish it; lowercase wait/test also return the
+    object a pickled irecv brought (None for other requests).
+    """
+
+    def __init__(self, core_request: _CoreRequest, comm: "Comm", pickled: bool = False) -> None:
         self._req = core_request
         self._comm = comm
+        self._pickled = pickled
 
-    def Wait(self, status: Any = None) -> None:
-        """Block until done; raise MPI.Exception if the collective failed."""
+    def _outcome(self, status: Optional[Status]) -> Any:
+        outcome = self._req._status
+        if status is not None:
+            status._fill(outcome)
+        if self._pickled and outcome is not None:
+            return pickle.loads(outcome[3])
+        return None
+
+    def Wait(self, status: Optional[Status] = None) -> bool:
+        """Block until done (raising MPI.Exception if it failed); fills status."""
         self._comm._call(self._req.Wait)
+        self._outcome(status)
+        return True
 
-    def Test(self, status: Any = None) -> bool:
-        """True once done (raising if it failed)."""
-        return self._comm._call(self._req.Test)
+    def Test(self, status: Optional[Status] = None) -> bool:
+        """True once done (raising if it failed); fills status then."""
+        done = self._comm._call(self._req.Test)
+        if done:
+            self._outcome(status)
+        return done
 
-    wait = Wait
-    test = Test
+    def wait(self, status: Optional[Status] = None) -> Any:
+        """Wait(); returns the object a pickled irecv received (else None)."""
+        self._comm._call(self._req.Wait)
+        return self._outcome(status)
+
+    def test(self, status: Optional[Status] = None) -> tuple:
+        """(done, object): the object a pickled irecv received once done, else None."""
+        if not self._comm._call(self._req.Test):
+            return False, None
+        return True, self._outcome(status)
 
     @staticmethod
-    def Waitall(requests: Sequence["Request"], statuses: Any = None) -> None:
-        """Wait for every request in order."""
-        for r in requests:
-            r.Wait()
+    def Waitall(requests: Sequence["Request"], statuses: Optional[list] = None) -> bool:
+        """Wait for every request; the first failure is raised after all have finished."""
+        Request.waitall(requests, statuses)
+        return True
+
+    @staticmethod
+    def waitall(requests: Sequence["Request"], statuses: Optional[list] = None) -> list:
+        """Wait for every request; returns each one's object (see wait)."""
+        objs, first = [], None
+        for i, r in enumerate(requests):
+            st = statuses[i] if statuses is not None and i < len(statuses) else None
+            try:
+                objs.append(r.wait(st))
+            except CollectivesError as exc:
+                first = first or exc
+                objs.append(None)
+        if first is not None:
+            raise first
+        return objs
+
+    @staticmethod
+    def Waitany(requests: Sequence["Request"], status: Optional[Status] = None) -> int:
+        """Block until one unfinished request completes; its index (UNDEFINED if none left)."""
+        return Request.waitany(requests, status)[0]
+
+    @staticmethod
+    def waitany(requests: Sequence["Request"], status: Optional[Status] = None) -> tuple:
+        """(index, object) of the first request to complete (UNDEFINED, None if none left)."""
+        reqs = list(requests)
+        if not reqs:
+            return UNDEFINED, None
+        comm = reqs[0]._comm
+        i = comm._call(_core.request_wait_any, [r._req for r in reqs])
+        if i < 0:
+            return UNDEFINED, None
+        return i, reqs[i].wait(status)
+
+    @staticmethod
+    def Testall(requests: Sequence["Request"], statuses: Optional[list] = None) -> bool:
+        """True if every request has completed (then finished, statuses filled); else
+        False, and none is finished by this call beyond what completed meanwhile."""
+        return Request.testall(requests, statuses)[0]
+
+    @staticmethod
+    def testall(requests: Sequence["Request"], statuses: Optional[list] = None) -> tuple:
+        """(True, objects) once every request has completed, else (False, None)."""
+        if not all(r._comm._call(r._req.Test) for r in requests):
+            return False, None
+        return True, Request.waitall(requests, statuses)
+
+    @staticmethod
+    def Testany(requests: Sequence["Request"], status: Optional[Status] = None) -> tuple:
+        """(index, True) of a completed request, else (UNDEFINED, False)."""
+        for i, r in enumerate(requests):
+            if r.Test(status):
+                return i, True
+        return UNDEFINED, False
 
 
 class Comm(_CommBase):
@@ -331,6 +471,167 @@ class Comm(_CommBase):
 
     barrier = Barrier
 
+    # -- rooted collectives ---------------------------------------------------
+    def Reduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0, *,
+               timeout: Optional[float] = None) -> None:
+        """recvbuf at root = op over every rank's sendbuf (IN_PLACE at the root; recvbuf
+        is ignored elsewhere and may be None)."""
+        sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf)
+        rbuf, rtype = (None, None) if recvbuf is None else _buf(recvbuf)
+        if self.rank != root:
+            rbuf = rtype = None
+        self._call(_core.reduce, self._core, sbuf, rbuf, _op(op), root, timeout,
+                   _dtype_name(stype, rtype))
+
+    def _even_blocks(self, buf: Any, dtype: Optional[str], what: str) -> list:
+        total = count_of(buf, dtype)
+        if total % self.size:
+            raise ValueError(f"{what}: the root's buffer has {total} elements, not a multiple "
+                             f"of {self.size} ranks")
+        return [total // self.size] * self.size
+
+    def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
+               timeout: Optional[float] = None) -> None:
+        """The root gets every rank's sendbuf in rank order in recvbuf (IN_PLACE at the root)."""
+        sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf)
+        rbuf, counts, dtype = None, None, stype
+        if self.rank == root:
+            rbuf, rtype = _buf(recvbuf)
+            dtype = _dtype_name(stype, rtype)
+            counts = self._even_blocks(rbuf, dtype, "Gather")
+        self._call(_core.gatherv, self._core, sbuf, rbuf, counts, None, root, timeout, dtype)
+
+    def Gatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
+                timeout: Optional[float] = None) -> None:
+        """Gather blocks of different sizes: recvbuf at the root is [buf, counts(, displs)]."""
+        sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf)
+        rbuf = counts = displs = None
+        dtype = stype
+        if self.rank == root:
+            rbuf, counts, displs, rtype = _vbuf(recvbuf, self.size)
+            dtype = _dtype_name(stype, rtype)
+        self._call(_core.gatherv, self._core, sbuf, rbuf, counts, displs, root, timeout, dtype)
+
+    def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
+                timeout: Optional[float] = None) -> None:
+        """Rank i gets block i of the root's sendbuf in recvbuf (IN_PLACE recvbuf at the root)."""
+        rbuf, rtype = (None, None) if recvbuf is IN_PLACE else _buf(recvbuf)
+        sbuf, counts, dtype = None, None, rtype
+        if self.rank == root:
+            sbuf, stype = _buf(sendbuf)
+            dtype = _dtype_name(stype, rtype)
+            counts = self._even_blocks(sbuf, dtype, "Scatter")
+        self._call(_core.scatterv, self._core, sbuf, rbuf, counts, None, root, timeout, dtype)
+
+    def Scatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
+                 timeout: Optional[float] = None) -> None:
+        """Scatter blocks of different sizes: sendbuf at the root is [buf, counts(, displs)]."""
+        rbuf, rtype = (None, None) if recvbuf is IN_PLACE else _buf(recvbuf)
+        sbuf = counts = displs = None
+        dtype = rtype
+        if self.rank == root:
+            sbuf, counts, displs, stype = _vbuf(sendbuf, self.size)
+            dtype = _dtype_name(stype, rtype)
+        self._call(_core.scatterv, self._core, sbuf, rbuf, counts, displs, root, timeout, dtype)
+
+    def Alltoall(self, sendbuf: Any, recvbuf: Any, *, timeout: Optional[float] = None) -> None:
+        """Block j of sendbuf goes to rank j; block i of recvbuf comes from rank i (sendbuf
+        may be IN_PLACE)."""
+        sbuf, rbuf, dtype = _pair(sendbuf, recvbuf)
+        counts = self._even_blocks(rbuf, dtype, "Alltoall")
+        if sbuf is not None and count_of(sbuf, dtype) != sum(counts):
+            raise ValueError(f"Alltoall: sendbuf has {count_of(sbuf, dtype)} elements, "
+                             f"recvbuf {sum(counts)}")
+        self._call(_core.alltoallv, self._core, sbuf, rbuf, counts, counts, None, None, timeout,
+                   dtype)
+
+    def Alltoallv(self, sendbuf: Any, recvbuf: Any, *, timeout: Optional[float] = None) -> None:
+        """Blocks of different sizes: sendbuf and recvbuf are [buf, counts(, displs)]
+        (sendbuf may be IN_PLACE: recvbuf's layout is used for both)."""
+        rbuf, rcounts, rdispls, rtype = _vbuf(recvbuf, self.size)
+        if sendbuf is IN_PLACE:
+            sbuf, scounts, sdispls, stype = None, rcounts, rdispls, None
+        else:
+            sbuf, scounts, sdispls, stype = _vbuf(sendbuf, self.size)
+        self._call(_core.alltoallv, self._core, sbuf, rbuf, scounts, rcounts, sdispls, rdispls,
+                   timeout, _dtype_name(stype, rtype))
+
+    def alltoall(self, sendobj: Sequence[Any]) -> list:
+        """Rank i gets sendobj[i] from every rank, as a list in rank order (pickled)."""
+        from . import _objects
+
+        if sendobj is None or len(sendobj) != self.size:
+            raise ValueError(f"alltoall needs a sequence of {self.size} objects")
+        return self._call(_objects.alltoall, self._core, list(sendobj))
+
+    # -- point-to-point ------------------------------------------------------
+    def Send(self, buf: Any, dest: int, tag: int = 0, *, timeout: Optional[float] = None) -> None:
+        """Send buf to rank dest; returns once its bytes are handed to the link."""
+        b, dtype = _buf(buf)
+        self._call(_core.p2p_send, self._core, b, dest, tag, timeout, dtype)
+
+    def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+             status: Optional[Status] = None, *, timeout: Optional[float] = None) -> None:
+        """Receive into buf a message from source with tag (ANY_SOURCE/ANY_TAG match any)."""
+        b, dtype = _buf(buf)
+        src, tg, count = self._call(_core.p2p_recv, self._core, b, source, tag, timeout, dtype)
+        if status is not None:
+            status._fill((src, tg, count, None, count * _ITEMSIZE[dtype or _core.dtype_of(b)]))
+
+    def Isend(self, buf: Any, dest: int, tag: int = 0, *,
+              timeout: Optional[float] = None) -> Request:
+        """Start a Send; returns a Request (buf stays in use until it completes)."""
+        b, dtype = _buf(buf)
+        return Request(self._call(_core.p2p_isend, self._core, b, dest, tag, timeout, dtype), self)
+
+    def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, *,
+              timeout: Optional[float] = None) -> Request:
+        """Start a Recv into buf; returns a Request."""
+        b, dtype = _buf(buf)
+        return Request(self._call(_core.p2p_irecv, self._core, b, source, tag, timeout, dtype),
+                       self)
+
+    def Sendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
+                 source: int = ANY_SOURCE, recvtag: int = ANY_TAG,
+                 status: Optional[Status] = None, *, timeout: Optional[float] = None) -> None:
+        """Send sendbuf to dest and receive into recvbuf at once (neither waits for the other)."""
+        if recvbuf is None:
+            raise ValueError("Sendrecv needs a recvbuf")
+        sbuf, stype = _buf(sendbuf)
+        rbuf, rtype = _buf(recvbuf)
+        dtype = _dtype_name(stype, rtype)
+        src, tg, count = self._call(_core.p2p_sendrecv, self._core, sbuf, dest, sendtag, rbuf,
+                                    source, recvtag, timeout, dtype)
+        if status is not None:
+            status._fill((src, tg, count, None, count * _ITEMSIZE[dtype or _core.dtype_of(rbuf)]))
+
+    def send(self, obj: Any, dest: int, tag: int = 0) -> None:
+        """Send a Python object (pickled) to rank dest."""
+        self.Send(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), dest, tag)
+
+    def recv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+             status: Optional[Status] = None) -> Any:
+        """Receive a Python object sent with send/isend (buf is ignored, as in mpi4py 4)."""
+        return self.irecv(None, source, tag).wait(status)
+
+    def isend(self, obj: Any, dest: int, tag: int = 0) -> Request:
+        """Start sending a Python object (pickled); returns a Request."""
+        return self.Isend(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), dest, tag)
+
+    def irecv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
+        """Start receiving a Python object; the Request's wait() returns it."""
+        req = self._call(_core.p2p_irecv, self._core, None, source, tag)
+        return Request(req, self, pickled=True)
+
+    def sendrecv(self, sendobj: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
+                 source: int = ANY_SOURCE, recvtag: int = ANY_TAG,
+                 status: Optional[Status] = None) -> Any:
+        """Send sendobj to dest and return the object received from source, at once."""
+        rreq = self.irecv(None, source, recvtag)
+        sreq = self.isend(sendobj, dest, sendtag)
+        sreq.Wait()
+        return rreq.wait(status)
+
     # -- object collectives (pickle) ---------------------------------------
     def bcast(self, obj: Any, root: int = 0) -> Any:
         """Return root's obj on every rank (pickled)."""
@@ -351,17 +652,21 @@ class Comm(_CommBase):
         return functools.reduce(op, self.allgather(obj))
 
     def gather(self, obj: Any, root: int = 0) -> Optional[list]:
-        """The list of every rank's obj at root, None elsewhere."""
+        """The list of every rank's obj at root, None elsewhere (pickled; sent to the root only)."""
+        from . import _objects
+
         root = check_root(root, self.size)
-        objs = self.allgather(obj)
-        return objs if self.rank == root else None
+        return self._call(_objects.gather, self._core, obj, root)
 
     def scatter(self, objs: Optional[Sequence[Any]], root: int = 0) -> Any:
-        """Rank i gets objs[i] from root."""
+        """Rank i gets objs[i] from root (each rank receives only its own)."""
+        from . import _objects
+
         root = check_root(root, self.size)
         if self.rank == root and (objs is None or len(objs) != self.size):
             raise ValueError(f"scatter needs a sequence of {self.size} objects at the root")
-        return self.bcast(list(objs) if self.rank == root else None, root)[self.rank]
+        return self._call(_objects.scatter, self._core, list(objs) if self.rank == root else None,
+                          root)
 
     def Abort(self, errorcode: int = 1) -> None:
         """End this process at once; the launcher then stops the job."""

@@ -58,3 +58,67 @@ def allgather(core: Any, obj: Any) -> list:
         objs.append(pickle.loads(out[pos:pos + n].tobytes()))
         pos += n
     return objs
+
+
+def gather(core: Any, obj: Any, root: int) -> Any:
+    """Every rank's obj, in rank order, at root (None elsewhere)."""
+    from . import _core
+
+    data = pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
+    if core.size == 1:
+        return [pickle.loads(data)]
+    mine = np.array([len(data)], dtype=np.int64)
+    lengths = np.zeros(core.size, dtype=np.int64) if core.rank == root else None
+    _core.gatherv(core, mine, lengths, [1] * core.size if core.rank == root else None, None, root)
+    counts = [int(k) for k in lengths] if core.rank == root else None
+    out = np.empty(sum(counts), dtype=np.uint8) if core.rank == root else None
+    _core.gatherv(core, np.frombuffer(data, dtype=np.uint8), out, counts, None, root)
+    if core.rank != root:
+        return None
+    objs, pos = [], 0
+    for k in counts:
+        objs.append(pickle.loads(out[pos:pos + k].tobytes()))
+        pos += k
+    return objs
+
+
+def scatter(core: Any, objs: Any, root: int) -> Any:
+    """objs[i] from root on rank i."""
+    from . import _core
+
+    if core.rank == root:
+        parts = [pickle.dumps(o, pickle.HIGHEST_PROTOCOL) for o in objs]
+        if core.size == 1:
+            return pickle.loads(parts[0])
+        counts = [len(p) for p in parts]
+        lengths = np.array(counts, dtype=np.int64)
+        data = np.frombuffer(b"".join(parts), dtype=np.uint8)
+    else:
+        counts = lengths = data = None
+    mine = np.zeros(1, dtype=np.int64)
+    _core.scatterv(core, lengths, mine, [1] * core.size if core.rank == root else None, None, root)
+    buf = np.empty(int(mine[0]), dtype=np.uint8)
+    _core.scatterv(core, data, buf, counts, None, root)
+    return pickle.loads(buf.tobytes())
+
+
+def alltoall(core: Any, objs: list) -> list:
+    """objs[j] to rank j from every rank; returns what each rank sent this one, in rank order."""
+    from . import _core
+
+    parts = [pickle.dumps(o, pickle.HIGHEST_PROTOCOL) for o in objs]
+    if core.size == 1:
+        return [pickle.loads(parts[0])]
+    n = core.size
+    send_len = np.array([len(p) for p in parts], dtype=np.int64)
+    recv_len = np.zeros(n, dtype=np.int64)
+    _core.alltoallv(core, send_len, recv_len, [1] * n, [1] * n)
+    rcounts = [int(k) for k in recv_len]
+    out = np.empty(sum(rcounts), dtype=np.uint8)
+    _core.alltoallv(core, np.frombuffer(b"".join(parts), dtype=np.uint8), out,
+                    [len(p) for p in parts], rcounts)
+    objs_in, pos = [], 0
+    for k in rcounts:
+        objs_in.append(pickle.loads(out[pos:pos + k].tobytes()))
+        pos += k
+    return objs_in

@@ -6,6 +6,13 @@
  *   coll_allreduce, coll_allgatherv, coll_broadcast, coll_reduce_scatter_block,
  *   coll_barrier                       blocking collectives
  *   coll_iallreduce + coll_request_*   non-blocking allreduce on the progress thread
+ *   coll_reduce, coll_gatherv, coll_scatterv
+ *                                      blocking rooted collectives (rooted.c), host memory
+ *   coll_alltoallv                     pairwise exchange (alltoall.c), host memory
+ *   coll_isend / coll_irecv / coll_send / coll_recv / coll_sendrecv
+ *                                      point-to-point messages with tags (p2p.c)
+ *   coll_request_status / coll_request_wait_any
+ *                                      what a receive got; the first of several to finish
  *   coll_comm_last_error               text of the last failure (rank, peer, seq, values)
  *   coll_reduce_local                  one host reduction kernel, for tests and adapters
  *   coll_param_*                       the declared COLLECTIVES_* tunables
@@ -101,7 +108,24 @@ typedef struct {
   void *stream;          /* device buffers: the caller's cudaStream_t; the call waits for
                             the work queued on it before the call (NULL: legacy default) */
   void *ready_event;     /* set by the core for queued calls; callers leave it NULL */
+  int peer;              /* point-to-point: destination (send) or source (recv, or
+                            COLL_ANY_SOURCE) */
+  int tag;               /* point-to-point: >= 0, or COLL_ANY_TAG on a receive */
 } coll_args_t;
+
+#define COLL_ANY_SOURCE (-1)
+#define COLL_ANY_TAG (-1)
+#define COLL_TAG_MAX 0x7fffffff
+#define COLL_COUNT_ANY ((size_t)-1) /* a receive (recvbuf NULL) of any size: see
+                                       coll_request_take_buffer */
+
+/* What a completed point-to-point receive got. */
+typedef struct {
+  int source;
+  int tag;
+  size_t count;  /* elements received (at most the receive's count) */
+  size_t nbytes; /* their bytes */
+} coll_status_t;
 
 /* Creates rank `rank` of `size` and starts listening on bind_host (numeric
  * IPv4/IPv6 address, "" for any). comm_id (16 bytes) must be equal on all
@@ -167,6 +191,29 @@ coll_result_t coll_broadcast(coll_comm_t *comm, const coll_args_t *args);
 coll_result_t coll_reduce_scatter_block(coll_comm_t *comm, const coll_args_t *args);
 coll_result_t coll_barrier(coll_comm_t *comm, double timeout);
 
+/* Rooted collectives (rooted.c), host memory only; root in args->root.
+ * reduce: recvbuf (root only; ignored elsewhere, may be NULL) = op over the
+ *   ranks' sendbuf, count elements each; sendbuf == recvbuf at the root is
+ *   in place; AVG divides once at the root.
+ * gatherv: each rank sends count elements from sendbuf; the root puts rank
+ *   i's block at recvbuf + displs[i] (counts[i] elements; counts/displs and
+ *   recvbuf only matter at the root, where counts[root] must equal count).
+ *   sendbuf == recvbuf + displs[root] at the root is in place. A rank whose
+ *   count differs from the root's counts[rank] fails, both values named.
+ * scatterv: the root sends counts[i] elements from sendbuf + displs[i] to
+ *   rank i, which receives count elements into recvbuf; recvbuf ==
+ *   sendbuf + displs[root] at the root is in place. */
+coll_result_t coll_reduce(coll_comm_t *comm, const coll_args_t *args);
+coll_result_t coll_gatherv(coll_comm_t *comm, const coll_args_t *args);
+coll_result_t coll_scatterv(coll_comm_t *comm, const coll_args_t *args);
+/* alltoallv (alltoall.c), host memory: rank r sends counts[j] elements from
+ * sendbuf + displs[j] to rank j and receives counts[size + j] elements from
+ * rank j into recvbuf + displs[size + j] (counts and displs hold 2 * size
+ * entries: send side, then receive side). Every pair must agree on the
+ * size of what passes between them, else the receiver fails naming both.
+ * sendbuf == recvbuf is in place (the send side read from a copy). */
+coll_result_t coll_alltoallv(coll_comm_t *comm, const coll_args_t *args);
+
 /* Non-blocking collectives: queued on the communicator's progress thread and
  * run in call order with the other queued requests; a blocking collective
  * issued meanwhile waits for the queue to drain first. Arguments are checked
@@ -184,6 +231,53 @@ coll_result_t coll_request_wait(coll_request_t *req);
 coll_result_t coll_request_test(coll_request_t *req, int *done);
 /* Frees a finished request; an unfinished one is waited for first. */
 void coll_request_free(coll_request_t *req);
+
+/* Point-to-point (p2p.c), over the same links as the collectives.
+ *
+ * Arguments: sendbuf/recvbuf, count (a receive's count is its capacity),
+ * dtype, peer, tag, timeout; host memory only. Contracts:
+ *   - messages from one rank to another are matched in the order they were
+ *     sent among those that fit a receive (same tag, or COLL_ANY_TAG; that
+ *     source, or COLL_ANY_SOURCE), and receives in the order they were posted,
+ *     as in MPI;
+ *   - the message's dtype must be the receive's and its count at most the
+ *     receive's: otherwise the receive fails with COLL_REMOTE_ERROR naming
+ *     both sides; a shorter message is fine (coll_request_status says how long);
+ *   - a send completes once its bytes are handed to the link: a message that
+ *     fits the link's buffers (socket or shared-memory ring) completes without
+ *     the receiver; a larger one needs the receiver to read it (MPI's
+ *     standard mode). A message that arrives before its receive is posted is
+ *     kept, up to COLLECTIVES_P2P_BUFFER_BYTES in all; beyond that it waits
+ *     in the link;
+ *   - a peer whose next message on a link belongs to a collective is not
+ *     read past it: a receive that needs a later message times out;
+ *   - every wait has the call's deadline (timeout <= 0: the communicator's);
+ *     a timeout, a dead peer or a mismatch breaks the communicator, as for
+ *     collectives; an argument error (COLL_INVALID_ARGUMENT) changes nothing;
+ *   - non-blocking forms return a request at once; all pending point-to-point
+ *     requests progress together whenever any is waited for or tested, so
+ *     posting a receive and a send and then waiting for both never deadlocks;
+ *     buffers stay the caller's until the request completes.
+ */
+coll_result_t coll_isend(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req);
+coll_result_t coll_irecv(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req);
+coll_result_t coll_send(coll_comm_t *comm, const coll_args_t *args);
+/* status may be NULL. */
+coll_result_t coll_recv(coll_comm_t *comm, const coll_args_t *args, coll_status_t *status);
+/* Sends sendbuf (count elements of dtype to send_args->peer with its tag) and
+ * receives into recv_args at once; neither waits for the other. */
+coll_result_t coll_sendrecv(coll_comm_t *comm, const coll_args_t *send_args,
+                            const coll_args_t *recv_args, coll_status_t *status);
+/* A completed receive's source, tag and count (a send's: its peer, tag and
+ * count). COLL_INVALID_USAGE if req is not point-to-point or not done. */
+coll_result_t coll_request_status(const coll_request_t *req, coll_status_t *status);
+/* A completed coll_irecv posted with recvbuf NULL and count COLL_COUNT_ANY
+ * allocated its buffer when the message matched: hands it (malloc'd, the
+ * caller frees it) and its size over. */
+coll_result_t coll_request_take_buffer(coll_request_t *req, void **buf, size_t *nbytes);
+/* Blocks until one of reqs[0, n) (all of one communicator; NULL entries
+ * skipped) is done; *index = its position. The request is not freed. */
+coll_result_t coll_request_wait_any(coll_request_t **reqs, int n, int *index);
 
 /* out[i] = in1[i] op in2[i] for `count` elements; out may alias in1 or in2.
  * AVG reduces as SUM here. */

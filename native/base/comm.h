@@ -26,6 +26,7 @@ typedef struct {
   char host[256];
   int port;
   coll_link_t *link;  /* NULL until an algorithm first needs this peer (or it connected) */
+  coll_link_t *dialing; /* a link this rank dialed whose answer has not come (transport_select.c) */
   char host_id[160];  /* equal for ranks that share a host (and its /dev/shm) */
 } coll_peer_t;
 
@@ -36,6 +37,7 @@ struct coll_request {
   coll_args_t args;
   coll_result_t result;
   int done;
+  struct coll_p2p_op *p2p; /* point-to-point requests (p2p.c): the op, allocated with it */
 };
 
 struct coll_comm {
@@ -73,6 +75,7 @@ struct coll_comm {
   coll_request_t *qhead, *qtail;
 
   struct coll_cuda *cuda; /* stream, events, pools, IPC maps (cuda.c); NULL until a GPU call */
+  struct coll_p2p *p2p;   /* point-to-point state (p2p.c); NULL until the first one */
 
   /* Arrays kept from one call to the next (calls are serialized): a
    * schedule's steps and edges and the host executor's scratch, so that a
@@ -82,5 +85,54 @@ struct coll_comm {
 
 /* CLOCK_MONOTONIC seconds (base/status.c). */
 double coll_now(void);
+/* now + timeout (the communicator default when timeout <= 0). */
+static inline double coll_comm_deadline(const coll_comm_t *comm, double timeout) {
+  return coll_now() + (timeout > 0 ? timeout : comm->timeout);
+}
+/* Marks the communicator broken after a failed collective: closes every link
+ * so that the peers fail fast instead of waiting for their deadline. */
+void coll_comm_break(coll_comm_t *comm, coll_result_t code);
+/* Serialization with the progress thread and the other callers (comm.c):
+ * coll_comm_enter waits for queued requests and takes the communicator
+ * (COLL_INVALID_USAGE if broken); coll_comm_leave gives it back, breaking it
+ * first if res is a failure other than an argument or usage error. */
+coll_result_t coll_comm_enter(coll_comm_t *comm);
+coll_result_t coll_comm_leave(coll_comm_t *comm, coll_result_t res);
+/* A blocking collective: check (nothing sent on failure), enter, run, leave. */
+coll_result_t coll_comm_blocking(coll_comm_t *comm, const coll_args_t *a,
+                                 coll_result_t (*check)(coll_comm_t *, const coll_args_t *),
+                                 coll_result_t (*run)(coll_comm_t *, const coll_args_t *));
+
+/* Point-to-point hooks for the collectives (p2p.c). A message may be half
+ * sent or half received on a link when a collective starts (a large Isend):
+ * the collective's messages must not land inside it. coll_p2p_quiesce, at
+ * the start, hands back half-read headers. Then the host executor calls
+ * coll_p2p_drain before each send to / receive from a link: it moves the
+ * half-done message on, and *clear says whether the collective's own bytes
+ * may go. Waiting for that inside the collective, not before it, means a
+ * rank never waits for a peer to read before joining the collective that
+ * peer may be waiting in (coll_p2p_finish does wait: for GPU collectives,
+ * whose executor has no such hook). */
+coll_result_t coll_p2p_quiesce(coll_comm_t *comm, double deadline);
+coll_result_t coll_p2p_drain(coll_comm_t *comm, coll_link_t *link, int sending, int *moved,
+                             int *clear);
+coll_result_t coll_p2p_finish(coll_comm_t *comm, double deadline);
+/* For the executor's poll: 1 if a message to `peer` is half sent, | 2 if one
+ * from it is half received (such links are watched even when no step of
+ * the collective is ready on them). */
+int coll_p2p_pending(coll_comm_t *comm, int peer);
+/* A collective's executor read the header `hdr` of a point-to-point message
+ * from `link`, followed by `nextra` bytes at `extra` (read with it): deliver
+ * it (to a posted receive, else set aside) and hand bytes past its end back
+ * to the link; the rest of its payload is read by coll_p2p_drain. */
+coll_result_t coll_p2p_divert(coll_comm_t *comm, coll_link_t *link, const uint8_t *hdr,
+                              const void *extra, size_t nextra, double deadline);
+/* Fails every pending point-to-point request (at break and destroy) and frees
+ * the state (destroy). */
+void coll_p2p_fail_all(coll_comm_t *comm, coll_result_t code);
+void coll_p2p_destroy(coll_comm_t *comm);
+coll_result_t coll_p2p_wait(coll_request_t *req);
+coll_result_t coll_p2p_test(coll_request_t *req, int *done);
+void coll_p2p_free(coll_request_t *req);
 
 #endif

@@ -25,8 +25,8 @@ static const coll_param_decl_t params[COLL_NUM_PARAMS] = {
                             "seconds a collective waits on a peer before failing", "seconds > 0"},
     [COLL_PARAM_SEGMENT_BYTES] = {"COLLECTIVES_SEGMENT_BYTES", "auto",
                                   "pipelining segment size of ring, tree and chain schedules (auto: "
-                                  "512K, or 1M when the host runs more ranks than cores and a peer "
-                                  "is reached over TCP)", "bytes > 0, or auto"},
+                                  "512K, or 1M when some host of the job runs more ranks than cores "
+                                  "and a peer is reached over TCP)", "bytes > 0, or auto"},
     [COLL_PARAM_SOCKET_BUFFER] = {"COLLECTIVES_SOCKET_BUFFER", "auto",
                                   "SO_SNDBUF/SO_RCVBUF of each TCP link (0: kernel autotuning; "
                                   "auto: 4M, or autotuning when the host runs more ranks than "
@@ -91,6 +91,10 @@ static const coll_param_decl_t params[COLL_NUM_PARAMS] = {
     [COLL_PARAM_CUDA_FAKE] = {"COLLECTIVES_CUDA_FAKE", "0",
                               "tests only: 1 emulates one GPU in host memory, so that the GPU code "
                               "paths run on machines without one", "one of: 0, 1"},
+    [COLL_PARAM_P2P_BUFFER_BYTES] = {"COLLECTIVES_P2P_BUFFER_BYTES", "64M",
+                                     "point-to-point messages that arrive before their receive "
+                                     "is posted are kept up to this many bytes in all; later "
+                                     "ones wait in the link", "bytes > 0"},
 };
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;

@@ -15,6 +15,9 @@ import operator
 
 include "errors.pxi"
 include "buffer.pxi"
+include "p2p.pxi"
+include "rooted.pxi"
+include "alltoall.pxi"
 
 
 cdef class Request:
@@ -23,6 +26,7 @@ cdef class Request:
     cdef Communicator owner
     cdef object views
     cdef object _result
+    cdef public object _status  # point-to-point: (source, tag, count, data) once done
 
     def Wait(self) -> None:
         """Block until the collective completes; raise if it failed."""
@@ -59,6 +63,10 @@ cdef class Request:
         return self.Test()
 
     cdef _finish(self, coll_result_t res):
+        if res == COLL_SUCCESS:
+            self._status = p2p_outcome(self.req)
+        else:
+            p2p_outcome(self.req)  # frees a buffer allocated for it
         free(self.req)
         self.req = NULL
         self.views = None

@@ -26,10 +26,6 @@
 #include "transport/transport.h"
 #include "transport/wire.h"
 
-static double coll_comm_deadline(const coll_comm_t *comm, double timeout) {
-  return coll_now() + (timeout > 0 ? timeout : comm->timeout);
-}
-
 coll_result_t coll_comm_create(int rank, int size, const char *bind_host, const uint8_t comm_id[16],
                                coll_comm_t **out) {
   *out = NULL;
@@ -133,9 +129,7 @@ int coll_comm_num_links(const coll_comm_t *comm) {
   return n;
 }
 
-/* Marks the communicator broken after a failed collective: closes every link
- * so that the peers fail fast instead of waiting for their deadline. */
-static void coll_comm_break(coll_comm_t *comm, coll_result_t code) {
+void coll_comm_break(coll_comm_t *comm, coll_result_t code) {
   if (comm->broken) return;
   comm->broken = 1;
   comm->broken_code = code;
@@ -146,6 +140,7 @@ static void coll_comm_break(coll_comm_t *comm, coll_result_t code) {
   coll_links_close_all(comm);
   if (unlinked) coll_tcp_send_aborts(comm, unlinked);
   free(unlinked);
+  coll_p2p_fail_all(comm, code);
 }
 
 /* ---- argument checks (before any byte is sent; never break the comm) ---- */
@@ -173,6 +168,13 @@ static coll_result_t check_common(coll_comm_t *comm, const coll_args_t *a, int n
 /* ---- serialization with the progress thread ---- */
 
 static coll_result_t enter(coll_comm_t *comm) {
+  coll_result_t res = coll_comm_enter(comm);
+  /* Half-read point-to-point headers go back to their links (comm.h). */
+  if (res == COLL_SUCCESS) res = coll_p2p_quiesce(comm, coll_comm_deadline(comm, 0));
+  return res;
+}
+
+coll_result_t coll_comm_enter(coll_comm_t *comm) {
   pthread_mutex_lock(&comm->mu);
   while (comm->busy || comm->qhead) pthread_cond_wait(&comm->cv, &comm->mu);
   comm->busy = 1;
@@ -190,6 +192,10 @@ static coll_result_t enter(coll_comm_t *comm) {
 }
 
 static coll_result_t leave(coll_comm_t *comm, coll_result_t res) {
+  return coll_comm_leave(comm, res);
+}
+
+coll_result_t coll_comm_leave(coll_comm_t *comm, coll_result_t res) {
   if (res != COLL_SUCCESS && res != COLL_INVALID_ARGUMENT && res != COLL_INVALID_USAGE)
     coll_comm_break(comm, res);
   pthread_mutex_lock(&comm->mu);
@@ -223,6 +229,7 @@ static coll_result_t memory_end(coll_comm_t *comm, const coll_args_t *a, coll_re
 
 static coll_result_t run_sched(coll_sched_t *s, const coll_args_t *a) {
   double deadline = coll_comm_deadline(s->comm, a->timeout);
+  if (a->memory == COLL_MEMORY_CUDA) COLL_CHECK(coll_p2p_finish(s->comm, deadline));
   return a->memory == COLL_MEMORY_CUDA ? coll_sched_run_device(s, deadline)
                                        : coll_sched_run(s, deadline);
 }
@@ -370,6 +377,12 @@ typedef coll_result_t (*run_fn)(coll_comm_t *, const coll_args_t *);
 /* A blocking collective: check (nothing sent on failure), wait for queued
  * requests, run, break the communicator on failure. */
 static coll_result_t blocking(coll_comm_t *comm, const coll_args_t *a, check_fn check, run_fn run) {
+  return coll_comm_blocking(comm, a, check, run);
+}
+
+coll_result_t coll_comm_blocking(coll_comm_t *comm, const coll_args_t *a,
+                                 coll_result_t (*check)(coll_comm_t *, const coll_args_t *),
+                                 coll_result_t (*run)(coll_comm_t *, const coll_args_t *)) {
   COLL_CHECK(check(comm, a));
   coll_result_t res = enter(comm);
   if (res == COLL_SUCCESS) res = run(comm, a);
@@ -401,8 +414,11 @@ static void *progress_main(void *arg) {
   coll_comm_t *comm = arg;
   pthread_mutex_lock(&comm->mu);
   for (;;) {
-    while (!comm->qhead && !comm->stopping) pthread_cond_wait(&comm->cv, &comm->mu);
+    /* Waits for `busy` too: a point-to-point wait on another thread holds
+     * the links (as does a blocking collective there). */
+    while ((!comm->qhead || comm->busy) && !comm->stopping) pthread_cond_wait(&comm->cv, &comm->mu);
     if (!comm->qhead && comm->stopping) break;
+    while (comm->busy) pthread_cond_wait(&comm->cv, &comm->mu);
     coll_request_t *req = comm->qhead;
     comm->busy = 1;
     pthread_mutex_unlock(&comm->mu);
@@ -416,7 +432,8 @@ static void *progress_main(void *arg) {
       res = COLL_INVALID_USAGE;
       coll_cuda_event_destroy(req->args.ready_event);
     } else {
-      res = req->run(comm, &req->args);
+      res = coll_p2p_quiesce(comm, coll_comm_deadline(comm, 0));
+      if (res == COLL_SUCCESS) res = req->run(comm, &req->args);
       if (res != COLL_SUCCESS && res != COLL_INVALID_ARGUMENT) coll_comm_break(comm, res);
     }
 
@@ -499,6 +516,7 @@ coll_result_t coll_ibarrier(coll_comm_t *comm, double timeout, coll_request_t **
 }
 
 coll_result_t coll_request_wait(coll_request_t *req) {
+  if (req->p2p) return coll_p2p_wait(req);
   coll_comm_t *comm = req->comm;
   pthread_mutex_lock(&comm->mu);
   while (!req->done) pthread_cond_wait(&comm->cv, &comm->mu);
@@ -507,6 +525,7 @@ coll_result_t coll_request_wait(coll_request_t *req) {
 }
 
 coll_result_t coll_request_test(coll_request_t *req, int *done) {
+  if (req->p2p) return coll_p2p_test(req, done);
   coll_comm_t *comm = req->comm;
   pthread_mutex_lock(&comm->mu);
   *done = req->done;
@@ -517,6 +536,7 @@ coll_result_t coll_request_test(coll_request_t *req, int *done) {
 
 void coll_request_free(coll_request_t *req) {
   if (!req) return;
+  if (req->p2p) { coll_p2p_free(req); return; }
   coll_request_wait(req);
   free(req);
 }
@@ -534,6 +554,7 @@ void coll_comm_destroy(coll_comm_t *comm) {
   pthread_mutex_lock(&comm->mu);
   while (comm->busy) pthread_cond_wait(&comm->cv, &comm->mu);
   pthread_mutex_unlock(&comm->mu);
+  coll_p2p_destroy(comm);
   coll_links_close_all(comm);
   coll_tcp_shutdown(comm);
   coll_cuda_destroy(comm);

@@ -64,6 +64,20 @@ cdef extern from "coll.h" nogil:
         int device
         void *stream
         void *ready_event
+        int peer
+        int tag
+
+    ctypedef struct coll_status_t:
+        int source
+        int tag
+        size_t count
+        size_t nbytes
+
+    enum:
+        COLL_ANY_SOURCE
+        COLL_ANY_TAG
+        COLL_TAG_MAX
+    const size_t COLL_COUNT_ANY
 
     int coll_cuda_built()
     int coll_cuda_device_count()
@@ -88,6 +102,10 @@ cdef extern from "coll.h" nogil:
     coll_result_t coll_broadcast(coll_comm_t *comm, const coll_args_t *args)
     coll_result_t coll_reduce_scatter_block(coll_comm_t *comm, const coll_args_t *args)
     coll_result_t coll_barrier(coll_comm_t *comm, double timeout)
+    coll_result_t coll_reduce(coll_comm_t *comm, const coll_args_t *args)
+    coll_result_t coll_gatherv(coll_comm_t *comm, const coll_args_t *args)
+    coll_result_t coll_scatterv(coll_comm_t *comm, const coll_args_t *args)
+    coll_result_t coll_alltoallv(coll_comm_t *comm, const coll_args_t *args)
 
     coll_result_t coll_iallreduce(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req)
     coll_result_t coll_iallgatherv(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req)
@@ -98,6 +116,16 @@ cdef extern from "coll.h" nogil:
     coll_result_t coll_request_wait(coll_request_t *req)
     coll_result_t coll_request_test(coll_request_t *req, int *done)
     void coll_request_free(coll_request_t *req)
+
+    coll_result_t coll_isend(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req)
+    coll_result_t coll_irecv(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req)
+    coll_result_t coll_send(coll_comm_t *comm, const coll_args_t *args)
+    coll_result_t coll_recv(coll_comm_t *comm, const coll_args_t *args, coll_status_t *status)
+    coll_result_t coll_sendrecv(coll_comm_t *comm, const coll_args_t *send_args,
+                                const coll_args_t *recv_args, coll_status_t *status)
+    coll_result_t coll_request_status(const coll_request_t *req, coll_status_t *status)
+    coll_result_t coll_request_take_buffer(coll_request_t *req, void **buf, size_t *nbytes)
+    coll_result_t coll_request_wait_any(coll_request_t **reqs, int n, int *index)
 
     coll_result_t coll_reduce_local(void *out, const void *in1, const void *in2, size_t count,
                                     coll_dtype_t dtype, coll_op_t op)

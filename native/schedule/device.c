@@ -233,7 +233,7 @@ static coll_result_t ipc_progress(dexec_t *x, int pi, int *moved) {
   while (p->acked < p->posted || p->ndesc < p->nrq) {
     struct iovec iov = {p->in + p->in_got, COLL_IPC_RECORD_BYTES - p->in_got};
     size_t n = 0;
-    COLL_CHECK(p->link->tp->recv(p->link, &iov, 1, &n));
+    COLL_CHECK(coll_link_recv(p->link, &iov, 1, &n));
     if (n == 0) break;
     *moved = 1;
     p->in_got += n;
@@ -343,7 +343,7 @@ static coll_result_t staged_recv(dexec_t *x, int pi, int *moved) {
     if (p->rhdr_got < COLL_WIRE_HDR_BYTES) {
       struct iovec iov = {p->rhdr + p->rhdr_got, COLL_WIRE_HDR_BYTES - p->rhdr_got};
       size_t n = 0;
-      COLL_CHECK(p->link->tp->recv(p->link, &iov, 1, &n));
+      COLL_CHECK(coll_link_recv(p->link, &iov, 1, &n));
       if (n) *moved = 1;
       p->rhdr_got += n;
       if (p->rhdr_got < COLL_WIRE_HDR_BYTES) return COLL_SUCCESS;
@@ -362,7 +362,7 @@ static coll_result_t staged_recv(dexec_t *x, int pi, int *moved) {
       size_t start = p->applied, end = start + PIECE < st->nbytes ? start + PIECE : st->nbytes;
       struct iovec iov = {p->rbuf[b] + (p->got - start), end - p->got};
       size_t n = 0;
-      COLL_CHECK(p->link->tp->recv(p->link, &iov, 1, &n));
+      COLL_CHECK(coll_link_recv(p->link, &iov, 1, &n));
       if (n == 0) return COLL_SUCCESS;
       *moved = 1;
       p->got += n;
@@ -465,7 +465,7 @@ static coll_result_t loop(dexec_t *x, double deadline, struct pollfd *pfs) {
       dpeer_t *p = &x->ps[i];
       int sending = 0, receiving = wants_bytes(s, p, &sending), ev = 0;
       if (sending || receiving) {
-        ev = p->link->tp->wait_events(p->link, sending, receiving);
+        ev = coll_link_wait_events(p->link, sending, receiving);
         if (ev < 0) { retry = 1; break; }
       } else if (!p->hup && peer_busy(p)) {
         ev = POLLRDHUP;

@@ -26,7 +26,8 @@ void coll_sched_init(coll_sched_t *s, coll_comm_t *comm, coll_kind_t kind, const
                      uint32_t aux) {
   memset(s, 0, sizeof *s);
   s->comm = comm;
-  int reducing = kind == COLL_KIND_ALLREDUCE || kind == COLL_KIND_REDUCE_SCATTER;
+  int reducing = kind == COLL_KIND_ALLREDUCE || kind == COLL_KIND_REDUCE_SCATTER ||
+                 kind == COLL_KIND_REDUCE;
   s->hdr.coll = (uint8_t)kind;
   s->hdr.redop = reducing ? (uint8_t)args->op : 0;
   s->hdr.dtype = (uint8_t)args->dtype;
@@ -230,6 +231,7 @@ typedef struct {
   int *succ, *succ_idx;
   int *ready, nready;
   int remaining;
+  double deadline;
 } exec_t;
 
 static void complete(exec_t *x, int id) {
@@ -243,6 +245,11 @@ static void complete(exec_t *x, int id) {
 
 static coll_result_t progress_send(exec_t *x, peer_state_t *ps, int *moved) {
   coll_sched_t *s = x->s;
+  if (s->comm->p2p) { /* a point-to-point message half sent on this link goes first */
+    int clear = 1;
+    COLL_CHECK(coll_p2p_drain(s->comm, ps->link, 1, moved, &clear));
+    if (!clear) return COLL_SUCCESS;
+  }
   while (ps->sh < ps->nsq) {
     int id = ps->sq[ps->sh];
     coll_step_t *st = &s->steps[id];
@@ -272,9 +279,14 @@ static coll_result_t progress_send(exec_t *x, peer_state_t *ps, int *moved) {
 static coll_result_t recv_header(exec_t *x, peer_state_t *ps, coll_step_t *st, int *moved) {
   struct iovec iov = {ps->rhdr + ps->rhdr_got, COLL_WIRE_HDR_BYTES - ps->rhdr_got};
   size_t n = 0;
-  COLL_CHECK(ps->link->tp->recv(ps->link, &iov, 1, &n));
+  COLL_CHECK(coll_link_recv(ps->link, &iov, 1, &n));
   if (n) *moved = 1;
   ps->rhdr_got += n;
+  if (ps->rhdr_got == COLL_WIRE_HDR_BYTES && ps->rhdr[5] == COLL_KIND_P2P) {
+    COLL_CHECK(coll_p2p_divert(x->s->comm, ps->link, ps->rhdr, NULL, 0, x->deadline));
+    ps->rhdr_got = 0; /* the caller reads the next header */
+    return COLL_SUCCESS;
+  }
   if (ps->rhdr_got == COLL_WIRE_HDR_BYTES) {
     coll_wire_hdr_t e = coll_sched_step_hdr(x->s, st);
     COLL_CHECK(coll_wire_check(x->s->comm, ps->peer, ps->rhdr, &e));
@@ -293,7 +305,7 @@ static coll_result_t reduce_in_place(exec_t *x, peer_state_t *ps, coll_step_t *s
   while (ps->rdone < st->nbytes) {
     const void *p;
     size_t avail;
-    COLL_CHECK(link->tp->recv_peek(link, &p, &avail));
+    COLL_CHECK(coll_link_peek(link, &p, &avail));
     size_t left = st->nbytes - ps->rdone;
     size_t take = avail < left ? avail : left;
     take -= take % s->elem;
@@ -302,7 +314,7 @@ static coll_result_t reduce_in_place(exec_t *x, peer_state_t *ps, coll_step_t *s
       /* An element split by the ring's wrap: copy just that one. */
       struct iovec iov = {link->stage, s->elem};
       size_t n = 0;
-      COLL_CHECK(link->tp->recv(link, &iov, 1, &n));
+      COLL_CHECK(coll_link_recv(link, &iov, 1, &n));
       if (n < s->elem) {
         /* Partial: the bytes are consumed, finish through the copy path. */
         ps->fill = n;
@@ -314,7 +326,7 @@ static coll_result_t reduce_in_place(exec_t *x, peer_state_t *ps, coll_step_t *s
       continue;
     }
     s->reduce((char *)st->dst + ps->rdone, (const char *)st->src + ps->rdone, p, take / s->elem, NULL);
-    link->tp->recv_consume(link, take);
+    coll_link_consume(link, take);
     ps->rdone += take;
     *moved = 1;
   }
@@ -332,6 +344,13 @@ static void recv_finish(exec_t *x, peer_state_t *ps, int id) {
 static coll_result_t progress_recv(exec_t *x, peer_state_t *ps, int *moved) {
   coll_sched_t *s = x->s;
   coll_comm_t *comm = s->comm;
+  if (comm->p2p && ps->rhdr_got == 0 && ps->rdone == 0 && ps->fill == 0) {
+    /* Between two of our messages on this link: one half received is read
+     * to its end first (and others that came, while a send is stuck). */
+    int clear = 1;
+    COLL_CHECK(coll_p2p_drain(comm, ps->link, 0, moved, &clear));
+    if (!clear) return COLL_SUCCESS;
+  }
   while (ps->rh < ps->nrq) {
     int id = ps->rq[ps->rh];
     coll_step_t *st = &s->steps[id];
@@ -366,12 +385,23 @@ static coll_result_t progress_recv(exec_t *x, peer_state_t *ps, int *moved) {
     }
     size_t want = 0, n = 0;
     for (int i = 0; i < k; i++) want += iov[i].iov_len;
-    if (want > 0) COLL_CHECK(ps->link->tp->recv(ps->link, iov, k, &n));
+    if (want > 0) COLL_CHECK(coll_link_recv(ps->link, iov, k, &n));
     if (n == 0 && want > 0) return COLL_SUCCESS;
     if (n) *moved = 1;
     size_t h = COLL_WIRE_HDR_BYTES - ps->rhdr_got;
     if (n < h) h = n;
     ps->rhdr_got += h;
+    if (ps->rhdr_got == COLL_WIRE_HDR_BYTES && !ps->rhdr_checked && ps->rhdr[5] == COLL_KIND_P2P) {
+      /* A point-to-point message sent before this collective's: the bytes
+       * read after its header (into this step's destination, which they
+       * may scribble on until the step's own bytes arrive) are its payload
+       * and what follows it. */
+      const void *extra = reducing ? (const void *)(ps->link->stage + ps->fill)
+                                   : (const void *)((char *)st->dst + ps->rdone);
+      COLL_CHECK(coll_p2p_divert(comm, ps->link, ps->rhdr, extra, n - h, x->deadline));
+      ps->rhdr_got = 0;
+      return COLL_SUCCESS; /* the next call drains the rest of it first */
+    }
     if (ps->rhdr_got == COLL_WIRE_HDR_BYTES && !ps->rhdr_checked) {
       coll_wire_hdr_t e = coll_sched_step_hdr(s, st);
       COLL_CHECK(coll_wire_check(comm, ps->peer, ps->rhdr, &e));
@@ -470,7 +500,7 @@ coll_result_t coll_sched_run(coll_sched_t *s, double deadline) {
   struct pollfd *pfs = (struct pollfd *)(scratch + ps_bytes);
   int *peer_slot = (int *)(scratch + ps_bytes + pfs_bytes);
   int *ints = peer_slot + comm->size;
-  exec_t x = {s, ints, NULL, ints + s->nedges, 0, n};
+  exec_t x = {s, ints, NULL, ints + s->nedges, 0, n, deadline};
   int *queues = ints + s->nedges + n;  /* n slots for send/recv queues, n for succ counting */
   int *cnt = queues + n;
 
@@ -570,9 +600,14 @@ coll_result_t coll_sched_run(coll_sched_t *s, double deadline) {
       peer_state_t *p = &ps[i];
       int sending = head_ready(s, p->sq, p->nsq, p->sh);
       int receiving = head_ready(s, p->rq, p->nrq, p->rh);
+      if (comm->p2p) { /* a point-to-point message half done on this link moves on */
+        int pend = coll_p2p_pending(comm, p->peer);
+        sending |= pend & 1;
+        receiving |= pend >> 1;
+      }
       int ev = 0;
       if (sending || receiving) {
-        ev = p->link->tp->wait_events(p->link, sending, receiving);
+        ev = coll_link_wait_events(p->link, sending, receiving);
         if (ev < 0) { retry = 1; break; } /* the transport can move now */
       } else if (!p->hup && (p->sh < p->nsq || p->rh < p->nrq)) {
         ev = POLLRDHUP; /* watch for a hang-up on a link we still need, once */

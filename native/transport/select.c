@@ -98,22 +98,64 @@ void coll_link_adopt(coll_comm_t *comm, int peer, int fd, const unsigned char *o
   }
 }
 
-/* Connecting (lower) side: dial, send hello + offer, read the answer. The
- * accepting side answers every opening as soon as it reads it, so this wait
- * only depends on the peer reaching any accept loop. */
-static coll_result_t link_dial(coll_comm_t *comm, int peer, double deadline) {
+/* Connecting (lower) side: dial and send hello + offer; the answer is read
+ * by dial_finish. The accepting side answers every opening as soon as it
+ * reads it, so that wait only depends on the peer reaching any accept loop. */
+static coll_result_t dial_begin(coll_comm_t *comm, int peer, double deadline, coll_link_t **out) {
   coll_link_t *link = link_new(comm, peer);
   if (!link) return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory for a link", comm->rank);
   unsigned char opening[COLL_OPENING_BYTES];
   coll_hello_encode(opening, comm->id, comm->rank, peer);
   coll_result_t res = coll_shm_make_offer(link, shm_allowed(comm, peer), opening + COLL_HELLO_BYTES);
   if (res == COLL_SUCCESS) res = coll_tcp_dial(comm, peer, deadline, opening, sizeof opening, &link->fd);
+  if (res != COLL_SUCCESS) {
+    coll_shm_settle(link, 0);
+    link_free(link);
+    return res;
+  }
+  *out = link;
+  return COLL_SUCCESS;
+}
+
+static coll_result_t dial_finish(coll_comm_t *comm, coll_link_t *link, double deadline) {
   uint32_t answer = 0;
-  if (res == COLL_SUCCESS) res = xfer(comm, link->fd, peer, &answer, sizeof answer, 0, deadline);
+  coll_result_t res = xfer(comm, link->fd, link->peer, &answer, sizeof answer, 0, deadline);
   coll_shm_settle(link, res == COLL_SUCCESS && answer == 1);
   if (res == COLL_SUCCESS) res = link_ready(comm, link, answer == 1);
   if (res != COLL_SUCCESS) link_free(link);
   return res;
+}
+
+static coll_result_t link_dial(coll_comm_t *comm, int peer, double deadline) {
+  coll_link_t *link = comm->peers[peer].dialing;
+  comm->peers[peer].dialing = NULL;
+  if (!link) COLL_CHECK(dial_begin(comm, peer, deadline, &link));
+  return dial_finish(comm, link, deadline);
+}
+
+coll_result_t coll_link_dial_start(coll_comm_t *comm, int peer, double deadline) {
+  coll_peer_t *p = &comm->peers[peer];
+  if (p->link || p->dialing) return COLL_SUCCESS;
+  if (!coll_transport_tcp.can_connect(comm, peer))
+    return coll_error(comm, COLL_INVALID_USAGE, "rank %d: no address for rank %d", comm->rank, peer);
+  return dial_begin(comm, peer, deadline, &p->dialing);
+}
+
+coll_result_t coll_link_dial_poll(coll_comm_t *comm, int peer, int *done) {
+  coll_peer_t *p = &comm->peers[peer];
+  *done = p->link != NULL;
+  if (*done || !p->dialing) return COLL_SUCCESS;
+  uint32_t answer;
+  ssize_t r = recv(p->dialing->fd, &answer, sizeof answer, MSG_PEEK | MSG_DONTWAIT);
+  if (r == (ssize_t)sizeof answer || r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
+                                                 errno != EINTR)) {
+    /* The answer (or the peer's end) is there: the blocking read returns at once. */
+    coll_link_t *link = p->dialing;
+    p->dialing = NULL;
+    COLL_CHECK(dial_finish(comm, link, coll_now() + 1.0));
+    *done = 1;
+  }
+  return COLL_SUCCESS;
 }
 
 int coll_links_all_shm(coll_comm_t *comm) {
@@ -143,9 +185,15 @@ coll_result_t coll_link_get(coll_comm_t *comm, int peer, double deadline, coll_l
 void coll_links_close_all(coll_comm_t *comm) {
   for (int i = 0; i < comm->size; i++) {
     coll_peer_t *p = &comm->peers[i];
+    if (p->dialing) {
+      coll_shm_settle(p->dialing, 0);
+      link_free(p->dialing);
+      p->dialing = NULL;
+    }
     if (p->link) {
       p->link->tp->close(p->link);
       free(p->link->stage);
+      free(p->link->unread);
       free(p->link);
       p->link = NULL;
     }

@@ -252,6 +252,41 @@ static void service_pending(coll_comm_t *comm, int i) {
   drop_pending(comm, i);
 }
 
+static void accept_all(coll_comm_t *comm) {
+  for (;;) {
+    int fd = accept4(comm->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) break;
+    set_buffers(comm, fd);
+    if (comm->npending == COLL_MAX_PENDING) { /* evict the oldest half-open one */
+      close(comm->pending[0].fd);
+      drop_pending(comm, 0);
+    }
+    comm->pending[comm->npending].fd = fd;
+    comm->pending[comm->npending].got = 0;
+    comm->npending++;
+    service_pending(comm, comm->npending - 1);
+  }
+}
+
+int coll_tcp_listen_pollfds(const coll_comm_t *comm, struct pollfd *pfs) {
+  if (comm->listen_fd < 0) return 0;
+  pfs[0].fd = comm->listen_fd;
+  pfs[0].events = POLLIN;
+  pfs[0].revents = 0;
+  for (int i = 0; i < comm->npending; i++) {
+    pfs[i + 1].fd = comm->pending[i].fd;
+    pfs[i + 1].events = POLLIN;
+    pfs[i + 1].revents = 0;
+  }
+  return comm->npending + 1;
+}
+
+void coll_tcp_serve(coll_comm_t *comm) {
+  if (comm->listen_fd < 0) return;
+  for (int i = comm->npending - 1; i >= 0; i--) service_pending(comm, i);
+  accept_all(comm);
+}
+
 coll_result_t coll_tcp_accept_until(coll_comm_t *comm, int peer, double deadline) {
   struct pollfd pfs[COLL_MAX_PENDING + 1];
   while (!comm->peers[peer].link) {
@@ -275,21 +310,7 @@ coll_result_t coll_tcp_accept_until(coll_comm_t *comm, int peer, double deadline
                         "stuck before this collective?)", comm->rank, peer);
     for (int i = np; i >= 1; i--)
       if (pfs[i].revents) service_pending(comm, i - 1);
-    if (pfs[0].revents & POLLIN) {
-      for (;;) {
-        int fd = accept4(comm->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) break;
-        set_buffers(comm, fd);
-        if (comm->npending == COLL_MAX_PENDING) { /* evict the oldest half-open one */
-          close(comm->pending[0].fd);
-          drop_pending(comm, 0);
-        }
-        comm->pending[comm->npending].fd = fd;
-        comm->pending[comm->npending].got = 0;
-        comm->npending++;
-        service_pending(comm, comm->npending - 1);
-      }
-    }
+    if (pfs[0].revents & POLLIN) accept_all(comm);
   }
   return COLL_SUCCESS;
 }

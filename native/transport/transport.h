@@ -21,6 +21,7 @@
 #ifndef COLL_TRANSPORT_H
 #define COLL_TRANSPORT_H
 
+#include <poll.h>
 #include <stddef.h>
 #include <sys/uio.h>
 
@@ -38,6 +39,12 @@ struct coll_link { /* typedef coll_link_t: base/comm.h */
   int wake_fd;      /* a second descriptor the link is woken on (shm's doorbell), or -1 */
   unsigned char *stage; /* receive staging for fused recv+reduce (COLL_STAGE_BYTES) */
   void *priv;       /* the transport's own state */
+  /* Bytes handed back after being read (link_unread.c): a point-to-point
+   * message's neighbour read with it, or a header read by a reader it was
+   * not for. Every reader goes through coll_link_recv/peek, which return
+   * these before the transport's. */
+  unsigned char *unread;
+  size_t unread_len, unread_off;
 };
 
 struct coll_transport {
@@ -84,6 +91,27 @@ void coll_shm_settle(coll_link_t *link, int ok);
 
 /* The link to `peer`, connecting it first if needed (transport_select.c). */
 coll_result_t coll_link_get(coll_comm_t *comm, int peer, double deadline, coll_link_t **out);
+/* The reads every executor uses (link_unread.c): the transport's recv,
+ * recv_peek/recv_consume (when it has them) and wait_events, after the
+ * link's handed-back bytes. */
+coll_result_t coll_link_recv(coll_link_t *link, const struct iovec *iov, int iovcnt, size_t *n);
+coll_result_t coll_link_peek(coll_link_t *link, const void **p, size_t *n);
+void coll_link_consume(coll_link_t *link, size_t n);
+int coll_link_wait_events(coll_link_t *link, int sending, int receiving);
+/* Hands n bytes back to the link, in front of any it holds already. */
+coll_result_t coll_link_unread(coll_link_t *link, const void *p, size_t n);
+/* Non-blocking link set-up for point-to-point waits (transport_select.c):
+ * dial a higher peer and send the opening (which needs nothing from the
+ * peer beyond its kernel's backlog), then take its answer once readable.
+ * *done = 1 when the link exists. */
+coll_result_t coll_link_dial_start(coll_comm_t *comm, int peer, double deadline);
+coll_result_t coll_link_dial_poll(coll_comm_t *comm, int peer, int *done);
+/* Accepts and answers whatever openings have arrived, without waiting
+ * (transport_tcp.c); listener and half-open descriptors go in pfs (at most
+ * COLL_MAX_PENDING + 1) for a caller's poll(). */
+void coll_tcp_serve(coll_comm_t *comm);
+int coll_tcp_listen_pollfds(const coll_comm_t *comm, struct pollfd *pfs);
+
 /* Closes every link (after an error, so peers fail fast, and at destroy). */
 void coll_links_close_all(coll_comm_t *comm);
 /* Nonzero when every link of comm will be shared memory (all peers on our

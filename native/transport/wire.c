@@ -30,6 +30,11 @@ const char *coll_kind_name(int kind) {
     case COLL_KIND_BROADCAST: return "broadcast";
     case COLL_KIND_REDUCE_SCATTER: return "reduce_scatter";
     case COLL_KIND_BARRIER: return "barrier";
+    case COLL_KIND_P2P: return "send/recv";
+    case COLL_KIND_REDUCE: return "reduce";
+    case COLL_KIND_GATHER: return "gatherv";
+    case COLL_KIND_SCATTER: return "scatterv";
+    case COLL_KIND_ALLTOALL: return "alltoallv";
     default: return "unknown";
   }
 }
@@ -74,6 +79,12 @@ coll_result_t coll_wire_check(coll_comm_t *comm, int peer, const uint8_t got[COL
   coll_wire_hdr_t g = {got[5],          got[6],           got[7],
                        get32(got + 8),  get32(got + 12),  get32(got + 16),
                        get32(got + 20), get64(got + 24),  get64(got + 32)};
+  if (g.coll == COLL_KIND_P2P && e->coll != COLL_KIND_P2P)
+    return coll_error(comm, COLL_REMOTE_ERROR,
+                      "rank %d: rank %d sent a point-to-point message (tag %u, %llu elements) "
+                      "that this rank cannot set aside during %s #%u",
+                      comm->rank, peer, g.aux, (unsigned long long)g.count, coll_kind_name(e->coll),
+                      e->seq);
   if (g.seq != e->seq || g.coll != e->coll)
     return coll_error(comm, COLL_REMOTE_ERROR,
                       "rank %d: collectives called in a different order: this rank is in %s "
@@ -94,10 +105,11 @@ coll_result_t coll_wire_check(coll_comm_t *comm, int peer, const uint8_t got[COL
                       "rank %d: op mismatch in %s #%u: this rank has %s, rank %d has %s", comm->rank,
                       coll_kind_name(e->coll), e->seq, op_text(e->redop), peer, op_text(g.redop));
   if (g.aux != e->aux) {
-    if (e->coll == COLL_KIND_BROADCAST)
+    if (e->coll == COLL_KIND_BROADCAST || e->coll == COLL_KIND_REDUCE ||
+        e->coll == COLL_KIND_GATHER || e->coll == COLL_KIND_SCATTER)
       return coll_error(comm, COLL_REMOTE_ERROR,
-                        "rank %d: root mismatch in broadcast #%u: this rank has root %u, rank %d has %u",
-                        comm->rank, e->seq, e->aux, peer, g.aux);
+                        "rank %d: root mismatch in %s #%u: this rank has root %u, rank %d has %u",
+                        comm->rank, coll_kind_name(e->coll), e->seq, e->aux, peer, g.aux);
     if (e->coll == COLL_KIND_ALLREDUCE)
       return coll_error(comm, COLL_REMOTE_ERROR,
                         "rank %d: algorithm mismatch in allreduce #%u: this rank runs %s, rank %d runs %s",

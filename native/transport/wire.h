@@ -15,7 +15,8 @@
  *                         counts every collective call, so ranks that call
  *                         collectives in different orders disagree here
  *        12  u32 nbytes   payload bytes that follow this header
- *        16  u32 aux      broadcast: root; allreduce: algorithm id
+ *        16  u32 aux      broadcast, reduce, gather, scatter: root; allreduce:
+ *                         algorithm id; point-to-point: tag
  *        20  u32 flags    0: nbytes of payload follow; COLL_WIRE_IPC_DESC or
  *                         COLL_WIRE_IPC_ACK: a CUDA IPC record follows instead
  *                         (transport_cuda_ipc.c), and nbytes/offset name the
@@ -53,7 +54,15 @@ typedef enum {
   COLL_KIND_ALLGATHERV = 2,
   COLL_KIND_BROADCAST = 3,
   COLL_KIND_REDUCE_SCATTER = 4,
-  COLL_KIND_BARRIER = 5
+  COLL_KIND_BARRIER = 5,
+  COLL_KIND_REDUCE = 7,  /* rooted.c: aux is the root, as for the two below */
+  COLL_KIND_GATHER = 8,  /* count 0: each block's size is checked per message */
+  COLL_KIND_SCATTER = 9,
+  COLL_KIND_ALLTOALL = 10, /* alltoall.c: count 0, as for gather */
+  COLL_KIND_P2P = 6 /* a point-to-point message (p2p.c): seq counts the messages
+                       from this sender to this receiver, aux is the tag, count
+                       the elements, offset 0; the payload is count x dtype
+                       bytes (nbytes holds its low 32 bits) */
 } coll_kind_t;
 
 #define COLL_WIRE_IPC_DESC 1u /* "read my bytes here" */
