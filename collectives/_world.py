@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Optional
 
-from . import _env, _store
+from . import _auth, _env, _store
 
 _lock = threading.RLock()
 _state: Optional["_World"] = None
@@ -75,18 +75,25 @@ def _default_timeout() -> float:
             t = float(text)
         except ValueError:
             raise ValueError(f"{name}={text!r} is not a number of seconds") from None
+        if t != t:
+            raise ValueError(f"{name}={text!r} is not a number of seconds")
         if t > 0:
-            return t
+            return min(t, _store.MAX_WAIT_S)  # inf: as long as the store can wait
     return 300.0
 
 
-def _start_store(host: str, port: int):
-    """Rank 0's store: on the advertised address, else on every address."""
+def _start_store(host: str, port: int, secret: bytes = b""):
+    """Rank 0's store, on the given address and nowhere else.
+
+    Never on every address instead: a store meant for one interface must not
+    be reachable from the others.
+    """
     try:
-        return _store.StoreServer(host, port)
-    except OSError:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        return _store.StoreServer("::" if family == socket.AF_INET6 else "0.0.0.0", port)
+        return _store.StoreServer(host, port, secret=secret)
+    except OSError as exc:
+        raise OSError(exc.errno, f"{exc.strerror}; rank 0 hosts the store, so the store "
+                      f"address must be one of rank 0's own (is the job's store address "
+                      f"taken by another job, or not this host's?)") from None
 
 
 def spin_us() -> float:
@@ -182,11 +189,13 @@ def local_place(hosts: list, rank: int) -> tuple:
 def _rendezvous(info: _env.WorldInfo, timeout: float):
     from ._core import Communicator
 
+    secret = _auth.job_secret()
     server = None
     if info.rank == 0:
-        server = _start_store(info.store_host, info.store_port)
+        server = _start_store(info.store_host, info.store_port, secret)
     try:
-        client = _store.StoreClient(info.store_host, info.store_port, timeout=timeout)
+        client = _store.StoreClient(info.store_host, info.store_port, timeout=timeout,
+                                    secret=secret)
     except BaseException:
         if server is not None:
             server.close()
@@ -197,6 +206,7 @@ def _rendezvous(info: _env.WorldInfo, timeout: float):
             client.set("comm_id", os.urandom(16))
         comm_id = client.get("comm_id", timeout=timeout)
         core = Communicator(info.rank, info.size, advertise, comm_id)
+        core.set_link_key(_auth.link_key(secret))
         hosts, host_cpus = exchange_addresses(core, info.rank, info.size, advertise, client.set,
                                               lambda key: client.get(key, timeout=timeout))
         client.set(f"joined/{info.rank}", b"")
@@ -224,6 +234,8 @@ def init(timeout: Optional[float] = None):
         info = _env.detect()
         _env.check_size_vars()
         check_host_policy()
+        if info.size > 1:
+            _auth.job_secret()  # refuses (COLLECTIVES_REQUIRE_AUTH) before any socket
         t = float(timeout) if timeout else _default_timeout()
         if info.size == 1:
             core, server, client = Communicator(0, 1), None, None

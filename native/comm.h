@@ -34,10 +34,15 @@ struct coll_request {
 struct coll_comm {
   int rank, size;
   uint8_t id[16];
+  uint8_t link_key[COLL_KEY_BYTES]; /* from the job secret (coll_comm_set_link_key); zeros: none */
   int listen_fd, port;
   coll_peer_t *peers;
   /* Accepted connections whose hello has not fully arrived (transport_tcp.c). */
-  struct { int fd, got; unsigned char buf[COLL_OPENING_BYTES]; } pending[COLL_MAX_PENDING];
+  struct {
+    int fd, got, challenged;
+    unsigned char buf[COLL_OPENING_BYTES];
+    unsigned char challenge[COLL_NONCE_BYTES]; /* sent once the hello was for us */
+  } pending[COLL_MAX_PENDING];
   int npending;
   uint32_t seq;          /* collective calls so far; carried in every header */
   int broken;

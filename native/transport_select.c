@@ -79,7 +79,8 @@ static coll_result_t link_ready(coll_comm_t *comm, coll_link_t *link, int shm) {
   return COLL_SUCCESS;
 }
 
-void coll_link_adopt(coll_comm_t *comm, int peer, int fd, const unsigned char *offer) {
+void coll_link_adopt(coll_comm_t *comm, int peer, int fd, const unsigned char *opening,
+                     const unsigned char *challenge) {
   coll_link_t *link = link_new(comm, peer);
   if (!link) {
     COLL_WARN("rank %d: out of memory accepting rank %d", comm->rank, peer);
@@ -88,30 +89,51 @@ void coll_link_adopt(coll_comm_t *comm, int peer, int fd, const unsigned char *o
   }
   link->fd = fd;
   int ok = 0;
-  coll_shm_take_offer(link, offer, shm_allowed(comm, peer), &ok);
-  uint32_t answer = ok ? 1 : 0;
-  /* Four bytes on a fresh socket always fit its buffer. */
-  if (send(fd, &answer, sizeof answer, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof answer ||
+  coll_shm_take_offer(link, opening + COLL_HELLO_PART_BYTES, shm_allowed(comm, peer), &ok);
+  unsigned char answer[COLL_ANSWER_BYTES];
+  uint32_t word = ok ? 1 : 0;
+  memcpy(answer, &word, 4);
+  coll_answer_mac(comm->link_key, challenge, opening, word, answer + 4);
+  /* A challenge and an answer on a fresh socket always fit its buffer. */
+  if (send(fd, answer, sizeof answer, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof answer ||
       link_ready(comm, link, ok) != COLL_SUCCESS) {
     COLL_WARN("rank %d: could not set up the link from rank %d", comm->rank, peer);
     link_free(link);
   }
 }
 
-/* Connecting (lower) side: dial, send hello + offer, read the answer. The
- * accepting side answers every opening as soon as it reads it, so this wait
- * only depends on the peer reaching any accept loop. */
+/* Connecting (lower) side: dial, send the hello, take the challenge, send
+ * offer + MAC, read the answer and check its MAC. The accepting side answers
+ * every opening as soon as it reads it, so these waits only depend on the
+ * peer reaching any accept loop. */
 static coll_result_t link_dial(coll_comm_t *comm, int peer, double deadline) {
   coll_link_t *link = link_new(comm, peer);
   if (!link) return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory for a link", comm->rank);
-  unsigned char opening[COLL_OPENING_BYTES];
+  unsigned char opening[COLL_OPENING_BYTES], challenge[COLL_NONCE_BYTES];
+  unsigned char answer[COLL_ANSWER_BYTES], mac[COLL_MAC_BYTES];
   coll_hello_encode(opening, comm->id, comm->rank, peer);
-  coll_result_t res = coll_shm_make_offer(link, shm_allowed(comm, peer), opening + COLL_HELLO_BYTES);
-  if (res == COLL_SUCCESS) res = coll_tcp_dial(comm, peer, deadline, opening, sizeof opening, &link->fd);
-  uint32_t answer = 0;
-  if (res == COLL_SUCCESS) res = xfer(comm, link->fd, peer, &answer, sizeof answer, 0, deadline);
-  coll_shm_settle(link, res == COLL_SUCCESS && answer == 1);
-  if (res == COLL_SUCCESS) res = link_ready(comm, link, answer == 1);
+  coll_result_t res = coll_shm_make_offer(link, shm_allowed(comm, peer), opening + COLL_HELLO_PART_BYTES);
+  if (res == COLL_SUCCESS)
+    res = coll_tcp_dial(comm, peer, deadline, opening, COLL_HELLO_PART_BYTES, &link->fd);
+  if (res == COLL_SUCCESS) res = xfer(comm, link->fd, peer, challenge, sizeof challenge, 0, deadline);
+  if (res == COLL_SUCCESS) {
+    coll_opening_mac(comm->link_key, challenge, opening, opening + COLL_OPENING_BYTES - COLL_MAC_BYTES);
+    res = xfer(comm, link->fd, peer, opening + COLL_HELLO_PART_BYTES,
+               COLL_OPENING_BYTES - COLL_HELLO_PART_BYTES, 1, deadline);
+  }
+  if (res == COLL_SUCCESS) res = xfer(comm, link->fd, peer, answer, sizeof answer, 0, deadline);
+  uint32_t word = 0;
+  if (res == COLL_SUCCESS) {
+    memcpy(&word, answer, 4);
+    coll_answer_mac(comm->link_key, challenge, opening, word, mac);
+    if (!coll_ct_equal(mac, answer + 4, COLL_MAC_BYTES))
+      res = coll_error(comm, COLL_REMOTE_ERROR,
+                       "rank %d: the process at rank %d's address %s:%d does not prove this "
+                       "job's secret (another job, or a different COLLECTIVES_JOB_SECRET?)",
+                       comm->rank, peer, comm->peers[peer].host, comm->peers[peer].port);
+  }
+  coll_shm_settle(link, res == COLL_SUCCESS && word == 1);
+  if (res == COLL_SUCCESS) res = link_ready(comm, link, word == 1);
   if (res != COLL_SUCCESS) link_free(link);
   return res;
 }
