@@ -164,6 +164,10 @@ class _Closed(Exception):
     """The server side went away or answered nonsense (client side)."""
 
 
+class _Refused(ConnectionError):
+    """The store is not this job's: retrying cannot help (client side)."""
+
+
 class _Conn:
     """Server-side state of one client connection."""
 
@@ -576,6 +580,9 @@ class StoreClient:
                 sock.settimeout(max(0.05, min(deadline - time.monotonic(), AUTH_WAIT_S)))
                 self._handshake(sock)
                 return sock
+            except _Refused:
+                sock.close()
+                raise
             except (_Closed, OSError) as exc:
                 # Closed before answering: a store that is starting or shedding
                 # load; try again.
@@ -590,19 +597,19 @@ class StoreClient:
         hello = self._recv_exact(sock, _SERVER_HELLO.size)
         magic, version, nonce_s = _SERVER_HELLO.unpack(hello)
         if magic != _MAGIC or version != _VERSION:
-            raise ConnectionError(f"{self.address} is not a collectives store of this version "
+            raise _Refused(f"{self.address} is not a collectives store of this version "
                                   f"(it opened with {hello[:3]!r})")
         nonce_c = os.urandom(_NONCE)
         sock.sendall(_CLIENT_HELLO.pack(_MAGIC, _VERSION, nonce_c,
                                         _auth.mac(self._key, b"client", nonce_s, nonce_c)))
         status, tag = _ANSWER.unpack(self._recv_exact(sock, _ANSWER.size))
         if status != 0:
-            raise ConnectionError(f"the store at {self.address} refused this process: it "
+            raise _Refused(f"the store at {self.address} refused this process: it "
                                   f"belongs to a job with another secret (is another job "
                                   f"using this address, or do the ranks' "
                                   f"COLLECTIVES_JOB_SECRET differ?)")
         if not _auth.hmac.compare_digest(tag, _auth.mac(self._key, b"server", nonce_s, nonce_c)):
-            raise ConnectionError(f"the store at {self.address} does not know this job's "
+            raise _Refused(f"the store at {self.address} does not know this job's "
                                   f"secret: it is another job's, or an impostor's")
         self._session = _auth.mac(self._key, b"session", nonce_s, nonce_c)
         self._rseq = self._sseq = 0
