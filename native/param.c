@@ -54,6 +54,15 @@ static const coll_param_decl_t params[COLL_NUM_PARAMS] = {
                                "processes on this host (set by collectives-run)"},
     [COLL_PARAM_START_TIMEOUT] = {"COLLECTIVES_START_TIMEOUT", "",
                                   "seconds to wait for every rank at start-up (default: COLLECTIVES_TIMEOUT)"},
+    [COLL_PARAM_JOB_SECRET] = {"COLLECTIVES_JOB_SECRET", "",
+                               "the job's secret (16+ bytes, equal on every rank; collectives-run "
+                               "makes one): the store, link openings and abort notices prove it"},
+    [COLL_PARAM_JOB_SECRET_FILE] = {"COLLECTIVES_JOB_SECRET_FILE", "",
+                                    "a file holding the job secret (read when "
+                                    "COLLECTIVES_JOB_SECRET is unset; chmod 600)"},
+    [COLL_PARAM_REQUIRE_AUTH] = {"COLLECTIVES_REQUIRE_AUTH", "0",
+                                 "1: refuse to start without a job secret (else a rank warns once "
+                                 "that the job is unauthenticated)"},
     [COLL_PARAM_FUSION_THRESHOLD] = {"COLLECTIVES_FUSION_THRESHOLD", "128M",
                                      "collectives.torch: bytes per gradient fusion buffer (0: no fusion)"},
     [COLL_PARAM_CACHE_DIR] = {"COLLECTIVES_CACHE_DIR", "~/.cache/collectives",

@@ -14,6 +14,10 @@ Modes:
                                      prints its port, runs until stdin closes
   hold HOST PORT N SECONDS           open N connections, hold them, say how many got in
   flood HOST PORT MIB                send MIB MiB of junk on one connection
+  get-wait HOST PORT SECRET MS       (knows the secret) GET a missing key waiting MS ms
+  big-frame HOST PORT SECRET LEN MIB (knows the secret) advertise a LEN-byte request
+  many-fields HOST PORT SECRET N B   (knows the secret) CHECK N keys of B bytes
+  half-frame HOST PORT SECRET S      (knows the secret) half a request, then wait S s
 """
 from __future__ import annotations
 
@@ -171,10 +175,11 @@ def hold(host: str, port: int, n: int, seconds: float) -> None:
     say("held", opened=len(socks), failed=failed)
     time.sleep(seconds)
     alive = 0
-    for s in socks:
+    for s in socks:  # alive: no end of stream after what the server sent
         s.setblocking(False)
         try:
-            alive += s.recv(64, socket.MSG_PEEK) != b""
+            while s.recv(4096):
+                pass
         except BlockingIOError:
             alive += 1
         except OSError:
@@ -198,6 +203,58 @@ def flood(host: str, port: int, mib: int) -> None:
     say("flood-done", sent=sent)
 
 
+def _client(host: str, port: int, secret: str):
+    from collectives import _store
+    return _store.StoreClient(host, port, timeout=5.0, secret=secret.encode())
+
+
+def get_wait(host: str, port: int, secret: str, wait_ms: int) -> None:
+    """A client that knows the secret asks for a missing key with an absurd wait."""
+    from collectives import _store
+    c = _client(host, port, secret)
+    try:
+        c._call(_store._OP_GET, [b"missing", struct.pack(">Q", wait_ms)], "missing", 1.0)
+        say("get-answered")
+    except (TimeoutError, ConnectionError) as exc:
+        say("get-pending", error=type(exc).__name__)
+
+
+def big_frame(host: str, port: int, secret: str, body_len: int, mib: int) -> None:
+    """A client that knows the secret advertises a body_len-byte request and streams mib MiB."""
+    from collectives import _store
+    c = _client(host, port, secret)
+    sock = c._sock
+    sent = 0
+    try:
+        sock.sendall(_store._REQ_HEAD.pack(b"CS", 1, 2, body_len))
+        block = os.urandom(1 << 20)
+        for _ in range(mib):
+            sock.sendall(block)
+            sent += len(block)
+        say("big-sent", sent=sent)
+    except OSError as exc:
+        say("big-cut", sent=sent, error=type(exc).__name__)
+
+
+def many_fields(host: str, port: int, secret: str, nfields: int, size: int) -> None:
+    """A CHECK of nfields keys of size bytes each, sent in 64 KiB pieces; the time to answer."""
+    from collectives import _store
+    c = _client(host, port, secret)
+    keys = [(b"%08d" % i).ljust(size, b"k").decode() for i in range(nfields)]
+    start = time.monotonic()
+    c.check(keys)
+    say("checked", seconds=time.monotonic() - start, nbytes=nfields * (size + 4))
+
+
+def half_frame(host: str, port: int, secret: str, seconds: float) -> None:
+    """Send half a request and wait; did the store close the connection?"""
+    from collectives import _store
+    c = _client(host, port, secret)
+    c._sock.sendall(_store._REQ_HEAD.pack(b"CS", 1, 2, 100) + b"\0" * 10)
+    got = _recv_some(c._sock, 1, seconds)
+    say("half-frame", closed=got == b"")
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "attack":
@@ -206,6 +263,14 @@ if __name__ == "__main__":
         serve(int(sys.argv[2]))
     elif mode == "hold":
         hold(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]))
+    elif mode == "get-wait":
+        get_wait(sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]))
+    elif mode == "big-frame":
+        big_frame(sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), int(sys.argv[6]))
+    elif mode == "many-fields":
+        many_fields(sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), int(sys.argv[6]))
+    elif mode == "half-frame":
+        half_frame(sys.argv[2], int(sys.argv[3]), sys.argv[4], float(sys.argv[5]))
     elif mode == "flood":
         flood(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
     else:
