@@ -477,3 +477,47 @@ def test_remote_ranks_get_the_secret_on_stdin_not_argv():
             p.kill()
             p.wait()
     assert line.strip() == b"got:" + b"abc" * 10
+
+
+# ------------------------------------------------- the torch.distributed backend
+
+_TORCH_BODY = r"""
+import os
+import torch
+import torch.distributed as dist
+import collectives.torch  # registers the backend
+dist.init_process_group("collectives")
+t = torch.ones(3) * (dist.get_rank() + 1)
+try:
+    dist.all_reduce(t)
+    emit("sum", value=t.tolist())
+except Exception as exc:
+    emit("error", message=str(exc))
+"""
+
+
+def _torchrun_env(port: int, secrets: list):
+    def env(rank, n):
+        return {"RANK": rank, "WORLD_SIZE": n, "LOCAL_RANK": rank, "LOCAL_WORLD_SIZE": n,
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+                "COLLECTIVES_JOB_SECRET": secrets[rank], "COLLECTIVES_TRANSPORT": "tcp"}
+    return env
+
+
+@pytest.mark.timeout(90)
+def test_torch_backend_links_prove_the_secret():
+    """torch's store trusts the network, so the backend's links prove the secret themselves:
+    ranks with the same secret link; a rank whose peer does not know it never links."""
+    pytest.importorskip("torch")
+    res = run_world(2, _TORCH_BODY, rank_env=_torchrun_env(free_port(), [SECRET, SECRET]),
+                    timeout=60).assert_ok()
+    for r in range(2):
+        assert res[r].one("sum")["value"] == [3.0] * 3, res.report()
+        assert "unauthenticated" not in res[r].stderr
+    other = "another-secret-of-32-bytes......."
+    res = run_world(2, _TORCH_BODY, rank_env=_torchrun_env(free_port(), [SECRET, other]),
+                    timeout=60, collective_timeout=3)
+    assert not res.timed_out, res.report()
+    for r in range(2):
+        assert res[r].get("error") and not res[r].get("sum"), res.report()
+    assert "does not prove this job's secret" in res[1].stderr, res.report()
