@@ -148,8 +148,9 @@ def test_start_timeout_nan_is_a_clear_error(monkeypatch):
 # ------------------------------------------------------------ connections
 
 @pytest.mark.timeout(90)
-def test_held_connections_at_a_low_fd_limit_neither_fail_nor_spin(store_process):
-    store = store_process(nofile=256)
+@pytest.mark.parametrize("nofile", [256, 40])  # 40: fewer descriptors than handshakes allowed
+def test_held_connections_at_a_low_fd_limit_neither_fail_nor_spin(store_process, nofile):
+    store = store_process(nofile=nofile)
     holder = subprocess.Popen(
         [sys.executable, str(TESTS / "_outsider.py"), "hold", "127.0.0.1", str(store.port),
          "600", "6"], stdout=subprocess.PIPE, env=base_env(), start_new_session=True)
