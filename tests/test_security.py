@@ -344,6 +344,7 @@ def test_outsider_cannot_get_into_a_job(tmp_path):
     assert "refused this process" in kinds["store-refused"]["error"], report
     assert kinds["store-raw-get"]["leaked"] is False, report
     assert res[0].one("finished")["addr1"].startswith("127.0.0.1\n"), report
+    assert "does not know this job's secret" in res[0].stderr, report  # the store's WARN
     # Rank 2 challenged the forged "rank 0" and dropped it; its Bcast and
     # bcast took the real rank 0's data; the forged pickle never ran.
     assert kinds["challenge"]["got"] == 16 and kinds["link-answer"]["got"] == 0, report
@@ -470,8 +471,8 @@ def test_remote_ranks_get_the_secret_on_stdin_not_argv():
         import select
         ready, _, _ = select.select([p.stdout], [], [], 20)
         line = p.stdout.readline() if ready else b""
+        assert p.wait(timeout=20) == 0  # the command ended by itself, stdin still open
         p.stdin.close()
-        assert p.wait(timeout=20) == 0
     finally:
         if p.poll() is None:
             p.kill()
