@@ -634,20 +634,31 @@ class StoreClient:
         with self._lock:
             return self._require("local_address", "").getsockname()[0]
 
-    def set(self, key: str, value: bytes) -> None:
-        """Store ``value`` under ``key``, waking any ``get`` waiting for it."""
-        self._call(_OP_SET, [key.encode(), bytes(value)], key, self.timeout)
+    def _io(self, timeout: Optional[float]) -> float:
+        return self.timeout if timeout is None else max(0.01, clamp_wait(timeout))
 
-    def get(self, key: str, timeout: Optional[float] = None) -> bytes:
+    def set(self, key: str, value: bytes, timeout: Optional[float] = None) -> None:
+        """Store ``value`` under ``key``, waking any ``get`` waiting for it.
+
+        ``timeout``: how long the server may take to answer (default: the
+        client's timeout); past it, TimeoutError and the connection is closed.
+        """
+        self._call(_OP_SET, [key.encode(), bytes(value)], key, self._io(timeout))
+
+    def get(self, key: str, timeout: Optional[float] = None,
+            io_timeout: Optional[float] = None) -> bytes:
         """The value of ``key``, waiting on the server until it is set.
+
+        ``io_timeout`` bounds the whole call (default: the wait plus a few
+        seconds for the server to answer TIMEOUT itself).
 
         Raises:
             TimeoutError: the key was not set within ``timeout`` seconds
                 (default: the client's timeout; at most MAX_WAIT_S).
         """
         wait = self.timeout if timeout is None else clamp_wait(timeout)
-        payload = self._call(_OP_GET, [key.encode(), _U64.pack(int(wait * 1000))],
-                             key, wait + _GET_SLACK_S)
+        io = wait + _GET_SLACK_S if io_timeout is None else self._io(io_timeout)
+        payload = self._call(_OP_GET, [key.encode(), _U64.pack(int(wait * 1000))], key, io)
         if payload is None:
             raise TimeoutError(f"key {key!r} was not set in the store at "
                                f"{self.address} within {wait:g} s")
@@ -659,11 +670,11 @@ class StoreClient:
         assert payload is not None
         return _I64.unpack(payload)[0]
 
-    def check(self, keys: Iterable[str]) -> bool:
-        """True if every key exists now (does not wait)."""
+    def check(self, keys: Iterable[str], timeout: Optional[float] = None) -> bool:
+        """True if every key exists now (does not wait; ``timeout`` as for set)."""
         names = [k.encode() for k in ([keys] if isinstance(keys, str) else keys)]
         payload = self._call(_OP_CHECK, names, ",".join(k.decode() for k in names),
-                             self.timeout)
+                             self._io(timeout))
         return payload == b"\x01"
 
     def delete(self, key: str) -> bool:

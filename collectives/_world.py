@@ -282,12 +282,18 @@ _ECHOES = ("closed the connection", "connection to rank", "timed out", "is broke
            "failed and broke the communicator", "cannot connect to rank")
 
 
+# The failure report's hard bound (seconds): it talks to the store, which
+# lives in rank 0 and may be stopped, cut off or gone with it.
+REPORT_S = 2.0
+
+
 def explain_failure(rank: int, message: str) -> str:
     """Report this rank's failure to the store and add the cause others saw.
 
     Only the first failure of the world is reported and explained; later
     calls on the broken communicator repeat the cause found then. Best
-    effort, bounded to about a second: the store may be gone with rank 0.
+    effort, bounded by REPORT_S in all: a store that does not answer within
+    it (rank 0 stopped, cut off or gone) is itself the cause reported.
     """
     state = _state
     if state is None or state.client is None:
@@ -296,11 +302,22 @@ def explain_failure(rank: int, message: str) -> str:
         return message + (f"; {state.cause}" if state.cause else "")
     state.failed = True
     client = state.client
+    end = time.monotonic() + REPORT_S
+
+    class OutOfTime(Exception):
+        pass
+
+    def left() -> float:
+        remaining = end - time.monotonic()
+        if remaining <= 0:
+            raise OutOfTime
+        return remaining
+
     causes: list = []
     try:
-        client.set(f"failed/{rank}", message.encode())
+        client.set(f"failed/{rank}", message.encode(), timeout=left())
         if any(echo in message for echo in _ECHOES):
-            deadline = time.monotonic() + 1.0
+            deadline = min(end, time.monotonic() + 1.0)
             silent: list = []
             found = False
             while not found and time.monotonic() < deadline:
@@ -308,10 +325,11 @@ def explain_failure(rank: int, message: str) -> str:
                 for peer in range(state.comm.size):
                     if peer == rank:
                         continue
-                    if not client.check([f"failed/{peer}"]):
+                    if not client.check([f"failed/{peer}"], timeout=left()):
                         silent.append(peer)
                         continue
-                    text = client.get(f"failed/{peer}", timeout=0.5).decode()
+                    text = client.get(f"failed/{peer}", timeout=0.5,
+                                      io_timeout=left()).decode()
                     if not any(echo in text for echo in _ECHOES):
                         found = True
                         if text not in message:  # an abort notice may have carried it
@@ -323,8 +341,16 @@ def explain_failure(rank: int, message: str) -> str:
                 # ranks that said nothing are the ones that died or hung.
                 names = ", ".join(str(p) for p in silent)
                 causes.append(f"rank {names} reported nothing: it exited, was killed or is stuck")
-        client.set(f"explained/{rank}", b"")
-    except (OSError, TimeoutError, ConnectionError, ValueError):
+        client.set(f"explained/{rank}", b"", timeout=left())
+    except OutOfTime:  # the store answered, slowly: report what was found
+        pass
+    except (OSError, TimeoutError, ConnectionError) as exc:
+        if rank == 0:
+            return message
+        state.cause = (f"the store at rank 0 ({client.address}) did not answer within "
+                       f"{REPORT_S:g} s: rank 0 is stopped, cut off or gone ({exc})")
+        return message + f"; {state.cause}"
+    except ValueError:
         return message
     state.cause = "; ".join(causes)
     return message + (f"; {state.cause}" if state.cause else "")

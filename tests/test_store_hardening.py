@@ -263,3 +263,44 @@ def test_store_never_falls_back_to_every_address():
         _world._start_store("192.0.2.1", port, b"")  # TEST-NET-1: not this host's
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
+
+
+# ------------------------------------------- a failure report bounded by its own time
+
+_STOPPED_BODY = r"""
+import os, signal, time
+import numpy as np
+from collectives import MPI
+c = MPI.COMM_WORLD
+pidfile = os.path.join(os.environ["SEC_DIR"], "pid0")
+if c.rank == 0:
+    with open(pidfile, "w") as fh:
+        fh.write(str(os.getpid()))
+c.Barrier()
+x = np.ones(4); y = np.zeros(4)
+start = time.monotonic()
+if c.rank == 0:
+    time.sleep(0.3)
+    os.kill(os.getpid(), signal.SIGSTOP)  # the store stops with it
+try:
+    while True:
+        c.Allreduce(x, y)
+except MPI.Exception as exc:
+    emit("error", seconds=time.monotonic() - start, message=str(exc))
+if c.rank == 1:
+    with open(pidfile) as fh:
+        os.kill(int(fh.read()), signal.SIGKILL)
+"""
+
+
+@pytest.mark.timeout(90)
+def test_survivors_of_a_stopped_rank_0_report_within_the_timeout_plus_the_report_bound(tmp_path):
+    """The failure report talks to the store in rank 0: stopped with it, the store must
+    not hold the survivors for another (start-up) timeout, and its silence names rank 0."""
+    res = run_world(3, _STOPPED_BODY, timeout=60, collective_timeout=2,
+                    env={"COLLECTIVES_START_TIMEOUT": "30", "SEC_DIR": str(tmp_path)})
+    assert not res.timed_out, res.report()
+    for r in (1, 2):
+        err = res[r].one("error")
+        assert err["seconds"] < 0.3 + 2 + _world.REPORT_S + 2.0, res.report()
+        assert "rank 0" in err["message"], res.report()
