@@ -304,3 +304,35 @@ def test_survivors_of_a_stopped_rank_0_report_within_the_timeout_plus_the_report
         err = res[r].one("error")
         assert err["seconds"] < 0.3 + 2 + _world.REPORT_S + 2.0, res.report()
         assert "rank 0" in err["message"], res.report()
+
+
+_KILLED_BODY = r"""
+import os, signal, time
+import numpy as np
+from collectives import MPI
+c = MPI.COMM_WORLD
+c.Barrier()
+x = np.ones(1000); y = np.zeros(1000)
+start = time.monotonic()
+try:
+    for i in range(1000000):
+        if c.rank == 0 and i == 200:
+            os.kill(os.getpid(), signal.SIGKILL)
+        c.Allreduce(x, y, algorithm=ALGO)
+except MPI.Exception as exc:
+    emit("error", seconds=time.monotonic() - start, message=str(exc))
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("algo", ["ring", "tree", "butterfly"])
+def test_survivors_of_a_killed_rank_0_name_it(algo):
+    """Killed with the store, rank 0 is named by every survivor: by its own error, or by
+    the store's silence when a survivor's error is only the echo of another's."""
+    res = run_world(4, _KILLED_BODY.replace("ALGO", repr(algo)), timeout=60,
+                    collective_timeout=5)
+    assert not res.timed_out, res.report()
+    for r in (1, 2, 3):
+        err = res[r].one("error")
+        assert "rank 0" in err["message"], res.report()
+        assert err["seconds"] < 5 + _world.REPORT_S + 3.0, res.report()
