@@ -5,10 +5,22 @@ through a :class:`StoreClient`: ranks publish their listening addresses with
 ``set`` and read their peers' with ``get``, which waits on the server until
 the key exists.
 
-Wire format (all integers big-endian, no pickle, nothing is evaluated)::
+Every connection opens with a challenge-response over the job's store key
+(collectives/_auth.py), both ways, so neither side talks to anyone who does
+not know the job secret, and a recorded handshake cannot be replayed (each
+side brings a fresh nonce). Then every request and reply carries an HMAC
+under a key made for this connection, with a counter, so no frame can be
+forged, replayed or reordered. Wire format (integers big-endian, no pickle,
+nothing is evaluated)::
 
-    request  = "CS" version:u8 op:u8 nfields:u32 { len:u32 bytes }*nfields
-    response = "CS" status:u8 len:u32 payload
+    server hello  = "CS" version:u8 nonce_s[16]
+    client hello  = "CS" version:u8 nonce_c[16] mac(K, "client" nonce_s nonce_c)
+    server answer = 0:u8 mac(K, "server" nonce_s nonce_c)   (or 1:u8, "refused", then close)
+    session key   = mac(K, "session" nonce_s nonce_c)
+    request  = head body tag;  head = "CS" op:u8 nfields:u32 body_len:u32
+               body = { len:u32 bytes }*nfields;  tag = mac(S, "C" seq:u64 head body)
+    response = head payload tag;  head = "CS" status:u8 len:u32
+               tag = mac(S, "S" seq:u64 head payload)
 
     op       fields                         OK payload
     SET  1   key, value                     -
@@ -17,14 +29,24 @@ Wire format (all integers big-endian, no pickle, nothing is evaluated)::
     CHECK 4  key, key, ...                  u8 1 if all exist else 0
     DELETE 5 key                            u8 1 if it existed else 0
 
-Anything else (bad magic or version, unknown op, wrong field count, a frame
-over 1 GiB) closes that client's connection; the server goes on serving the
-others. Counters made by ADD are stored as ASCII decimals, so ``get`` on a
-counter returns e.g. ``b"3"``.
+The server survives hostile clients: a connection that has not proved the
+secret within AUTH_WAIT_S is closed, reads nothing beyond the fixed-size
+handshake and allocates nothing it advertises; at most MAX_UNAUTHENTICATED
+such connections are held (the oldest goes first) and MAX_CONNECTIONS in
+all; when the process runs out of descriptors the listener pauses instead
+of spinning. A frame is at most MAX_FRAME bytes and must arrive within
+FRAME_WAIT_S of its first byte; it is parsed once, when complete, in linear
+time. Waits are clamped to MAX_WAIT_S. Anything malformed or unauthenticated
+closes that connection with a WARN; the server goes on serving the others.
+Counters made by ADD are stored as ASCII decimals, so ``get`` on a counter
+returns e.g. ``b"3"``.
 """
 
 from __future__ import annotations
 
+import collections
+import math
+import os
 import selectors
 import socket
 import struct
@@ -32,19 +54,34 @@ import threading
 import time
 from typing import Iterable, Optional
 
+from . import _auth
 from ._env import format_addr
 
-__all__ = ["StoreServer", "StoreClient", "barrier"]
+__all__ = ["StoreServer", "StoreClient", "barrier", "MAX_FRAME", "MAX_WAIT_S",
+           "MAX_CONNECTIONS", "MAX_UNAUTHENTICATED", "AUTH_WAIT_S", "FRAME_WAIT_S"]
 
 _MAGIC = b"CS"
-_VERSION = 1
-_REQ_HEAD = struct.Struct(">2sBBI")   # magic, version, op, nfields
-_RESP_HEAD = struct.Struct(">2sBI")   # magic, status, payload length
+_VERSION = 2
+_NONCE = 16
+_MAC = 32
+_SERVER_HELLO = struct.Struct(">2sB16s")        # magic, version, nonce_s
+_CLIENT_HELLO = struct.Struct(">2sB16s32s")     # magic, version, nonce_c, mac
+_ANSWER = struct.Struct(">B32s")                # 0 ok / 1 refused, mac
+_REQ_HEAD = struct.Struct(">2sBII")             # magic, op, nfields, body length
+_RESP_HEAD = struct.Struct(">2sBI")             # magic, status, payload length
 _FIELD_LEN = struct.Struct(">I")
+_SEQ = struct.Struct(">Q")
 _U64 = struct.Struct(">Q")
 _I64 = struct.Struct(">q")
-_MAX_FRAME = 1 << 30  # larger frames are treated as garbage, not buffered
+
+MAX_FRAME = 16 << 20          # bytes of one request body or reply payload
 _MAX_FIELDS = 1 << 16
+MAX_WAIT_S = 7 * 24 * 3600.0  # longest wait a GET (or a client timeout) may ask for
+MAX_CONNECTIONS = 16384       # connections held at once (further ones are closed at once)
+MAX_UNAUTHENTICATED = 64      # connections still in their handshake (the oldest is evicted)
+AUTH_WAIT_S = 5.0             # to complete the handshake
+FRAME_WAIT_S = 30.0           # for a frame to arrive whole once it has begun
+_PAUSE_ACCEPT_S = 0.1         # the listener rests this long when descriptors run out
 
 _OP_SET, _OP_GET, _OP_ADD, _OP_CHECK, _OP_DELETE = 1, 2, 3, 4, 5
 _OK, _TIMEOUT = 0, 1
@@ -58,48 +95,97 @@ class _Malformed(Exception):
     """A client sent bytes that are not a request: drop its connection."""
 
 
-def _parse_request(buf: bytearray) -> Optional[tuple[int, list[bytes], int]]:
-    """(op, fields, bytes consumed) for the first request in buf, None if incomplete."""
+def clamp_wait(seconds: float, what: str = "timeout") -> float:
+    """seconds as a wait the store can serve: 0 <= t <= MAX_WAIT_S (inf included).
+
+    Raises:
+        ValueError: seconds is NaN or not a number.
+    """
+    try:
+        t = float(seconds)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what}={seconds!r} is not a number of seconds") from None
+    if math.isnan(t):
+        raise ValueError(f"{what} is NaN")
+    return min(max(t, 0.0), MAX_WAIT_S)
+
+
+def split_frame(buf: bytes | bytearray | memoryview,
+                limit: int = MAX_FRAME) -> Optional[tuple[int, int, int]]:
+    """(op, nfields, frame length) of the request at the start of buf, None if incomplete.
+
+    Checks only the fixed head: magic, field count and a body length bounded
+    by ``limit`` (so nothing is buffered for a frame that can never be valid).
+
+    Raises:
+        _Malformed: the head is not a request's.
+    """
     if len(buf) >= 2 and bytes(buf[:2]) != _MAGIC:
         raise _Malformed("bad magic")
     if len(buf) < _REQ_HEAD.size:
         return None
-    _, version, op, nfields = _REQ_HEAD.unpack_from(buf, 0)
-    if version != _VERSION or nfields > _MAX_FIELDS:
-        raise _Malformed("bad version or field count")
-    pos, fields = _REQ_HEAD.size, []
+    _, op, nfields, body_len = _REQ_HEAD.unpack_from(buf, 0)
+    if nfields > _MAX_FIELDS or body_len > limit or nfields * _FIELD_LEN.size > body_len:
+        raise _Malformed(f"bad head: {nfields} fields in {body_len} bytes")
+    return op, nfields, _REQ_HEAD.size + body_len + _MAC
+
+
+def parse_fields(body: bytes | bytearray | memoryview, nfields: int) -> list[bytes]:
+    """The nfields length-prefixed fields that exactly fill body (one pass).
+
+    Raises:
+        _Malformed: the lengths do not add up to the body.
+    """
+    view = memoryview(body)
+    fields, pos, end = [], 0, len(view)
     for _ in range(nfields):
-        if len(buf) < pos + 4:
-            return None
-        (length,) = _FIELD_LEN.unpack_from(buf, pos)
-        if pos + 4 + length > _MAX_FRAME:
-            raise _Malformed("frame too large")
-        if len(buf) < pos + 4 + length:
-            return None
-        fields.append(bytes(buf[pos + 4 : pos + 4 + length]))
-        pos += 4 + length
-    return op, fields, pos
+        if pos + 4 > end:
+            raise _Malformed("field lengths overrun the body")
+        (length,) = _FIELD_LEN.unpack_from(view, pos)
+        pos += 4
+        if length > end - pos:
+            raise _Malformed("field lengths overrun the body")
+        fields.append(bytes(view[pos:pos + length]))
+        pos += length
+    if pos != end:
+        raise _Malformed("bytes left after the last field")
+    return fields
 
 
-def _response(status: int, payload: bytes = b"") -> bytes:
-    return _RESP_HEAD.pack(_MAGIC, status, len(payload)) + payload
+def _request_tag(session: bytes, seq: int, head_and_body) -> bytes:
+    return _auth.mac(session, b"C", _SEQ.pack(seq), head_and_body)
+
+
+def _response_tag(session: bytes, seq: int, head_and_payload) -> bytes:
+    return _auth.mac(session, b"S", _SEQ.pack(seq), head_and_payload)
 
 
 class _Closed(Exception):
     """The server side went away or answered nonsense (client side)."""
 
 
+class _Refused(ConnectionError):
+    """The store is not this job's: retrying cannot help (client side)."""
+
+
 class _Conn:
     """Server-side state of one client connection."""
 
-    __slots__ = ("sock", "inbuf", "outbuf", "waiting", "deadline")
+    __slots__ = ("sock", "peer", "inbuf", "outbuf", "waiting", "deadline", "expires",
+                 "nonce", "session", "rseq", "sseq")
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, peer: str, nonce: bytes) -> None:
         self.sock = sock
+        self.peer = peer
         self.inbuf = bytearray()
         self.outbuf = bytearray()
         self.waiting: Optional[bytes] = None  # key of a pending GET
-        self.deadline = 0.0
+        self.deadline = 0.0                   # of that GET
+        self.expires = 0.0                    # handshake or partial frame deadline; 0: none
+        self.nonce = nonce
+        self.session: Optional[bytes] = None  # set once the client proved the secret
+        self.rseq = 0
+        self.sseq = 0
 
 
 class StoreServer:
@@ -108,12 +194,14 @@ class StoreServer:
     One ``selectors`` loop handles every client, so an idle store costs no
     CPU. ``port=0`` picks a free port; read it back from :attr:`port`.
     ``host`` may be an IPv4 or IPv6 address or a name; "" or "::" listen on
-    all addresses (both families where the system allows).
+    all addresses (both families where the system allows). ``secret`` is the
+    job secret (collectives/_auth.py); b"" authenticates nothing.
     """
 
-    def __init__(self, host: str, port: int = 0) -> None:
+    def __init__(self, host: str, port: int = 0, secret: bytes = b"") -> None:
         """Bind, listen and start serving."""
         self.host = host
+        self._key = _auth.store_key(secret)
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
                                    flags=socket.AI_PASSIVE)
         family, kind, proto, _, sockaddr = infos[0]
@@ -136,6 +224,9 @@ class StoreServer:
         self._data: dict[bytes, bytes] = {}
         self._waiters: dict[bytes, list[_Conn]] = {}
         self._conns: dict[int, _Conn] = {}
+        # Connections still in their handshake, oldest first (fd -> conn).
+        self._unauth: "collections.OrderedDict[int, _Conn]" = collections.OrderedDict()
+        self._accept_paused_until = 0.0
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._sel = selectors.DefaultSelector()
@@ -151,6 +242,10 @@ class StoreServer:
     def address(self) -> str:
         """"host:port" of the listening socket, IPv6 in brackets."""
         return format_addr(self.host, self.port)
+
+    def connection_count(self) -> tuple[int, int]:
+        """(connections held, of which still unauthenticated); for tests and diagnostics."""
+        return len(self._conns), len(self._unauth)
 
     def __enter__(self) -> "StoreServer":
         """Return self; the server is already running."""
@@ -183,10 +278,13 @@ class StoreServer:
                     if key.data == "listen":
                         self._accept()
                     elif key.data == "wake":
-                        pass
-                    else:
+                        try:
+                            self._wake_r.recv(64)
+                        except OSError:
+                            pass
+                    elif key.data.sock.fileno() >= 0:
                         self._service(key.data, events)
-                self._expire_waiters()
+                self._expire()
         finally:
             for conn in list(self._conns.values()):
                 self._drop(conn)
@@ -195,64 +293,152 @@ class StoreServer:
             self._wake_r.close()
 
     def _next_timeout(self) -> Optional[float]:
-        deadlines = [c.deadline for c in self._conns.values() if c.waiting is not None]
-        return max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+        times = [c.deadline for c in self._conns.values() if c.waiting is not None]
+        times += [c.expires for c in self._conns.values() if c.expires]
+        if self._accept_paused_until:
+            times.append(self._accept_paused_until)
+        if not times:
+            return None
+        return min(MAX_WAIT_S, max(0.0, min(times) - time.monotonic()))
 
     def _accept(self) -> None:
         while True:
             try:
-                sock, _ = self._listener.accept()
+                sock, addr = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError:  # e.g. EMFILE, ECONNABORTED: try again on next event
-                return
+            except OSError as exc:
+                if exc.errno in (24, 23) and self._unauth:  # EMFILE, ENFILE
+                    self._drop(next(iter(self._unauth.values())))
+                    continue
+                if exc.errno in (24, 23, 105, 12):  # no descriptors/buffers: rest, do not spin
+                    _auth.warn(f"store on {self.address}: cannot accept ({exc.strerror}); "
+                               f"pausing new connections", key="store-emfile")
+                    self._sel.unregister(self._listener)
+                    self._accept_paused_until = time.monotonic() + _PAUSE_ACCEPT_S
+                return  # e.g. ECONNABORTED: try again on the next event
+            peer = format_addr(str(addr[0]), int(addr[1])) if isinstance(addr, tuple) else "?"
+            if len(self._conns) >= MAX_CONNECTIONS:
+                _auth.warn(f"store on {self.address}: {MAX_CONNECTIONS} connections held; "
+                           f"refused {peer}", key="store-full")
+                sock.close()
+                continue
+            if len(self._unauth) >= MAX_UNAUTHENTICATED:
+                old = next(iter(self._unauth.values()))
+                _auth.warn(f"store on {self.address}: {MAX_UNAUTHENTICATED} connections are "
+                           f"in their handshake; dropped the oldest ({old.peer})",
+                           key="store-unauth-full")
+                self._drop(old)
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = _Conn(sock)
+            conn = _Conn(sock, peer, os.urandom(_NONCE))
+            conn.expires = time.monotonic() + AUTH_WAIT_S
             self._conns[sock.fileno()] = conn
+            self._unauth[sock.fileno()] = conn
             self._sel.register(sock, selectors.EVENT_READ, conn)
+            conn.outbuf += _SERVER_HELLO.pack(_MAGIC, _VERSION, conn.nonce)
+            try:
+                self._flush(conn)
+            except OSError:
+                self._drop(conn)
 
     def _service(self, conn: _Conn, events: int) -> None:
         try:
             if events & selectors.EVENT_READ:
+                # Before the handshake, read no more than the client hello.
+                want = (_CLIENT_HELLO.size - len(conn.inbuf)) if conn.session is None else 1 << 16
                 try:
-                    chunk = conn.sock.recv(1 << 16)
+                    chunk = conn.sock.recv(want)
                 except (BlockingIOError, InterruptedError):
                     chunk = None
                 if chunk == b"":
                     raise ConnectionResetError
                 if chunk:
                     conn.inbuf += chunk
-                    self._process(conn)
+                    if conn.session is None:
+                        self._handshake(conn)
+                    else:
+                        self._process(conn)
             if conn.outbuf:
                 self._flush(conn)
-        except (_Malformed, OSError):
+        except _Malformed as exc:
+            _auth.warn(f"store on {self.address}: dropped {conn.peer}: {exc}",
+                       key="store-malformed")
             self._drop(conn)
+        except OSError:
+            self._drop(conn)
+
+    def _handshake(self, conn: _Conn) -> None:
+        if bytes(conn.inbuf[:2]) != _MAGIC[:len(conn.inbuf[:2])]:
+            raise _Malformed("not a collectives store client")
+        if len(conn.inbuf) < _CLIENT_HELLO.size:
+            return
+        _, version, nonce_c, tag = _CLIENT_HELLO.unpack(bytes(conn.inbuf))
+        conn.inbuf.clear()
+        if version != _VERSION:
+            raise _Malformed(f"protocol version {version}, not {_VERSION}")
+        if not _auth.hmac.compare_digest(tag, _auth.mac(self._key, b"client", conn.nonce, nonce_c)):
+            conn.outbuf += _ANSWER.pack(1, bytes(_MAC))
+            try:
+                self._flush(conn)
+            except OSError:
+                pass
+            raise _Malformed("it does not know this job's secret (another job, or a "
+                             "different COLLECTIVES_JOB_SECRET)")
+        conn.outbuf += _ANSWER.pack(0, _auth.mac(self._key, b"server", conn.nonce, nonce_c))
+        conn.session = _auth.mac(self._key, b"session", conn.nonce, nonce_c)
+        conn.expires = 0.0
+        self._unauth.pop(conn.sock.fileno(), None)
 
     def _process(self, conn: _Conn) -> None:
         # Requests are answered in order: while a GET waits, later bytes stay
-        # buffered (clients do not pipeline, so this is only a safeguard).
-        while conn.waiting is None:
-            parsed = _parse_request(conn.inbuf)
-            if parsed is None:
-                return
-            op, fields, used = parsed
+        # buffered (clients do not pipeline, so this is only a safeguard), up
+        # to one more frame; replies a client does not read stop its requests.
+        assert conn.session is not None
+        while conn.waiting is None and len(conn.outbuf) < MAX_FRAME:
+            split = split_frame(conn.inbuf)
+            if split is None or len(conn.inbuf) < split[2]:
+                break
+            op, nfields, used = split
+            frame = memoryview(conn.inbuf)[:used]
+            try:
+                tag = bytes(frame[used - _MAC:])
+                if not _auth.hmac.compare_digest(
+                        tag, _request_tag(conn.session, conn.rseq, frame[:used - _MAC])):
+                    raise _Malformed("a request failed its MAC (forged or out of order)")
+                fields = parse_fields(frame[_REQ_HEAD.size:used - _MAC], nfields)
+            finally:
+                frame.release()
+            conn.rseq += 1
             del conn.inbuf[:used]
             self._handle(conn, op, fields)
+        if len(conn.inbuf) > 2 * MAX_FRAME + 2 * _REQ_HEAD.size + 2 * _MAC:
+            raise _Malformed("buffered more than two frames")
+        conn.expires = time.monotonic() + FRAME_WAIT_S if conn.inbuf and not conn.expires \
+            else (conn.expires if conn.inbuf else 0.0)
+
+    def _reply(self, conn: _Conn, status: int, payload: bytes = b"") -> None:
+        assert conn.session is not None
+        head = _RESP_HEAD.pack(_MAGIC, status, len(payload))
+        conn.outbuf += head
+        conn.outbuf += payload
+        conn.outbuf += _response_tag(conn.session, conn.sseq, head + payload)
+        conn.sseq += 1
 
     def _handle(self, conn: _Conn, op: int, fields: list[bytes]) -> None:
         if op == _OP_SET and len(fields) == 2:
             key, value = fields
             self._data[key] = value
-            conn.outbuf += _response(_OK)
+            self._reply(conn, _OK)
             self._wake_waiters(key)
         elif op == _OP_GET and len(fields) == 2 and len(fields[1]) == 8:
             key = fields[0]
             if key in self._data:
-                conn.outbuf += _response(_OK, self._data[key])
+                self._reply(conn, _OK, self._data[key])
             else:
+                wait_ms = min(_U64.unpack(fields[1])[0], int(MAX_WAIT_S * 1000))
                 conn.waiting = key
-                conn.deadline = time.monotonic() + _U64.unpack(fields[1])[0] / 1000.0
+                conn.deadline = time.monotonic() + wait_ms / 1000.0
                 self._waiters.setdefault(key, []).append(conn)
         elif op == _OP_ADD and len(fields) == 2 and len(fields[1]) == 8:
             key = fields[0]
@@ -261,45 +447,60 @@ class StoreServer:
             except ValueError:
                 raise _Malformed("add on a key that is not a counter") from None
             value = current + _I64.unpack(fields[1])[0]
+            if not -(1 << 63) <= value < (1 << 63):
+                raise _Malformed("counter overflow")
             self._data[key] = str(value).encode()
-            conn.outbuf += _response(_OK, _I64.pack(value))
+            self._reply(conn, _OK, _I64.pack(value))
             self._wake_waiters(key)
         elif op == _OP_CHECK:
-            conn.outbuf += _response(_OK, bytes([all(k in self._data for k in fields)]))
+            self._reply(conn, _OK, bytes([all(k in self._data for k in fields)]))
         elif op == _OP_DELETE and len(fields) == 1:
             existed = self._data.pop(fields[0], None) is not None
-            conn.outbuf += _response(_OK, bytes([existed]))
+            self._reply(conn, _OK, bytes([existed]))
         else:
             raise _Malformed(f"bad request op={op} nfields={len(fields)}")
+
+    def _resume(self, conn: _Conn) -> None:
+        try:
+            self._flush(conn)
+            self._process(conn)
+            self._flush(conn)
+        except _Malformed as exc:
+            _auth.warn(f"store on {self.address}: dropped {conn.peer}: {exc}",
+                       key="store-malformed")
+            self._drop(conn)
+        except OSError:
+            self._drop(conn)
 
     def _wake_waiters(self, key: bytes) -> None:
         for waiter in self._waiters.pop(key, []):
             if waiter.sock.fileno() < 0:
                 continue
             waiter.waiting = None
-            waiter.outbuf += _response(_OK, self._data[key])
-            try:
-                self._flush(waiter)
-                self._process(waiter)
-            except (_Malformed, OSError):
-                self._drop(waiter)
+            self._reply(waiter, _OK, self._data[key])
+            self._resume(waiter)
 
-    def _expire_waiters(self) -> None:
+    def _expire(self) -> None:
         now = time.monotonic()
+        if self._accept_paused_until and now >= self._accept_paused_until:
+            self._accept_paused_until = 0.0
+            self._sel.register(self._listener, selectors.EVENT_READ, "listen")
         for conn in list(self._conns.values()):
-            if conn.waiting is not None and conn.deadline <= now:
+            if conn.expires and conn.expires <= now:
+                what = "did not complete its handshake" if conn.session is None else \
+                    "left a request half-sent"
+                _auth.warn(f"store on {self.address}: dropped {conn.peer}: it {what} in time",
+                           key="store-idle")
+                self._drop(conn)
+            elif conn.waiting is not None and conn.deadline <= now:
                 waiters = self._waiters.get(conn.waiting, [])
                 if conn in waiters:
                     waiters.remove(conn)
                     if not waiters:
                         del self._waiters[conn.waiting]
                 conn.waiting = None
-                conn.outbuf += _response(_TIMEOUT)
-                try:
-                    self._flush(conn)
-                    self._process(conn)
-                except (_Malformed, OSError):
-                    self._drop(conn)
+                self._reply(conn, _TIMEOUT)
+                self._resume(conn)
 
     def _flush(self, conn: _Conn) -> None:
         while conn.outbuf:
@@ -317,6 +518,7 @@ class StoreServer:
         if fd < 0:
             return
         self._conns.pop(fd, None)
+        self._unauth.pop(fd, None)
         if conn.waiting is not None:
             waiters = self._waiters.get(conn.waiting, [])
             if conn in waiters:
@@ -334,18 +536,28 @@ class StoreClient:
     """A connection to the store; one request at a time (calls are serialised).
 
     The constructor retries every ~50 ms until ``timeout`` seconds have passed,
-    since rank 0 may start its server after the other ranks start connecting.
+    since rank 0 may start its server after the other ranks start connecting;
+    then both sides prove they know ``secret`` (the job secret). A store that
+    refuses it, or cannot prove it knows it, is an error at once: it belongs
+    to another job.
 
     Raises (from every method):
         TimeoutError: naming the key and the store address.
-        ConnectionError: the store closed the connection or is unreachable.
+        ConnectionError: the store closed the connection, is unreachable, or
+            is not this job's (a different secret).
+        ValueError: a timeout that is NaN or not a number.
     """
 
-    def __init__(self, host: str, port: int, timeout: float = 300.0) -> None:
-        """Connect to the store at (host, port), retrying until ``timeout``."""
-        self.host, self.port, self.timeout = host, port, float(timeout)
+    def __init__(self, host: str, port: int, timeout: float = 300.0,
+                 secret: bytes = b"") -> None:
+        """Connect to the store at (host, port) and authenticate, retrying until ``timeout``."""
+        self.host, self.port = host, port
+        self.timeout = clamp_wait(timeout)
         self.address = format_addr(host, port)
+        self._key = _auth.store_key(secret)
         self._lock = threading.Lock()
+        self._session = b""
+        self._rseq = self._sseq = 0
         self._sock: Optional[socket.socket] = self._connect()
 
     def _connect(self) -> socket.socket:
@@ -363,8 +575,44 @@ class StoreClient:
                 last = exc
                 time.sleep(min(_CONNECT_RETRY_S, max(0.0, deadline - time.monotonic())))
                 continue
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            return sock
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.settimeout(max(0.05, min(deadline - time.monotonic(), AUTH_WAIT_S)))
+                self._handshake(sock)
+                return sock
+            except _Refused:
+                sock.close()
+                raise
+            except (_Closed, OSError) as exc:
+                # Closed before answering: a store that is starting or shedding
+                # load; try again.
+                sock.close()
+                last = exc
+                time.sleep(min(_CONNECT_RETRY_S, max(0.0, deadline - time.monotonic())))
+            except BaseException:
+                sock.close()
+                raise
+
+    def _handshake(self, sock: socket.socket) -> None:
+        hello = self._recv_exact(sock, _SERVER_HELLO.size)
+        magic, version, nonce_s = _SERVER_HELLO.unpack(hello)
+        if magic != _MAGIC or version != _VERSION:
+            raise _Refused(f"{self.address} is not a collectives store of this version "
+                                  f"(it opened with {hello[:3]!r})")
+        nonce_c = os.urandom(_NONCE)
+        sock.sendall(_CLIENT_HELLO.pack(_MAGIC, _VERSION, nonce_c,
+                                        _auth.mac(self._key, b"client", nonce_s, nonce_c)))
+        status, tag = _ANSWER.unpack(self._recv_exact(sock, _ANSWER.size))
+        if status != 0:
+            raise _Refused(f"the store at {self.address} refused this process: it "
+                                  f"belongs to a job with another secret (is another job "
+                                  f"using this address, or do the ranks' "
+                                  f"COLLECTIVES_JOB_SECRET differ?)")
+        if not _auth.hmac.compare_digest(tag, _auth.mac(self._key, b"server", nonce_s, nonce_c)):
+            raise _Refused(f"the store at {self.address} does not know this job's "
+                                  f"secret: it is another job's, or an impostor's")
+        self._session = _auth.mac(self._key, b"session", nonce_s, nonce_c)
+        self._rseq = self._sseq = 0
 
     def __enter__(self) -> "StoreClient":
         """Return self."""
@@ -386,20 +634,31 @@ class StoreClient:
         with self._lock:
             return self._require("local_address", "").getsockname()[0]
 
-    def set(self, key: str, value: bytes) -> None:
-        """Store ``value`` under ``key``, waking any ``get`` waiting for it."""
-        self._call(_OP_SET, [key.encode(), bytes(value)], key, self.timeout)
+    def _io(self, timeout: Optional[float]) -> float:
+        return self.timeout if timeout is None else max(0.01, clamp_wait(timeout))
 
-    def get(self, key: str, timeout: Optional[float] = None) -> bytes:
+    def set(self, key: str, value: bytes, timeout: Optional[float] = None) -> None:
+        """Store ``value`` under ``key``, waking any ``get`` waiting for it.
+
+        ``timeout``: how long the server may take to answer (default: the
+        client's timeout); past it, TimeoutError and the connection is closed.
+        """
+        self._call(_OP_SET, [key.encode(), bytes(value)], key, self._io(timeout))
+
+    def get(self, key: str, timeout: Optional[float] = None,
+            io_timeout: Optional[float] = None) -> bytes:
         """The value of ``key``, waiting on the server until it is set.
+
+        ``io_timeout`` bounds the whole call (default: the wait plus a few
+        seconds for the server to answer TIMEOUT itself).
 
         Raises:
             TimeoutError: the key was not set within ``timeout`` seconds
-                (default: the client's timeout).
+                (default: the client's timeout; at most MAX_WAIT_S).
         """
-        wait = self.timeout if timeout is None else max(0.0, float(timeout))
-        payload = self._call(_OP_GET, [key.encode(), _U64.pack(int(wait * 1000))],
-                             key, wait + _GET_SLACK_S)
+        wait = self.timeout if timeout is None else clamp_wait(timeout)
+        io = wait + _GET_SLACK_S if io_timeout is None else self._io(io_timeout)
+        payload = self._call(_OP_GET, [key.encode(), _U64.pack(int(wait * 1000))], key, io)
         if payload is None:
             raise TimeoutError(f"key {key!r} was not set in the store at "
                                f"{self.address} within {wait:g} s")
@@ -411,11 +670,11 @@ class StoreClient:
         assert payload is not None
         return _I64.unpack(payload)[0]
 
-    def check(self, keys: Iterable[str]) -> bool:
-        """True if every key exists now (does not wait)."""
+    def check(self, keys: Iterable[str], timeout: Optional[float] = None) -> bool:
+        """True if every key exists now (does not wait; ``timeout`` as for set)."""
         names = [k.encode() for k in ([keys] if isinstance(keys, str) else keys)]
         payload = self._call(_OP_CHECK, names, ",".join(k.decode() for k in names),
-                             self.timeout)
+                             self._io(timeout))
         return payload == b"\x01"
 
     def delete(self, key: str) -> bool:
@@ -433,19 +692,30 @@ class StoreClient:
     def _call(self, op: int, fields: list[bytes], key: str,
               io_timeout: float) -> Optional[bytes]:
         """Send one request and read its response; None means TIMEOUT status."""
-        frame = bytearray(_REQ_HEAD.pack(_MAGIC, _VERSION, op, len(fields)))
+        body = bytearray()
         for field in fields:
-            frame += _FIELD_LEN.pack(len(field)) + field
+            body += _FIELD_LEN.pack(len(field)) + field
+        if len(body) > MAX_FRAME:
+            raise ValueError(f"store request for key {key!r} is {len(body)} bytes; the store "
+                             f"takes at most {MAX_FRAME}")
+        frame = bytearray(_REQ_HEAD.pack(_MAGIC, op, len(fields), len(body))) + body
         with self._lock:
             sock = self._require("request", key)
             try:
+                frame += _request_tag(self._session, self._rseq, frame)
+                self._rseq += 1
                 sock.settimeout(io_timeout)
                 sock.sendall(frame)
                 head = self._recv_exact(sock, _RESP_HEAD.size)
                 magic, status, length = _RESP_HEAD.unpack(head)
-                if magic != _MAGIC:
+                if magic != _MAGIC or length > MAX_FRAME:
                     raise _Closed("the reply is not from a collectives store")
                 payload = self._recv_exact(sock, length)
+                tag = self._recv_exact(sock, _MAC)
+                if not _auth.hmac.compare_digest(
+                        tag, _response_tag(self._session, self._sseq, head + payload)):
+                    raise _Closed("a reply failed its MAC (forged or out of order)")
+                self._sseq += 1
             except socket.timeout:
                 # The reply may still arrive; the stream is no longer in step.
                 self._sock = None

@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Callable, Optional
 
-from . import _env, _store, config
+from . import _auth, _env, _store, config
 
 _lock = threading.RLock()
 _state: Optional["_World"] = None
@@ -82,18 +82,25 @@ def _default_timeout() -> float:
             t = float(text)
         except ValueError:
             raise ValueError(f"{name}={text!r} is not a number of seconds") from None
+        if t != t:
+            raise ValueError(f"{name}={text!r} is not a number of seconds")
         if t > 0:
-            return t
+            return min(t, _store.MAX_WAIT_S)  # inf: as long as the store can wait
     return 300.0
 
 
-def _start_store(host: str, port: int):
-    """Rank 0's store: on the advertised address, else on every address."""
+def _start_store(host: str, port: int, secret: bytes = b""):
+    """Rank 0's store, on the given address and nowhere else.
+
+    Never on every address instead: a store meant for one interface must not
+    be reachable from the others.
+    """
     try:
-        return _store.StoreServer(host, port)
-    except OSError:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        return _store.StoreServer("::" if family == socket.AF_INET6 else "0.0.0.0", port)
+        return _store.StoreServer(host, port, secret=secret)
+    except OSError as exc:
+        raise OSError(exc.errno, f"{exc.strerror}; rank 0 hosts the store, so the store "
+                      f"address must be one of rank 0's own (is the job's store address "
+                      f"taken by another job, or not this host's?)") from None
 
 
 def spin_us() -> float:
@@ -228,7 +235,8 @@ class _OtherWorld(TimeoutError):
     init and finalize different numbers of times)."""
 
 
-def _connect_store(info: _env.WorldInfo, generation: int, timeout: float) -> "_store.StoreClient":
+def _connect_store(info: _env.WorldInfo, generation: int, timeout: float,
+                   secret: bytes) -> "_store.StoreClient":
     """A client of the store of world `generation`: rank 0 marks its new store so; the
     others retry (about every 5 ms, up to `timeout`) while they reach no store, or the
     previous world's store (its rank 0 closes it once every rank has joined it)."""
@@ -249,7 +257,7 @@ def _connect_store(info: _env.WorldInfo, generation: int, timeout: float) -> "_s
             time.sleep(0.005)
             continue
         client = _store.StoreClient(info.store_host, info.store_port,
-                                    timeout=max(0.05, deadline - time.monotonic()))
+                                    timeout=max(0.05, deadline - time.monotonic()), secret=secret)
         client.timeout = timeout
         try:
             if info.rank == 0:
@@ -273,11 +281,12 @@ def _connect_store(info: _env.WorldInfo, generation: int, timeout: float) -> "_s
 def _rendezvous(info: _env.WorldInfo, timeout: float, generation: int = 0):
     from ._core import Communicator
 
+    secret = _auth.job_secret()
     server = None
     if info.rank == 0:
-        server = _start_store(info.store_host, info.store_port)
+        server = _start_store(info.store_host, info.store_port, secret)
     try:
-        client = _connect_store(info, generation, timeout)
+        client = _connect_store(info, generation, timeout, secret)
     except _OtherWorld:
         if server is not None:
             server.close()
@@ -296,6 +305,7 @@ def _rendezvous(info: _env.WorldInfo, timeout: float, generation: int = 0):
             client.set("comm_id", os.urandom(16))
         comm_id = client.get("comm_id", timeout=timeout)
         core = Communicator(info.rank, info.size, advertise, comm_id)
+        core.set_link_key(_auth.link_key(secret))
         hosts, host_cpus = exchange_addresses(core, info.rank, info.size, advertise, client.set,
                                               lambda key: client.get(key, timeout=timeout))
         client.set(f"joined/{info.rank}", b"")
@@ -343,6 +353,8 @@ def init(timeout: Optional[float], wrap: Callable):
 
         info = _env.detect()
         config.check_env()  # every COLLECTIVES_* tunable, before any connection
+        if info.size > 1:
+            _auth.job_secret()  # refuses (COLLECTIVES_REQUIRE_AUTH) before any socket
         t = float(timeout) if timeout else _default_timeout()
         if info.size == 1:
             core, server, client = Communicator(0, 1), None, None
@@ -391,12 +403,18 @@ _ECHOES = ("closed the connection", "connection to rank", "timed out", "is broke
            "failed and broke the communicator", "cannot connect to rank")
 
 
+# The failure report's hard bound (seconds): it talks to the store, which
+# lives in rank 0 and may be stopped, cut off or gone with it.
+REPORT_S = 2.0
+
+
 def explain_failure(rank: int, message: str) -> str:
     """Report this rank's failure to the store and add the cause others saw.
 
     Only the first failure of the world is reported and explained; later
     calls on the broken communicator repeat the cause found then. Best
-    effort, bounded to about a second: the store may be gone with rank 0.
+    effort, bounded by REPORT_S in all: a store that does not answer within
+    it (rank 0 stopped, cut off or gone) is itself the cause reported.
     """
     state = _state
     if state is None or state.client is None:
@@ -405,11 +423,22 @@ def explain_failure(rank: int, message: str) -> str:
         return message + (f"; {state.cause}" if state.cause else "")
     state.failed = True
     client = state.client
+    end = time.monotonic() + REPORT_S
+
+    class OutOfTime(Exception):
+        pass
+
+    def left() -> float:
+        remaining = end - time.monotonic()
+        if remaining <= 0:
+            raise OutOfTime
+        return remaining
+
     causes: list = []
     try:
-        client.set(f"failed/{rank}", message.encode())
+        client.set(f"failed/{rank}", message.encode(), timeout=left())
         if any(echo in message for echo in _ECHOES):
-            deadline = time.monotonic() + 1.0
+            deadline = min(end, time.monotonic() + 1.0)
             silent: list = []
             found = False
             while not found and time.monotonic() < deadline:
@@ -417,10 +446,11 @@ def explain_failure(rank: int, message: str) -> str:
                 for peer in range(state.comm.size):
                     if peer == rank:
                         continue
-                    if not client.check([f"failed/{peer}"]):
+                    if not client.check([f"failed/{peer}"], timeout=left()):
                         silent.append(peer)
                         continue
-                    text = client.get(f"failed/{peer}", timeout=0.5).decode()
+                    text = client.get(f"failed/{peer}", timeout=0.5,
+                                      io_timeout=left()).decode()
                     if not any(echo in text for echo in _ECHOES):
                         found = True
                         if text not in message:  # an abort notice may have carried it
@@ -432,8 +462,16 @@ def explain_failure(rank: int, message: str) -> str:
                 # ranks that said nothing are the ones that died or hung.
                 names = ", ".join(str(p) for p in silent)
                 causes.append(f"rank {names} reported nothing: it exited, was killed or is stuck")
-        client.set(f"explained/{rank}", b"")
-    except (OSError, TimeoutError, ConnectionError, ValueError):
+        client.set(f"explained/{rank}", b"", timeout=left())
+    except OutOfTime:  # the store answered, slowly: report what was found
+        pass
+    except (OSError, TimeoutError, ConnectionError) as exc:
+        if rank == 0:
+            return message
+        state.cause = (f"the store at rank 0 ({client.address}) did not answer within "
+                       f"{REPORT_S:g} s: rank 0 is stopped, cut off or gone ({exc})")
+        return message + f"; {state.cause}"
+    except ValueError:
         return message
     state.cause = "; ".join(causes)
     return message + (f"; {state.cause}" if state.cause else "")

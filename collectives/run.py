@@ -78,6 +78,9 @@ class RankCommand:
     local: bool
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
+    # Written to a remote rank's ssh stdin at start (the job secret, which
+    # must not appear on a command line); b"" for local ranks.
+    stdin_data: bytes = b""
 
 
 # ------------------------------------------------------------------- hosts
@@ -216,7 +219,7 @@ def choose_store_addr(hosts: Sequence[tuple[str, int]]) -> str:
 
 
 def remote_script(cwd: str, env: Mapping[str, str], command: Sequence[str],
-                  grace: float = DEFAULT_GRACE_S) -> str:
+                  grace: float = DEFAULT_GRACE_S, secret_on_stdin: bool = False) -> str:
     """The sh script a remote rank runs: the command, stopped when stdin closes.
 
     Without a tty sshd forwards no signal, so killing the ssh client would
@@ -224,10 +227,15 @@ def remote_script(cwd: str, env: Mapping[str, str], command: Sequence[str],
     connection's stdin (fd 3) for a watcher, runs the command with stdin from
     /dev/null, and when that stdin reaches EOF (the launcher closed it, or
     the connection dropped) sends the command SIGTERM, then SIGKILL after
-    ``grace`` seconds. The command's exit status is the script's.
+    ``grace`` seconds. The command's exit status is the script's. With
+    ``secret_on_stdin`` the script first reads one line from stdin into
+    COLLECTIVES_JOB_SECRET, so the secret is never on a command line (where
+    ps would show it).
     """
     assignments = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
-    return "\n".join([
+    first = (["IFS= read -r COLLECTIVES_JOB_SECRET || exit 126", "export COLLECTIVES_JOB_SECRET"]
+             if secret_on_stdin else [])
+    return "\n".join(first + [
         f"cd {shlex.quote(cwd)} || exit 127",
         "exec 3<&0 </dev/null",
         f"env {assignments} {shlex.join(command)} &",
@@ -253,6 +261,7 @@ def build_rank_commands(
     ssh_options: Sequence[str] = (),
     torch_addr: Optional[str] = None,
     grace: float = DEFAULT_GRACE_S,
+    secret: Optional[str] = None,
 ) -> list[RankCommand]:
     """Place ``np`` ranks on ``hosts`` (filling slots in order) and build their argv.
 
@@ -271,6 +280,8 @@ def build_rank_commands(
             without an init_method.
         grace: seconds a remote rank gets between SIGTERM and SIGKILL once
             its ssh connection closes (:func:`remote_script`).
+        secret: the job secret: COLLECTIVES_JOB_SECRET of local ranks, the
+            first line on a remote rank's ssh stdin (never in its argv).
 
     Returns:
         One :class:`RankCommand` per rank, in rank order.
@@ -310,14 +321,21 @@ def build_rank_commands(
         if local_sizes[host] > 1 and "OMP_NUM_THREADS" not in env and \
                 not (is_local_host(host) and "OMP_NUM_THREADS" in os.environ):
             env["OMP_NUM_THREADS"] = str(_threads_per_rank(host, local_sizes[host]))
+        stdin_data = b""
         if is_local_host(host):
             argv = list(command)
             local = True
+            if secret is not None:
+                env["COLLECTIVES_JOB_SECRET"] = secret
         else:
-            remote = "sh -c " + shlex.quote(remote_script(cwd, env, command, grace))
+            remote = "sh -c " + shlex.quote(remote_script(cwd, env, command, grace,
+                                                          secret_on_stdin=secret is not None))
             argv = ["ssh", "-o", "BatchMode=yes", *ssh_options, host.strip("[]"), remote]
             local = False
-        out.append(RankCommand(rank, host, local_rank, local_sizes[host], local, argv, env))
+            if secret is not None:
+                stdin_data = secret.encode() + b"\n"
+        out.append(RankCommand(rank, host, local_rank, local_sizes[host], local, argv, env,
+                               stdin_data))
     return out
 
 
@@ -536,6 +554,12 @@ def launch(ranks: Sequence[RankCommand], grace: float = DEFAULT_GRACE_S,
             proc = subprocess.Popen(rc.argv, env=env, stdin=stdin,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     start_new_session=True)
+            if rc.stdin_data and proc.stdin is not None:
+                try:
+                    proc.stdin.write(rc.stdin_data)
+                    proc.stdin.flush()
+                except OSError:  # ssh already gone: its exit is reported like any other
+                    pass
             procs.append(proc)
             alive[rc.rank] = proc
             pump.add(rc.rank, "stdout", proc.stdout)
@@ -651,6 +675,21 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _launcher_secret(exports: dict) -> Optional[str]:
+    """The job secret to hand the ranks (collectives/_auth.py): the user's
+    COLLECTIVES_JOB_SECRET if set; None when the user gave a secret file
+    (exported to every rank here: they read it); else a fresh one."""
+    from ._auth import SECRET_FILE_VAR, SECRET_VAR, generate_secret
+    given = exports.get(SECRET_VAR) or os.environ.get(SECRET_VAR)
+    if given:
+        return given
+    path = exports.get(SECRET_FILE_VAR) or os.environ.get(SECRET_FILE_VAR)
+    if path:
+        exports[SECRET_FILE_VAR] = path
+        return None
+    return generate_secret()
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """Entry point of ``collectives-run``; returns the exit code of the job."""
     parser = _parser()
@@ -706,7 +745,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             torch_addr = choose_store_addr(hosts)
         ranks = build_rank_commands(command, hosts, np, store_addr, exports=exports,
                                     ssh_options=ssh_options, torch_addr=torch_addr,
-                                    grace=args.kill_grace)
+                                    grace=args.kill_grace, secret=_launcher_secret(exports))
     except ValueError as exc:
         parser.error(str(exc))
     try:

@@ -132,6 +132,16 @@ typedef struct {
  * ranks: it guards links against strays from another job. */
 coll_result_t coll_comm_create(int rank, int size, const char *bind_host,
                                const uint8_t comm_id[16], coll_comm_t **out);
+/* The 32-byte key that authenticates this communicator's link openings and
+ * abort notices (derived from the job secret, collectives/_auth.py); set it
+ * before the first collective, equal on every rank. Unset: all zeros. */
+coll_result_t coll_comm_set_link_key(coll_comm_t *comm, const uint8_t *key, size_t n);
+/* HMAC-SHA256 of msg under key (native/auth.c; exposed for its tests). */
+void coll_hmac_sha256(const uint8_t *key, size_t keylen, const uint8_t *msg, size_t n,
+                      uint8_t out[32]);
+/* Whether a shared-memory path offered by rank `from` to rank `to` is one
+ * the core itself makes (transport_shm.c; exposed for its tests). */
+int coll_shm_path_ok(const char *path, int from, int to, uint64_t token);
 /* The TCP port this rank listens on (publish it for the peers). */
 int coll_comm_port(const coll_comm_t *comm);
 /* Where to reach `peer`; every peer must be set before the first collective. */

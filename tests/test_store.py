@@ -178,10 +178,22 @@ def test_connect_timeout_names_address():
 def test_garbage_does_not_break_the_server(server, client, garbage):
     client.set("before", b"1")
     with socket.create_connection(("127.0.0.1", server.port)) as bad:
-        bad.sendall(garbage)
-        bad.shutdown(socket.SHUT_WR)
+        try:
+            bad.sendall(garbage)
+            bad.shutdown(socket.SHUT_WR)
+        except OSError:  # the server may reset it before we finish writing
+            pass
         bad.settimeout(5)
-        assert bad.recv(100) == b""  # the server dropped it
+        got = b""
+        while True:  # the server's hello (a nonce), then it drops the connection
+            try:
+                chunk = bad.recv(100)
+            except ConnectionResetError:  # closed with our bytes unread
+                break
+            if not chunk:
+                break
+            got += chunk
+        assert len(got) <= 19 + 33, got
     with StoreClient("127.0.0.1", server.port, timeout=5) as fresh:
         assert fresh.get("before") == b"1"
     assert client.add("still", 1) == 1

@@ -386,7 +386,7 @@ class ProcessGroupCollectives(dist.ProcessGroup):
 def _communicator(store: Any, rank: int, size: int, timeout: timedelta) -> tuple[Any, bool]:
     """(core communicator, owned): the collectives world if it is this group, else via the store."""
     import collectives
-    from collectives import _env, _world, config
+    from collectives import _auth, _env, _world, config
     from collectives._core import Communicator
 
     if _world.is_initialized() or os.environ.get("COLLECTIVES_STORE_ADDR") or \
@@ -397,12 +397,18 @@ def _communicator(store: Any, rank: int, size: int, timeout: timedelta) -> tuple
     config.check_env()
     if size == 1:
         return Communicator(0, 1), True
+    # torch's store trusts the network (anyone can read or overwrite it), so
+    # what is in it is only a hint: every link proves the job secret itself
+    # (native/wire.h), and a rank that finds an impostor at a peer's address
+    # fails naming it instead of talking to it.
+    secret = _auth.job_secret()
     if rank == 0:
         store.set("collectives/comm_id", os.urandom(16).hex())
     comm_id = bytes.fromhex(store.get("collectives/comm_id").decode())
     master, port = _store_address(store)
     host = _env.advertise_address(master, port)
     core = Communicator(rank, size, host, comm_id)
+    core.set_link_key(_auth.link_key(secret))
     hosts, host_cpus = _world.exchange_addresses(
         core, rank, size, host, lambda key, value: store.set(f"collectives/{key}", value),
         lambda key: store.get(f"collectives/{key}"))

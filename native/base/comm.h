@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "coll.h"
+#include "base/auth.h"
 
 #define COLL_MAX_PENDING 64
 /* The longest abort notice text a peer may send (transport/wire.h). */
@@ -43,6 +44,7 @@ struct coll_request {
 struct coll_comm {
   int rank, size;
   uint8_t id[16];
+  uint8_t link_key[COLL_KEY_BYTES]; /* from the job secret (coll_comm_set_link_key); zeros: none */
   int listen_fd, port;
   coll_peer_t *peers;
   /* Accepted connections whose hello has not fully arrived: COLL_MAX_PENDING

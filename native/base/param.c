@@ -73,6 +73,16 @@ static const coll_param_decl_t params[COLL_NUM_PARAMS] = {
     [COLL_PARAM_START_TIMEOUT] = {"COLLECTIVES_START_TIMEOUT", "",
                                   "seconds to wait for every rank at start-up (default: COLLECTIVES_TIMEOUT)",
                                   "seconds > 0"},
+    [COLL_PARAM_JOB_SECRET] = {"COLLECTIVES_JOB_SECRET", "",
+                               "the job's secret (16+ bytes, equal on every rank; collectives-run "
+                               "makes one): the store, link openings and abort notices prove it",
+                               "a secret of 16+ bytes"},
+    [COLL_PARAM_JOB_SECRET_FILE] = {"COLLECTIVES_JOB_SECRET_FILE", "",
+                                    "a file holding the job secret (read when "
+                                    "COLLECTIVES_JOB_SECRET is unset; chmod 600)", "a file path"},
+    [COLL_PARAM_REQUIRE_AUTH] = {"COLLECTIVES_REQUIRE_AUTH", "0",
+                                 "1: refuse to start without a job secret (else a rank warns once "
+                                 "that the job is unauthenticated)", "one of: 0, 1"},
     [COLL_PARAM_FUSION_THRESHOLD] = {"COLLECTIVES_FUSION_THRESHOLD", "128M",
                                      "collectives.torch: bytes per gradient fusion buffer (0: no fusion)",
                                      "bytes"},

@@ -212,6 +212,11 @@ cdef class Communicator:
         cdef bytes h = host_id.encode()
         CHKERR(coll_comm_set_peer_host(self._live(), peer, h), self.comm)
 
+    def set_link_key(self, bytes key) -> None:
+        """The 32-byte key (from the job secret) that links and abort notices must prove."""
+        cdef const uint8_t *k = key
+        CHKERR(coll_comm_set_link_key(self._live(), k, len(key)), self.comm)
+
     def close(self) -> None:
         """Finish queued requests, close every link and the listener."""
         if self.comm != NULL:
@@ -696,6 +701,18 @@ def count_of(buf, dtype=None) -> int:
 def tune_choose(int size, size_t nbytes) -> str:
     """The algorithm AUTO picks for an allreduce of nbytes on size ranks."""
     return coll_algo_name(coll_tune_choose(size, nbytes)).decode()
+
+
+def hmac_sha256(bytes key, bytes msg) -> bytes:
+    """HMAC-SHA256 as the core computes it (native/auth.c), for tests against hashlib."""
+    cdef uint8_t out[32]
+    coll_hmac_sha256(key, len(key), msg, len(msg), out)
+    return bytes(out[:32])
+
+
+def shm_path_ok(str path, int frm, int to, unsigned long long token) -> bool:
+    """Whether the core accepts path as a shared-memory segment offered by frm to to."""
+    return coll_shm_path_ok(path.encode(), frm, to, token) != 0
 
 
 def params() -> list:

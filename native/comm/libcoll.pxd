@@ -1,6 +1,6 @@
 # libcoll.pxd -- declarations of the C API in coll.h (and the pure rank arithmetic of
 # pattern.h, exposed for tests). Nothing but extern declarations here.
-from libc.stdint cimport uint8_t
+from libc.stdint cimport uint8_t, uint64_t
 
 cdef extern from "coll.h" nogil:
     ctypedef enum coll_result_t:
@@ -85,6 +85,10 @@ cdef extern from "coll.h" nogil:
     coll_result_t coll_comm_create(int rank, int size, const char *bind_host,
                                    const uint8_t *comm_id, coll_comm_t **out)
     int coll_comm_port(const coll_comm_t *comm)
+    coll_result_t coll_comm_set_link_key(coll_comm_t *comm, const uint8_t *key, size_t n)
+    void coll_hmac_sha256(const uint8_t *key, size_t keylen, const uint8_t *msg, size_t n,
+                          uint8_t *out)
+    int coll_shm_path_ok(const char *path, int frm, int to, uint64_t token)
     coll_result_t coll_comm_set_peer(coll_comm_t *comm, int peer, const char *host, int port)
     void coll_comm_set_spin(coll_comm_t *comm, double us)
     void coll_comm_set_oversubscribed(coll_comm_t *comm, int oversubscribed)

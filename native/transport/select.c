@@ -51,6 +51,7 @@ static coll_link_t *link_new(coll_comm_t *comm, int peer) {
 
 static void link_free(coll_link_t *link) {
   link->tp->close(link);
+  free(link->dial);
   free(link->stage);
   free(link);
 }
@@ -79,7 +80,8 @@ static coll_result_t link_ready(coll_comm_t *comm, coll_link_t *link, int shm) {
   return COLL_SUCCESS;
 }
 
-void coll_link_adopt(coll_comm_t *comm, int peer, int fd, const unsigned char *offer) {
+void coll_link_adopt(coll_comm_t *comm, int peer, int fd, const unsigned char *opening,
+                     const unsigned char *challenge) {
   coll_link_t *link = link_new(comm, peer);
   if (!link) {
     COLL_WARN("rank %d: out of memory accepting rank %d", comm->rank, peer);
@@ -88,41 +90,100 @@ void coll_link_adopt(coll_comm_t *comm, int peer, int fd, const unsigned char *o
   }
   link->fd = fd;
   int ok = 0;
-  coll_shm_take_offer(link, offer, shm_allowed(comm, peer), &ok);
-  uint32_t answer = ok ? 1 : 0;
-  /* Four bytes on a fresh socket always fit its buffer. */
-  if (send(fd, &answer, sizeof answer, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof answer ||
+  coll_shm_take_offer(link, opening + COLL_HELLO_PART_BYTES, shm_allowed(comm, peer), &ok);
+  unsigned char answer[COLL_ANSWER_BYTES];
+  uint32_t word = ok ? 1 : 0;
+  memcpy(answer, &word, 4);
+  coll_answer_mac(comm->link_key, challenge, opening, word, answer + 4);
+  /* A challenge and an answer on a fresh socket always fit its buffer. */
+  if (send(fd, answer, sizeof answer, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof answer ||
       link_ready(comm, link, ok) != COLL_SUCCESS) {
     COLL_WARN("rank %d: could not set up the link from rank %d", comm->rank, peer);
     link_free(link);
   }
 }
 
-/* Connecting (lower) side: dial and send hello + offer; the answer is read
- * by dial_finish. The accepting side answers every opening as soon as it
- * reads it, so that wait only depends on the peer reaching any accept loop. */
+/* Connecting (lower) side, in two round trips (wire.h): send the hello part,
+ * take the acceptor's challenge and send offer + MAC (dial_step, stage 0),
+ * then read the answer and check its MAC (stage 1). The state between steps
+ * lives on the link (link->dial), so that point-to-point waits can dial
+ * without blocking (coll_link_dial_poll); link_dial runs the steps in one go.
+ * The accepting side answers each part as soon as it reads it, so these waits
+ * only depend on the peer reaching any accept loop. */
+typedef struct {
+  unsigned char opening[COLL_OPENING_BYTES];
+  unsigned char challenge[COLL_NONCE_BYTES];
+  int stage; /* 0: waiting for the challenge; 1: waiting for the answer */
+} dial_state_t;
+
+static void dial_abandon(coll_link_t *link) {
+  free(link->dial);
+  link->dial = NULL;
+  coll_shm_settle(link, 0);
+  link_free(link);
+}
+
 static coll_result_t dial_begin(coll_comm_t *comm, int peer, double deadline, coll_link_t **out) {
   coll_link_t *link = link_new(comm, peer);
-  if (!link) return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory for a link", comm->rank);
-  unsigned char opening[COLL_OPENING_BYTES];
-  coll_hello_encode(opening, comm->id, comm->rank, peer);
-  coll_result_t res = coll_shm_make_offer(link, shm_allowed(comm, peer), opening + COLL_HELLO_BYTES);
-  if (res == COLL_SUCCESS) res = coll_tcp_dial(comm, peer, deadline, opening, sizeof opening, &link->fd);
+  dial_state_t *d = link ? calloc(1, sizeof *d) : NULL;
+  if (!d) {
+    if (link) link_free(link);
+    return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory for a link", comm->rank);
+  }
+  link->dial = d;
+  coll_hello_encode(d->opening, comm->id, comm->rank, peer);
+  coll_result_t res = coll_shm_make_offer(link, shm_allowed(comm, peer),
+                                          d->opening + COLL_HELLO_PART_BYTES);
+  if (res == COLL_SUCCESS)
+    res = coll_tcp_dial(comm, peer, deadline, d->opening, COLL_HELLO_PART_BYTES, &link->fd);
   if (res != COLL_SUCCESS) {
-    coll_shm_settle(link, 0);
-    link_free(link);
+    dial_abandon(link);
     return res;
   }
   *out = link;
   return COLL_SUCCESS;
 }
 
-static coll_result_t dial_finish(coll_comm_t *comm, coll_link_t *link, double deadline) {
-  uint32_t answer = 0;
-  coll_result_t res = xfer(comm, link->fd, link->peer, &answer, sizeof answer, 0, deadline);
-  coll_shm_settle(link, res == COLL_SUCCESS && answer == 1);
-  if (res == COLL_SUCCESS) res = link_ready(comm, link, answer == 1);
-  if (res != COLL_SUCCESS) link_free(link);
+/* One step of a dial (see above); *done = 1 once the link is ready. On
+ * failure the link is freed. */
+static coll_result_t dial_step(coll_comm_t *comm, coll_link_t *link, double deadline, int *done) {
+  dial_state_t *d = link->dial;
+  int peer = link->peer;
+  coll_result_t res = COLL_SUCCESS;
+  *done = 0;
+  if (d->stage == 0) {
+    res = xfer(comm, link->fd, peer, d->challenge, sizeof d->challenge, 0, deadline);
+    if (res == COLL_SUCCESS) {
+      coll_opening_mac(comm->link_key, d->challenge, d->opening,
+                       d->opening + COLL_OPENING_BYTES - COLL_MAC_BYTES);
+      res = xfer(comm, link->fd, peer, d->opening + COLL_HELLO_PART_BYTES,
+                 COLL_OPENING_BYTES - COLL_HELLO_PART_BYTES, 1, deadline);
+    }
+    if (res == COLL_SUCCESS) d->stage = 1;
+  } else {
+    unsigned char answer[COLL_ANSWER_BYTES], mac[COLL_MAC_BYTES];
+    uint32_t word = 0;
+    res = xfer(comm, link->fd, peer, answer, sizeof answer, 0, deadline);
+    if (res == COLL_SUCCESS) {
+      memcpy(&word, answer, 4);
+      coll_answer_mac(comm->link_key, d->challenge, d->opening, word, mac);
+      if (!coll_ct_equal(mac, answer + 4, COLL_MAC_BYTES))
+        res = coll_error(comm, COLL_REMOTE_ERROR,
+                         "rank %d: the process at rank %d's address %s:%d does not prove this "
+                         "job's secret (another job, or a different COLLECTIVES_JOB_SECRET?)",
+                         comm->rank, peer, comm->peers[peer].host, comm->peers[peer].port);
+    }
+    if (res == COLL_SUCCESS) {
+      free(link->dial);
+      link->dial = NULL;
+      coll_shm_settle(link, word == 1);
+      res = link_ready(comm, link, word == 1);
+      if (res != COLL_SUCCESS) link_free(link);
+      *done = res == COLL_SUCCESS;
+      return res;
+    }
+  }
+  if (res != COLL_SUCCESS) dial_abandon(link);
   return res;
 }
 
@@ -130,8 +191,11 @@ static coll_result_t link_dial(coll_comm_t *comm, int peer, double deadline) {
   coll_link_t *link = comm->peers[peer].dialing;
   comm->peers[peer].dialing = NULL;
   if (!link) COLL_CHECK(dial_begin(comm, peer, deadline, &link));
-  return dial_finish(comm, link, deadline);
+  int done = 0;
+  while (!done) COLL_CHECK(dial_step(comm, link, deadline, &done));
+  return COLL_SUCCESS;
 }
+
 
 coll_result_t coll_link_dial_start(coll_comm_t *comm, int peer, double deadline) {
   coll_peer_t *p = &comm->peers[peer];
@@ -144,16 +208,22 @@ coll_result_t coll_link_dial_start(coll_comm_t *comm, int peer, double deadline)
 coll_result_t coll_link_dial_poll(coll_comm_t *comm, int peer, int *done) {
   coll_peer_t *p = &comm->peers[peer];
   *done = p->link != NULL;
-  if (*done || !p->dialing) return COLL_SUCCESS;
-  uint32_t answer;
-  ssize_t r = recv(p->dialing->fd, &answer, sizeof answer, MSG_PEEK | MSG_DONTWAIT);
-  if (r == (ssize_t)sizeof answer || r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
-                                                 errno != EINTR)) {
-    /* The answer (or the peer's end) is there: the blocking read returns at once. */
+  while (!*done && p->dialing) {
+    dial_state_t *d = p->dialing->dial;
+    unsigned char peek[COLL_ANSWER_BYTES > COLL_NONCE_BYTES ? COLL_ANSWER_BYTES : COLL_NONCE_BYTES];
+    size_t want = d->stage == 0 ? COLL_NONCE_BYTES : COLL_ANSWER_BYTES;
+    ssize_t r = recv(p->dialing->fd, peek, want, MSG_PEEK | MSG_DONTWAIT);
+    if (!(r == (ssize_t)want || r == 0 ||
+          (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)))
+      return COLL_SUCCESS;  /* not there yet */
+    /* What this step waits for (or the peer's end) is there: its blocking
+     * reads return at once, and the bytes it sends fit a fresh socket. */
     coll_link_t *link = p->dialing;
-    p->dialing = NULL;
-    COLL_CHECK(dial_finish(comm, link, coll_now() + 1.0));
-    *done = 1;
+    int ready = 0;
+    coll_result_t res = dial_step(comm, link, coll_now() + 1.0, &ready);
+    if (res != COLL_SUCCESS || ready) p->dialing = NULL;
+    COLL_CHECK(res);
+    *done = ready;
   }
   return COLL_SUCCESS;
 }

@@ -228,6 +228,20 @@ coll_result_t coll_shm_make_offer(coll_link_t *link, int want_shm, unsigned char
   return COLL_SUCCESS;
 }
 
+/* The offered path is exactly the name coll_shm_make_offer builds for a link
+ * from `from` to `to` with this token: in /dev/shm, no other directory, no
+ * "..", nothing after the token. Checked before the path is opened. */
+int coll_shm_path_ok(const char *path, int from, int to, uint64_t token) {
+  int pid = 0, a = -1, b = -1, end = 0;
+  unsigned long long t = 0;
+  if (sscanf(path, "/dev/shm/collectives-%d-%d-%d-%llx%n", &pid, &a, &b, &t, &end) != 4 ||
+      path[end] != 0 || pid <= 0 || a != from || b != to || t != (unsigned long long)token)
+    return 0;
+  char expect[80];
+  snprintf(expect, sizeof expect, "/dev/shm/collectives-%d-%d-%d-%llx", pid, a, b, t);
+  return strcmp(expect, path) == 0;
+}
+
 coll_result_t coll_shm_take_offer(coll_link_t *link, const unsigned char *offer, int allowed, int *ok) {
   *ok = 0;
   uint32_t kind;
@@ -237,12 +251,18 @@ coll_result_t coll_shm_take_offer(coll_link_t *link, const unsigned char *offer,
   memcpy(&token, offer + 8, 8);
   memcpy(path, offer + 16, sizeof path);
   path[sizeof path - 1] = 0;
-  if (kind != 1 || !allowed || strncmp(path, "/dev/shm/collectives-", 21) != 0) return COLL_SUCCESS;
-  int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (kind != 1 || !allowed) return COLL_SUCCESS;
+  if (!coll_shm_path_ok(path, link->peer, link->comm->rank, token)) {
+    COLL_WARN("rank %d: rank %d offered shared memory at a path that is not one of ours; "
+              "using tcp", link->comm->rank, link->peer);
+    return COLL_SUCCESS;
+  }
+  int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) return COLL_SUCCESS;
   struct stat st;
   void *p = MAP_FAILED;
-  if (fstat(fd, &st) == 0 && (size_t)st.st_size > sizeof(seg_t))
+  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
+      (size_t)st.st_size > sizeof(seg_t) && (size_t)st.st_size <= sizeof(seg_t) + ((size_t)2 << 30))
     p = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   close(fd);
   if (p == MAP_FAILED) return COLL_SUCCESS;

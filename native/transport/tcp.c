@@ -5,10 +5,14 @@
  * opens with a hello (wire.h); the higher rank accepts and reads hellos until
  * the one from the peer it wants arrives, keeping others for later. A
  * connect completes in the kernel's backlog without the peer's help, so the
- * order in which ranks establish links can never deadlock. Anything on the
- * listener that is not a valid hello for this communicator is dropped with a
- * warning: garbage on the port costs a file descriptor for a moment, never a
- * crash.
+ * order in which ranks establish links can never deadlock (the connecting
+ * side then waits for the accepting side's challenge and answer, which come
+ * as soon as the peer serves its listener, as the answer always did).
+ * Anything on the listener that is not a hello for this communicator whose
+ * MAC proves the job's link key over our fresh challenge, or an abort notice
+ * with a valid MAC, is dropped with a warning before it reaches a link:
+ * garbage on the port costs a file descriptor for a moment and a fixed
+ * buffer, never a crash, and nothing it says sizes an allocation.
  *
  * Sockets are non-blocking with TCP_NODELAY (every message is a header plus
  * payload written in one sendmsg, so Nagle would only add latency) and large
@@ -134,7 +138,8 @@ static coll_result_t write_all(coll_comm_t *comm, int fd, int peer, const void *
   return COLL_SUCCESS;
 }
 
-/* Connects to peer's listener and sends `opening` (hello + offer). */
+/* Connects to peer's listener and sends `opening` (the first part of a
+ * link's opening, or a whole abort notice). */
 coll_result_t coll_tcp_dial(coll_comm_t *comm, int peer, double deadline, const void *opening,
                             size_t n, int *out) {
   coll_peer_t *p = &comm->peers[peer];
@@ -197,7 +202,7 @@ void coll_tcp_send_aborts(coll_comm_t *comm, const unsigned char *unlinked) {
     double now = coll_now();
     if (now >= end) break;
     int fd;
-    coll_abort_encode(msg, comm->id, comm->rank, p, comm->err);
+    coll_abort_encode(msg, comm->link_key, comm->id, comm->rank, p, comm->err);
     if (coll_tcp_dial(comm, p, now + 0.2 < end ? now + 0.2 : end, msg, sizeof msg, &fd) ==
         COLL_SUCCESS)
       close(fd);
@@ -205,23 +210,51 @@ void coll_tcp_send_aborts(coll_comm_t *comm, const unsigned char *unlinked) {
   comm->err_set = kept;
 }
 
-/* Reads what has arrived of pending hellos; files complete ones under their
- * sender. Returns nothing: bad connections are dropped with a warning. */
-static void service_pending(coll_comm_t *comm, int i) {
+static void drop_warn(coll_comm_t *comm, int i, const char *why) {
+  COLL_WARN("rank %d: dropped a connection on port %d: %s", comm->rank, comm->port, why);
+  close(comm->pending[i].fd);
+  drop_pending(comm, i);
+}
+
+/* An opening whose first part is in: an abort notice is read on to its end;
+ * a hello for this rank from a lower one gets its challenge. Returns 0 when
+ * the connection was dropped. */
+static int classify(coll_comm_t *comm, int i) {
   typeof(comm->pending[0]) *pd = &comm->pending[i];
-  ssize_t r = recv(pd->fd, pd->buf + pd->got, COLL_OPENING_BYTES - pd->got, MSG_DONTWAIT);
-  if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
-  if (r <= 0) {
+  int kind = coll_opening_kind(pd->buf);
+  if (kind == 2) return 1;
+  int from = kind == 1 ? coll_hello_decode(pd->buf, comm->id, comm->rank) : -1;
+  if (from < 0 || from >= comm->rank) {
+    drop_warn(comm, i, "it did not open with a valid hello for this job and rank");
+    return 0;
+  }
+  if (coll_random_bytes(pd->challenge, sizeof pd->challenge) != 0) {
+    drop_warn(comm, i, "no random bytes for its challenge");
+    return 0;
+  }
+  /* Sixteen bytes on a fresh socket always fit its buffer. */
+  if (send(pd->fd, pd->challenge, sizeof pd->challenge, MSG_NOSIGNAL | MSG_DONTWAIT) !=
+      (ssize_t)sizeof pd->challenge) {
     close(pd->fd);
     drop_pending(comm, i);
-    return;
+    return 0;
   }
-  pd->got += (int)r;
-  if (pd->got < COLL_OPENING_BYTES) return;
-  char reason[COLL_ABORT_REASON_BYTES];
-  int aborter = coll_abort_decode(pd->buf, comm->id, comm->rank, reason);
-  if (aborter >= 0) { /* that rank's communicator broke; ours is broken with it */
-    if (comm->abort_from < 0) {
+  pd->challenged = 1;
+  return 1;
+}
+
+/* A whole opening is in: act on it if its MAC proves the link key. */
+static void complete(coll_comm_t *comm, int i) {
+  typeof(comm->pending[0]) *pd = &comm->pending[i];
+  if (!pd->challenged) {
+    char reason[COLL_ABORT_REASON_BYTES];
+    int aborter = coll_abort_decode(pd->buf, comm->link_key, comm->id, comm->rank, reason);
+    if (aborter < 0) {
+      drop_warn(comm, i, aborter == -2 ? "an abort notice that does not prove this job's secret"
+                                       : "an abort notice not for this job and rank");
+      return;
+    }
+    if (comm->abort_from < 0) { /* that rank's communicator broke; ours is broken with it */
       comm->abort_from = aborter;
       memcpy(comm->abort_reason, reason, sizeof reason);
     }
@@ -229,27 +262,54 @@ static void service_pending(coll_comm_t *comm, int i) {
     drop_pending(comm, i);
     return;
   }
-  int from = coll_hello_decode(pd->buf, comm->id, comm->rank);
-  unsigned char pd_copy_offer[COLL_SHM_OFFER_BYTES];
-  memcpy(pd_copy_offer, pd->buf + COLL_HELLO_BYTES, sizeof pd_copy_offer);
-  if (from < 0 || from >= comm->rank) {
-    COLL_WARN("rank %d: dropped a connection on port %d that did not open with a valid hello "
-              "for this job", comm->rank, comm->port);
-    close(pd->fd);
-  } else if (comm->peers[from].link) {
-    COLL_WARN("rank %d: rank %d connected twice; keeping the first link", comm->rank, from);
-    close(pd->fd);
-  } else {
-    /* Answer at once, whichever peer we are waiting for: a connecting rank
-     * waits for this answer, and answering everyone keeps that wait from
-     * ever depending on the order in which ranks accept. */
-    int fd = pd->fd;
-    drop_pending(comm, i);
-    set_nodelay(fd);
-    coll_link_adopt(comm, from, fd, pd_copy_offer);
+  uint8_t mac[COLL_MAC_BYTES];
+  coll_opening_mac(comm->link_key, pd->challenge, pd->buf, mac);
+  if (!coll_ct_equal(mac, pd->buf + COLL_OPENING_BYTES - COLL_MAC_BYTES, COLL_MAC_BYTES)) {
+    drop_warn(comm, i, "its hello does not prove this job's secret");
     return;
   }
+  int from = coll_hello_decode(pd->buf, comm->id, comm->rank);
+  if (comm->peers[from].link) {
+    COLL_WARN("rank %d: rank %d connected twice; keeping the first link", comm->rank, from);
+    close(pd->fd);
+    drop_pending(comm, i);
+    return;
+  }
+  /* Answer at once, whichever peer we are waiting for: a connecting rank
+   * waits for this answer, and answering everyone keeps that wait from ever
+   * depending on the order in which ranks accept. */
+  unsigned char opening[COLL_OPENING_BYTES], challenge[COLL_NONCE_BYTES];
+  memcpy(opening, pd->buf, sizeof opening);
+  memcpy(challenge, pd->challenge, sizeof challenge);
+  int fd = pd->fd;
   drop_pending(comm, i);
+  set_nodelay(fd);
+  coll_link_adopt(comm, from, fd, opening, challenge);
+}
+
+/* Reads what has arrived of pending openings, in two parts (wire.h), into
+ * their fixed buffers; acts on complete ones. Returns nothing: bad
+ * connections are dropped with a warning. */
+static void service_pending(coll_comm_t *comm, int i) {
+  typeof(comm->pending[0]) *pd = &comm->pending[i];
+  for (;;) {
+    int target = pd->got < COLL_HELLO_PART_BYTES ? COLL_HELLO_PART_BYTES : COLL_OPENING_BYTES;
+    ssize_t r = recv(pd->fd, pd->buf + pd->got, (size_t)(target - pd->got), MSG_DONTWAIT);
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+    if (r <= 0) {
+      close(pd->fd);
+      drop_pending(comm, i);
+      return;
+    }
+    pd->got += (int)r;
+    if (pd->got < target) continue;
+    if (target == COLL_HELLO_PART_BYTES) {
+      if (!classify(comm, i)) return;
+      continue;
+    }
+    complete(comm, i);
+    return;
+  }
 }
 
 static void accept_all(coll_comm_t *comm) {
@@ -263,6 +323,7 @@ static void accept_all(coll_comm_t *comm) {
     }
     comm->pending[comm->npending].fd = fd;
     comm->pending[comm->npending].got = 0;
+    comm->pending[comm->npending].challenged = 0;
     comm->npending++;
     service_pending(comm, comm->npending - 1);
   }

@@ -23,6 +23,7 @@
 
 #include <poll.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/uio.h>
 
 #include "coll.h"
@@ -45,6 +46,7 @@ struct coll_link { /* typedef coll_link_t: base/comm.h */
    * these before the transport's. */
   unsigned char *unread;
   size_t unread_len, unread_off;
+  void *dial;       /* a dial in progress (select.c), NULL otherwise */
 };
 
 struct coll_transport {
@@ -81,6 +83,9 @@ extern const coll_transport_t coll_transport_shm;
 coll_result_t coll_shm_make_offer(coll_link_t *link, int want_shm, unsigned char *offer);
 /* Accepting side: maps the offered segment if it can; *ok = 1 then. */
 coll_result_t coll_shm_take_offer(coll_link_t *link, const unsigned char *offer, int allowed, int *ok);
+/* Nonzero when an offered segment path is exactly what rank `from` makes for
+ * a link to `to` with this token (no other directory, no ".."). */
+int coll_shm_path_ok(const char *path, int from, int to, uint64_t token);
 /* Connecting side, after the answer: keep the segment (ok) or drop it. */
 void coll_shm_settle(coll_link_t *link, int ok);
 
@@ -118,10 +123,17 @@ void coll_links_close_all(coll_comm_t *comm);
  * host and COLLECTIVES_TRANSPORT not tcp), judged without opening any. */
 int coll_links_all_shm(coll_comm_t *comm);
 
-/* Every link opens with a hello and a transport offer, read as one block. */
-#define COLL_OPENING_BYTES (COLL_HELLO_BYTES + COLL_SHM_OFFER_BYTES)
+/* Every link opens with a hello, a nonce, a transport offer and a MAC
+ * (wire.h), read into one fixed block. */
+#define COLL_OPENING_BYTES (COLL_HELLO_PART_BYTES + COLL_SHM_OFFER_BYTES + COLL_MAC_BYTES)
+/* The accepting side's answer: u32 + MAC. */
+#define COLL_ANSWER_BYTES (4 + COLL_MAC_BYTES)
 /* An accepted connection whose opening has not fully arrived (comm->pending). */
-struct coll_pending { int fd, got; unsigned char buf[COLL_OPENING_BYTES]; };
+struct coll_pending {
+  int fd, got, challenged;
+  unsigned char buf[COLL_OPENING_BYTES];
+  unsigned char challenge[COLL_NONCE_BYTES]; /* sent once the hello was for us */
+};
 
 /* Connecting side: connect to peer's listener and send the opening. */
 coll_result_t coll_tcp_dial(coll_comm_t *comm, int peer, double deadline, const void *opening,
@@ -129,9 +141,11 @@ coll_result_t coll_tcp_dial(coll_comm_t *comm, int peer, double deadline, const 
 /* Accepting side: serve the listener (answering every complete opening, from
  * any peer, through coll_link_adopt) until peer's link exists. */
 coll_result_t coll_tcp_accept_until(coll_comm_t *comm, int peer, double deadline);
-/* Builds the link for an accepted connection from `peer` and answers its
+/* Builds the link for an accepted connection from `peer` whose opening
+ * (COLL_OPENING_BYTES) proved the link key over `challenge`, and answers its
  * offer (transport_select.c). */
-void coll_link_adopt(coll_comm_t *comm, int peer, int fd, const unsigned char *offer);
+void coll_link_adopt(coll_comm_t *comm, int peer, int fd, const unsigned char *opening,
+                     const unsigned char *challenge);
 
 /* SO_SNDBUF/SO_RCVBUF each TCP link gets, in bytes; 0: the kernel's
  * autotuning (COLLECTIVES_SOCKET_BUFFER, "auto" resolved). */

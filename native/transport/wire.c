@@ -3,8 +3,10 @@
 
 #include <string.h>
 
+#include "base/auth.h"
 #include "base/comm.h"
 #include "base/status.h"
+#include "transport/transport.h"
 
 static void put32(uint8_t *p, uint32_t v) {
   for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
@@ -137,21 +139,30 @@ coll_result_t coll_wire_check(coll_comm_t *comm, int peer, const uint8_t got[COL
 static void opening_encode(uint8_t *out, uint32_t magic, const uint8_t comm_id[16], int from,
                            int to) {
   put32(out, magic);
-  put32(out + 4, COLL_WIRE_VERSION);
+  put32(out + 4, COLL_OPENING_VERSION);
   memcpy(out + 8, comm_id, 16);
   put32(out + 24, (uint32_t)from);
   put32(out + 28, (uint32_t)to);
+  /* A nonce that cannot be had is a zero one: the MACs still need the key. */
+  if (coll_random_bytes(out + COLL_HELLO_BYTES, COLL_NONCE_BYTES) != 0)
+    memset(out + COLL_HELLO_BYTES, 0, COLL_NONCE_BYTES);
 }
 
 static int opening_decode(const uint8_t *in, uint32_t magic, const uint8_t comm_id[16], int to) {
-  if (get32(in) != magic || get32(in + 4) != COLL_WIRE_VERSION) return -1;
+  if (get32(in) != magic || get32(in + 4) != COLL_OPENING_VERSION) return -1;
   if (memcmp(in + 8, comm_id, 16) != 0) return -1;
   if ((int)get32(in + 28) != to) return -1;
   uint32_t from = get32(in + 24);
   return from > 0x7fffffffu ? -1 : (int)from;
 }
 
-void coll_hello_encode(uint8_t out[COLL_HELLO_BYTES], const uint8_t comm_id[16], int from, int to) {
+int coll_opening_kind(const uint8_t in[COLL_HELLO_PART_BYTES]) {
+  uint32_t magic = get32(in);
+  return magic == COLL_HELLO_MAGIC ? 1 : magic == COLL_ABORT_MAGIC ? 2 : 0;
+}
+
+void coll_hello_encode(uint8_t out[COLL_HELLO_PART_BYTES], const uint8_t comm_id[16], int from,
+                       int to) {
   opening_encode(out, COLL_HELLO_MAGIC, comm_id, from, to);
 }
 
@@ -159,9 +170,31 @@ int coll_hello_decode(const uint8_t in[COLL_HELLO_BYTES], const uint8_t comm_id[
   return opening_decode(in, COLL_HELLO_MAGIC, comm_id, to);
 }
 
-void coll_abort_encode(uint8_t out[COLL_ABORT_BYTES], const uint8_t comm_id[16], int from, int to,
-                       const char *reason) {
-  char *text = (char *)out + COLL_HELLO_BYTES;
+void coll_opening_mac(const uint8_t key[COLL_KEY_BYTES], const uint8_t challenge[COLL_NONCE_BYTES],
+                      const uint8_t *opening, uint8_t out[COLL_MAC_BYTES]) {
+  coll_hmac3(key, COLL_KEY_BYTES, "collectives open", challenge, COLL_NONCE_BYTES, opening,
+             COLL_OPENING_BYTES - COLL_MAC_BYTES, out);
+}
+
+void coll_answer_mac(const uint8_t key[COLL_KEY_BYTES], const uint8_t challenge[COLL_NONCE_BYTES],
+                     const uint8_t opening[COLL_HELLO_PART_BYTES], uint32_t answer,
+                     uint8_t out[COLL_MAC_BYTES]) {
+  uint8_t tail[COLL_HELLO_PART_BYTES + 4];
+  memcpy(tail, opening, COLL_HELLO_PART_BYTES);
+  put32(tail + COLL_HELLO_PART_BYTES, answer);
+  coll_hmac3(key, COLL_KEY_BYTES, "collectives answer", challenge, COLL_NONCE_BYTES, tail,
+             sizeof tail, out);
+}
+
+static void abort_mac(const uint8_t key[COLL_KEY_BYTES], const uint8_t *in,
+                      uint8_t out[COLL_MAC_BYTES]) {
+  coll_hmac3(key, COLL_KEY_BYTES, "collectives abort", in, COLL_ABORT_BYTES - COLL_MAC_BYTES, NULL,
+             0, out);
+}
+
+void coll_abort_encode(uint8_t out[COLL_ABORT_BYTES], const uint8_t key[COLL_KEY_BYTES],
+                       const uint8_t comm_id[16], int from, int to, const char *reason) {
+  char *text = (char *)out + COLL_HELLO_PART_BYTES;
   opening_encode(out, COLL_ABORT_MAGIC, comm_id, from, to);
   memset(text, 0, COLL_ABORT_REASON_BYTES);
   size_t n = strlen(reason);
@@ -171,13 +204,17 @@ void coll_abort_encode(uint8_t out[COLL_ABORT_BYTES], const uint8_t comm_id[16],
     memcpy(text, reason, COLL_ABORT_REASON_BYTES - 4);
     memcpy(text + COLL_ABORT_REASON_BYTES - 4, "...", 3);
   }
+  abort_mac(key, out, out + COLL_ABORT_BYTES - COLL_MAC_BYTES);
 }
 
-int coll_abort_decode(const uint8_t in[COLL_ABORT_BYTES], const uint8_t comm_id[16], int to,
-                      char reason[COLL_ABORT_REASON_BYTES]) {
+int coll_abort_decode(const uint8_t in[COLL_ABORT_BYTES], const uint8_t key[COLL_KEY_BYTES],
+                      const uint8_t comm_id[16], int to, char reason[COLL_ABORT_REASON_BYTES]) {
   int from = opening_decode(in, COLL_ABORT_MAGIC, comm_id, to);
   if (from < 0 || from == to) return -1;
-  memcpy(reason, in + COLL_HELLO_BYTES, COLL_ABORT_REASON_BYTES);
+  uint8_t mac[COLL_MAC_BYTES];
+  abort_mac(key, in, mac);
+  if (!coll_ct_equal(mac, in + COLL_ABORT_BYTES - COLL_MAC_BYTES, COLL_MAC_BYTES)) return -2;
+  memcpy(reason, in + COLL_HELLO_PART_BYTES, COLL_ABORT_REASON_BYTES);
   reason[COLL_ABORT_REASON_BYTES - 1] = 0;
   for (char *c = reason; *c; c++)  /* text from the network: printable only */
     if ((unsigned char)*c < 0x20 || (unsigned char)*c > 0x7e) *c = '?';

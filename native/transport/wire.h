@@ -24,20 +24,37 @@
  *        24  u64 count    elements of the whole collective (as the sender sees it)
  *        32  u64 offset   byte offset of this payload in the collective's buffer
  *
- * Hello, 32 bytes, sent once by the connecting side of a link:
- *   u32 magic "CLHI" | u32 version | u8 comm_id[16] | u32 from rank | u32 to rank
+ * Link opening, authenticated with the job's link key K (auth.h), in three
+ * steps on the new connection (transport_select.c, transport_tcp.c):
+ *   connecting side: hello, 32 bytes
+ *       u32 magic "CLHI" | u32 COLL_OPENING_VERSION | u8 comm_id[16] | u32 from | u32 to
+ *     then its nonce_c[16]                        (COLL_HELLO_PART_BYTES in all)
+ *   accepting side, once the hello is for it: a challenge, nonce_a[16]
+ *   connecting side: transport offer[96] | mac = HMAC(K, "collectives open" nonce_a
+ *     hello nonce_c offer)                       (COLL_OPENING_BYTES in all)
+ *   accepting side: u32 answer | HMAC(K, "collectives answer" nonce_a hello nonce_c answer)
+ * Each side proves K over the other's fresh nonce, so a recorded opening
+ * cannot be replayed, and an outsider can neither pose as a rank nor answer
+ * as one. Nothing read before the MAC is checked sizes anything: the opening
+ * is fixed-size and read into a fixed buffer.
  *
- * Abort notice, the size of a link's opening (hello + transport offer): the
- * hello's layout with magic "CLAB", then the sender's error text, NUL-padded
- * to COLL_ABORT_REASON_BYTES. A rank whose communicator breaks sends it to
- * each peer it has no link with (transport_tcp.c), so that a peer waiting
- * for it to connect fails at once instead of at its deadline.
+ * Abort notice, COLL_ABORT_BYTES (= COLL_OPENING_BYTES), sent whole without
+ * waiting for an answer: the hello's layout with magic "CLAB", a nonce, the
+ * sender's error text NUL-padded to COLL_ABORT_REASON_BYTES, and HMAC(K,
+ * "collectives abort" everything before). A rank whose communicator breaks
+ * sends it to each peer it has no link with (transport_tcp.c), so that a peer
+ * waiting for it to connect fails at once instead of at its deadline; the
+ * peer need not be listening yet, which is why there is no challenge. It
+ * cannot be replayed elsewhere: it names the communicator (comm_id, fresh
+ * for every communicator) and both ranks, and a communicator takes only the
+ * first notice, which breaks it for good.
  */
 #ifndef COLL_WIRE_H
 #define COLL_WIRE_H
 
 #include <stdint.h>
 
+#include "base/auth.h"
 #include "coll.h"
 #include "base/comm.h"
 
@@ -45,9 +62,13 @@
 #define COLL_HELLO_MAGIC 0x49484c43u /* "CLHI" */
 #define COLL_WIRE_VERSION 1
 #define COLL_WIRE_HDR_BYTES 40
+#define COLL_OPENING_VERSION 2
 #define COLL_HELLO_BYTES 32
+#define COLL_NONCE_BYTES 16
+#define COLL_MAC_BYTES 32
+#define COLL_HELLO_PART_BYTES (COLL_HELLO_BYTES + COLL_NONCE_BYTES)
 #define COLL_ABORT_MAGIC 0x42414c43u /* "CLAB" */
-#define COLL_ABORT_BYTES (COLL_HELLO_BYTES + COLL_ABORT_REASON_BYTES)
+#define COLL_ABORT_BYTES (COLL_HELLO_PART_BYTES + COLL_ABORT_REASON_BYTES + COLL_MAC_BYTES)
 
 typedef enum {
   COLL_KIND_ALLREDUCE = 1,
@@ -82,17 +103,29 @@ void coll_wire_encode(uint8_t out[COLL_WIRE_HDR_BYTES], const coll_wire_hdr_t *h
 coll_result_t coll_wire_check(coll_comm_t *comm, int peer, const uint8_t got[COLL_WIRE_HDR_BYTES],
                               const coll_wire_hdr_t *expect);
 
-void coll_hello_encode(uint8_t out[COLL_HELLO_BYTES], const uint8_t comm_id[16], int from, int to);
+/* 1: the bytes open with a hello's magic; 2: an abort notice's; 0: neither. */
+int coll_opening_kind(const uint8_t in[COLL_HELLO_PART_BYTES]);
+/* The hello and a fresh nonce (COLL_HELLO_PART_BYTES). */
+void coll_hello_encode(uint8_t out[COLL_HELLO_PART_BYTES], const uint8_t comm_id[16], int from,
+                       int to);
 /* Returns the sender's rank, or -1 if the bytes are not a hello for this
  * communicator and this rank. */
 int coll_hello_decode(const uint8_t in[COLL_HELLO_BYTES], const uint8_t comm_id[16], int to);
+/* The MAC that ends an opening (over its first COLL_OPENING_BYTES - COLL_MAC_BYTES). */
+void coll_opening_mac(const uint8_t key[COLL_KEY_BYTES], const uint8_t challenge[COLL_NONCE_BYTES],
+                      const uint8_t *opening, uint8_t out[COLL_MAC_BYTES]);
+/* The MAC after the accepting side's u32 answer. */
+void coll_answer_mac(const uint8_t key[COLL_KEY_BYTES], const uint8_t challenge[COLL_NONCE_BYTES],
+                     const uint8_t opening[COLL_HELLO_PART_BYTES], uint32_t answer,
+                     uint8_t out[COLL_MAC_BYTES]);
 
 /* reason is cut to fit (ending "..."). */
-void coll_abort_encode(uint8_t out[COLL_ABORT_BYTES], const uint8_t comm_id[16], int from, int to,
-                       const char *reason);
-/* Returns the sender's rank and copies its text (NUL-terminated) to reason,
- * or -1 if the bytes are not an abort notice for this communicator and rank. */
-int coll_abort_decode(const uint8_t in[COLL_ABORT_BYTES], const uint8_t comm_id[16], int to,
-                      char reason[COLL_ABORT_REASON_BYTES]);
+void coll_abort_encode(uint8_t out[COLL_ABORT_BYTES], const uint8_t key[COLL_KEY_BYTES],
+                       const uint8_t comm_id[16], int from, int to, const char *reason);
+/* Returns the sender's rank and copies its text (NUL-terminated) to reason;
+ * -1 if the bytes are not an abort notice for this communicator and rank,
+ * -2 if they are but their MAC is wrong (not from this job). */
+int coll_abort_decode(const uint8_t in[COLL_ABORT_BYTES], const uint8_t key[COLL_KEY_BYTES],
+                      const uint8_t comm_id[16], int to, char reason[COLL_ABORT_REASON_BYTES]);
 
 #endif
