@@ -126,8 +126,17 @@ def test_client_waits_accept_inf_and_reject_nan(server):
         client(server.port, timeout=math.nan)
 
 
+def test_an_infinite_collectives_timeout_is_a_clear_error():
+    # The declared range is seconds > 0, finite (README: there is no "wait
+    # forever"); refused before any connection, never a bare OverflowError.
+    from collectives import config
+
+    with pytest.raises(ValueError, match="COLLECTIVES_TIMEOUT='inf'.*seconds > 0"):
+        config.check_env({"COLLECTIVES_TIMEOUT": "inf"})
+
+
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("value", ["1e7", "inf"])
+@pytest.mark.parametrize("value", ["1e7", "1e300"])
 def test_job_with_a_huge_collectives_timeout_runs(value):
     body = ("from collectives import MPI\nimport numpy as np\nc = MPI.COMM_WORLD\n"
             "x = np.ones(3); y = np.zeros(3); c.Allreduce(x, y)\nc.Barrier()\n"
