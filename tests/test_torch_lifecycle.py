@@ -100,3 +100,50 @@ def test_shutdown_then_init_100_times(n):
     for rank in range(n):
         assert [c["api"] for c in res[rank].get("cycles")] == ["hvd", "collectives", "dist"], \
             res.report()
+
+
+OWNED_BODY = r'''
+import os, threading, time
+import torch
+import torch.distributed as dist
+import collectives
+import collectives.torch  # registers the backend
+
+r, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+store = dist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), n, r == 0)
+for i in range(int(os.environ["CYCLES"])):
+    dist.init_process_group("collectives", store=dist.PrefixStore(f"cycle{i}/", store),
+                            rank=r, world_size=n)
+    t = torch.tensor([r + 1])
+    dist.all_reduce(t)
+    expect(int(t) == n * (n + 1) // 2, ("dist", i), f"got {int(t)}")
+    dist.destroy_process_group()
+    if i == 0:
+        time.sleep(0.1)
+        baseline = (fd_count(), task_count(), threading.active_count())
+deadline = time.monotonic() + 2.0
+while (fd_count(), task_count(), threading.active_count()) != baseline and time.monotonic() < deadline:
+    time.sleep(0.01)
+now = (fd_count(), task_count(), threading.active_count())
+expect(now == baseline, "leak", f"fds, OS threads, Python threads {baseline} after one cycle, {now} after all")
+expect(not collectives.is_initialized(), "world", "the backend made a world of its own")
+emit("cycled")
+'''
+
+
+@pytest.mark.timeout(60)
+def test_torchrun_style_process_group_100_times():
+    """Without collectives-run, the backend builds (and owns) its communicator through
+    torch's store: destroy_process_group closes it, the next init builds another (one
+    rank count: the rendezvous here is torch's, the cycles above cover 2, 3 and 4)."""
+    n = 3
+    port = free_port()
+
+    def torchrun_env(rank, size):
+        return {"RANK": rank, "WORLD_SIZE": size, "LOCAL_RANK": rank, "LOCAL_WORLD_SIZE": size,
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+
+    res = run_world(n, OWNED_BODY, rank_env=torchrun_env, timeout=50, env={"CYCLES": 100})
+    res.assert_ok()
+    for rank in range(n):
+        res[rank].one("cycled")
