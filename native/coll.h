@@ -140,7 +140,7 @@ coll_result_t coll_comm_set_link_key(coll_comm_t *comm, const uint8_t *key, size
 void coll_hmac_sha256(const uint8_t *key, size_t keylen, const uint8_t *msg, size_t n,
                       uint8_t out[32]);
 /* Whether a shared-memory path offered by rank `from` to rank `to` is one
- * the core itself makes (transport_shm.c; exposed for its tests). */
+ * the core itself makes (transport/shm.c; exposed for its tests). */
 int coll_shm_path_ok(const char *path, int from, int to, uint64_t token);
 /* The TCP port this rank listens on (publish it for the peers). */
 int coll_comm_port(const coll_comm_t *comm);

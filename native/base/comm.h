@@ -27,7 +27,7 @@ typedef struct {
   char host[256];
   int port;
   coll_link_t *link;  /* NULL until an algorithm first needs this peer (or it connected) */
-  coll_link_t *dialing; /* a link this rank dialed whose answer has not come (transport_select.c) */
+  coll_link_t *dialing; /* a link this rank dialed whose answer has not come (transport/select.c) */
   char host_id[160];  /* equal for ranks that share a host (and its /dev/shm) */
 } coll_peer_t;
 
@@ -57,7 +57,7 @@ struct coll_comm {
   int err_set;           /* the first error of the current call is kept */
   char err[1536];
   /* The first abort notice received (a peer whose communicator broke,
-   * transport_tcp.c): its rank, or -1, and its text. */
+   * transport/tcp.c): its rank, or -1, and its text. */
   int abort_from;
   char abort_reason[COLL_ABORT_REASON_BYTES];
   double timeout;        /* default deadline, seconds */

@@ -1,7 +1,7 @@
 /*
- * cuda_backend.h -- the two implementations behind cuda.h, private to the
- * CUDA layer: coll_cudart_* (cuda_runtime.c: the CUDA runtime, or "built
- * without CUDA" errors) and coll_cudafake_* (cuda_fake.c: one GPU emulated in
+ * cuda/backend.h -- the two implementations behind cuda.h, private to the
+ * CUDA layer: coll_cudart_* (cuda/runtime.c: the CUDA runtime, or "built
+ * without CUDA" errors) and coll_cudafake_* (cuda/fake.c: one GPU emulated in
  * host memory for tests, COLLECTIVES_CUDA_FAKE=1). cuda.c picks one per call.
  * Each has exactly cuda.h's signatures.
  */

@@ -1,7 +1,7 @@
 /*
  * cuda.c -- cuda.h's entry points: each goes to the CUDA runtime
- * (cuda_runtime.c), or, when COLLECTIVES_CUDA_FAKE=1, to the host-memory
- * test double (cuda_fake.c) that lets the device executor and CUDA IPC
+ * (cuda/runtime.c), or, when COLLECTIVES_CUDA_FAKE=1, to the host-memory
+ * test double (cuda/fake.c) that lets the device executor and CUDA IPC
  * protocol run in CI, which has no GPU.
  */
 #include "cuda/backend.h"

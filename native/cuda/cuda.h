@@ -83,7 +83,7 @@ coll_result_t coll_cuda_pinned(coll_comm_t *comm, int which, size_t n, unsigned 
  * device executor's IPC bounce space). */
 coll_result_t coll_cuda_scratch(coll_comm_t *comm, int which, size_t n, void **p);
 
-/* CUDA IPC (transport_cuda_ipc.c uses these): the handle of the allocation
+/* CUDA IPC (transport/cuda_ipc.c uses these): the handle of the allocation
  * holding p and p's offset in it; and the local mapping of a peer's handle,
  * opened once and cached until the communicator is destroyed. */
 coll_result_t coll_cuda_ipc_export(coll_comm_t *comm, const void *p,

@@ -1,5 +1,5 @@
 /*
- * cuda_fake.c -- one GPU emulated in host memory (COLLECTIVES_CUDA_FAKE=1),
+ * cuda/fake.c -- one GPU emulated in host memory (COLLECTIVES_CUDA_FAKE=1),
  * so that the device executor, the staging pipeline and the CUDA IPC record
  * protocol run, and are tested, on machines without a GPU (CI has none).
  *

@@ -1,5 +1,5 @@
 /*
- * cuda_kernels.cu -- device reduction kernels, one per (dtype, op), and the
+ * cuda/kernels.cu -- device reduction kernels, one per (dtype, op), and the
  * AVG scaling kernel; compiled by nvcc only when the CUDA build is on.
  *
  * Semantics are the host kernels' (reduce.h), element for element, so a

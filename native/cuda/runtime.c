@@ -1,7 +1,7 @@
 /*
- * cuda_runtime.c -- the CUDA runtime behind cuda.h (ordering model there), or,
+ * cuda/runtime.c -- the CUDA runtime behind cuda.h (ordering model there), or,
  * in a build without nvcc, the same functions failing with a clear message.
- * cuda.c dispatches to these (or to the test double, cuda_fake.c).
+ * cuda.c dispatches to these (or to the test double, cuda/fake.c).
  */
 #include "cuda/backend.h"
 
@@ -15,7 +15,7 @@
 #ifdef COLL_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-/* The kernels' launchers (cuda_kernels.cu). */
+/* The kernels' launchers (cuda/kernels.cu). */
 cudaError_t coll_cuda_launch_reduce(void *out, const void *in1, const void *in2, size_t count,
                                     coll_dtype_t dtype, coll_op_t op, int sm_count,
                                     cudaStream_t stream);

@@ -1,7 +1,7 @@
-// jax_ffi.cc -- XLA FFI handlers (CPU) that run collectives-core calls inside a
+// jax/ffi.cc -- XLA FFI handlers (CPU) that run collectives-core calls inside a
 // JAX program; the Python side is collectives/jax.py.
 //
-// Not built by setup.py (it globs native/*.c): collectives/jax.py compiles this
+// Not built by setup.py (it globs native/**/*.c): collectives/jax.py compiles this
 // file on first use against the headers of the installed jaxlib
 // (jax.ffi.include_dir()) and registers each handler as a custom-call target.
 //

@@ -1,11 +1,11 @@
 /*
- * schedule_device.c -- runs a schedule whose buffers are GPU memory.
+ * schedule/device.c -- runs a schedule whose buffers are GPU memory.
  *
  * The algorithms build the very same schedules for device buffers (their
  * pointers are device pointers); only the executor differs. Each link moves
  * a step's bytes one of two ways, chosen per link (identically on both ends):
  *
- *   CUDA IPC (same host, transport_cuda_ipc.c): the sender posts a DESC
+ *   CUDA IPC (same host, transport/cuda_ipc.c): the sender posts a DESC
  *     record naming its bytes; the receiver reads them straight out of the
  *     sender's allocation with a copy or a fused reduction kernel, then
  *     sends an ACK; the send step completes on the ACK.

@@ -12,7 +12,7 @@
  * whose buffer the payload then goes straight into; else the message is set
  * aside (COLLECTIVES_P2P_BUFFER_BYTES at most, in all) for a receive posted
  * later, which looks there first, in arrival order. A header that belongs to
- * a collective is handed back to the link (link_unread.c): that peer is not
+ * a collective is handed back to the link (transport/unread.c): that peer is not
  * read past it until the collective has taken it.
  *
  *   post (isend/irecv)  -> queued; sends try to leave at once

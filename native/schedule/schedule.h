@@ -86,7 +86,7 @@ void coll_sched_seg(const coll_sched_t *s, size_t n, int nseg, int i, size_t *of
 
 /* Runs the schedule to completion or to the first error (by `deadline`). */
 coll_result_t coll_sched_run(coll_sched_t *s, double deadline);
-/* The same for a schedule over GPU buffers (schedule_device.c): CUDA IPC to
+/* The same for a schedule over GPU buffers (schedule/device.c): CUDA IPC to
  * same-host peers, pinned host staging to the others. */
 coll_result_t coll_sched_run_device(coll_sched_t *s, double deadline);
 

@@ -1,5 +1,5 @@
 /*
- * transport_cuda_ipc.c -- CUDA IPC between ranks on one host: the records
+ * transport/cuda_ipc.c -- CUDA IPC between ranks on one host: the records
  * that replace payload bytes on a link when both ends hold GPU buffers.
  *
  * A link between same-host ranks carries, for device collectives, fixed

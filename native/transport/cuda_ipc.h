@@ -1,7 +1,7 @@
 /*
- * transport_cuda_ipc.h -- the CUDA IPC records a device collective exchanges
+ * transport/cuda_ipc.h -- the CUDA IPC records a device collective exchanges
  * on a same-host link instead of payload bytes (protocol in
- * transport_cuda_ipc.c). Used by the device executor, schedule_device.c.
+ * transport/cuda_ipc.c). Used by the device executor, schedule/device.c.
  */
 #ifndef COLL_TRANSPORT_CUDA_IPC_H
 #define COLL_TRANSPORT_CUDA_IPC_H

@@ -1,4 +1,4 @@
-/* transport_select.c -- per peer: a TCP connection, then the transport both
+/* transport/select.c -- per peer: a TCP connection, then the transport both
  * ends agree on over it (see transport.h); the choice is logged at INFO/NET. */
 #define _GNU_SOURCE
 #include <errno.h>

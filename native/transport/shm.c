@@ -1,5 +1,5 @@
 /*
- * transport_shm.c -- links through shared memory between ranks on one host.
+ * transport/shm.c -- links through shared memory between ranks on one host.
  *
  * A link owns one segment in /dev/shm with two rings, one per direction
  * (dir 0: lower rank -> higher rank). Each ring is a single-producer,

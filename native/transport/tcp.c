@@ -1,5 +1,5 @@
 /*
- * transport_tcp.c -- links over TCP sockets, for peers on any host.
+ * transport/tcp.c -- links over TCP sockets, for peers on any host.
  *
  * Connection rule: the lower rank connects to the higher rank's listener and
  * opens with a hello (wire.h); the higher rank accepts and reads hellos until

@@ -2,7 +2,7 @@
  * transport.h -- a link to one peer, and the small vtable behind it.
  *
  * Every link starts as a TCP connection (the lower rank connects, opening
- * with a hello). Then the two ends negotiate over it (transport_select.c):
+ * with a hello). Then the two ends negotiate over it (transport/select.c):
  * the connecting side offers the first transport in priority order whose
  * can_connect says yes (shm between ranks on one host, else tcp), the other
  * side accepts it or answers tcp, and the choice is logged at INFO/NET. So
@@ -40,7 +40,7 @@ struct coll_link { /* typedef coll_link_t: base/comm.h */
   int wake_fd;      /* a second descriptor the link is woken on (shm's doorbell), or -1 */
   unsigned char *stage; /* receive staging for fused recv+reduce (COLL_STAGE_BYTES) */
   void *priv;       /* the transport's own state */
-  /* Bytes handed back after being read (link_unread.c): a point-to-point
+  /* Bytes handed back after being read (transport/unread.c): a point-to-point
    * message's neighbour read with it, or a header read by a reader it was
    * not for. Every reader goes through coll_link_recv/peek, which return
    * these before the transport's. */
@@ -76,7 +76,7 @@ struct coll_transport {
 extern const coll_transport_t coll_transport_tcp;
 extern const coll_transport_t coll_transport_shm;
 
-/* shm negotiation (transport_shm.c), run over the link's TCP socket right
+/* shm negotiation (transport/shm.c), run over the link's TCP socket right
  * after the hello. The offer is COLL_SHM_OFFER_BYTES; the connecting side
  * builds it (shm or tcp), the accepting side answers with one u32. */
 #define COLL_SHM_OFFER_BYTES 96
@@ -94,9 +94,9 @@ void coll_shm_settle(coll_link_t *link, int ok);
  * moves a useful amount. */
 #define COLL_STAGE_BYTES (256 * 1024)
 
-/* The link to `peer`, connecting it first if needed (transport_select.c). */
+/* The link to `peer`, connecting it first if needed (transport/select.c). */
 coll_result_t coll_link_get(coll_comm_t *comm, int peer, double deadline, coll_link_t **out);
-/* The reads every executor uses (link_unread.c): the transport's recv,
+/* The reads every executor uses (transport/unread.c): the transport's recv,
  * recv_peek/recv_consume (when it has them) and wait_events, after the
  * link's handed-back bytes. */
 coll_result_t coll_link_recv(coll_link_t *link, const struct iovec *iov, int iovcnt, size_t *n);
@@ -105,14 +105,14 @@ void coll_link_consume(coll_link_t *link, size_t n);
 int coll_link_wait_events(coll_link_t *link, int sending, int receiving);
 /* Hands n bytes back to the link, in front of any it holds already. */
 coll_result_t coll_link_unread(coll_link_t *link, const void *p, size_t n);
-/* Non-blocking link set-up for point-to-point waits (transport_select.c):
+/* Non-blocking link set-up for point-to-point waits (transport/select.c):
  * dial a higher peer and send the opening (which needs nothing from the
  * peer beyond its kernel's backlog), then take its answer once readable.
  * *done = 1 when the link exists. */
 coll_result_t coll_link_dial_start(coll_comm_t *comm, int peer, double deadline);
 coll_result_t coll_link_dial_poll(coll_comm_t *comm, int peer, int *done);
 /* Accepts and answers whatever openings have arrived, without waiting
- * (transport_tcp.c); listener and half-open descriptors go in pfs (at most
+ * (transport/tcp.c); listener and half-open descriptors go in pfs (at most
  * COLL_MAX_PENDING + 1) for a caller's poll(). */
 void coll_tcp_serve(coll_comm_t *comm);
 int coll_tcp_listen_pollfds(const coll_comm_t *comm, struct pollfd *pfs);
@@ -143,14 +143,14 @@ coll_result_t coll_tcp_dial(coll_comm_t *comm, int peer, double deadline, const 
 coll_result_t coll_tcp_accept_until(coll_comm_t *comm, int peer, double deadline);
 /* Builds the link for an accepted connection from `peer` whose opening
  * (COLL_OPENING_BYTES) proved the link key over `challenge`, and answers its
- * offer (transport_select.c). */
+ * offer (transport/select.c). */
 void coll_link_adopt(coll_comm_t *comm, int peer, int fd, const unsigned char *opening,
                      const unsigned char *challenge);
 
 /* SO_SNDBUF/SO_RCVBUF each TCP link gets, in bytes; 0: the kernel's
  * autotuning (COLLECTIVES_SOCKET_BUFFER, "auto" resolved). */
 int coll_tcp_link_buffer(const coll_comm_t *comm);
-/* The TCP listener every rank opens at creation (transport_tcp.c). */
+/* The TCP listener every rank opens at creation (transport/tcp.c). */
 coll_result_t coll_tcp_listen(coll_comm_t *comm, const char *bind_host);
 /* Closes half-open handshakes and the listener. */
 void coll_tcp_shutdown(coll_comm_t *comm);

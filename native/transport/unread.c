@@ -1,5 +1,5 @@
 /*
- * link_unread.c -- bytes handed back to a link, and the reads that return
+ * transport/unread.c -- bytes handed back to a link, and the reads that return
  * them first.
  *
  * A link is one ordered byte stream shared by collectives and point-to-point

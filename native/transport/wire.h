@@ -19,13 +19,13 @@
  *                         algorithm id; point-to-point: tag
  *        20  u32 flags    0: nbytes of payload follow; COLL_WIRE_IPC_DESC or
  *                         COLL_WIRE_IPC_ACK: a CUDA IPC record follows instead
- *                         (transport_cuda_ipc.c), and nbytes/offset name the
+ *                         (transport/cuda_ipc.c), and nbytes/offset name the
  *                         device bytes it is about
  *        24  u64 count    elements of the whole collective (as the sender sees it)
  *        32  u64 offset   byte offset of this payload in the collective's buffer
  *
  * Link opening, authenticated with the job's link key K (auth.h), in three
- * steps on the new connection (transport_select.c, transport_tcp.c):
+ * steps on the new connection (transport/select.c, transport/tcp.c):
  *   connecting side: hello, 32 bytes
  *       u32 magic "CLHI" | u32 COLL_OPENING_VERSION | u8 comm_id[16] | u32 from | u32 to
  *     then its nonce_c[16]                        (COLL_HELLO_PART_BYTES in all)
@@ -42,7 +42,7 @@
  * waiting for an answer: the hello's layout with magic "CLAB", a nonce, the
  * sender's error text NUL-padded to COLL_ABORT_REASON_BYTES, and HMAC(K,
  * "collectives abort" everything before). A rank whose communicator breaks
- * sends it to each peer it has no link with (transport_tcp.c), so that a peer
+ * sends it to each peer it has no link with (transport/tcp.c), so that a peer
  * waiting for it to connect fails at once instead of at its deadline; the
  * peer need not be listening yet, which is why there is no challenge. It
  * cannot be replayed elsewhere: it names the communicator (comm_id, fresh
