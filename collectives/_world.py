@@ -165,8 +165,9 @@ def host_id() -> str:
 
 def exchange_addresses(core, rank: int, size: int, advertise: str, put, get) -> tuple:
     """Publish where this rank listens, its host id and its CPUs through a store
-    (put(key, bytes), get(key) -> bytes), point core at every peer, and return the ranks'
-    host ids and the union of the CPU masks of the ranks on this rank's host."""
+    (put(key, bytes), get(key) -> bytes), point core at every peer, tell it whether any
+    host of the job is oversubscribed (alike on every rank), and return the ranks' host
+    ids and the union of the CPU masks of the ranks on this rank's host."""
     cpus = ",".join(map(str, process_cpus()))
     put(f"addr/{rank}", f"{advertise}\n{core.port}\n{host_id()}\n{cpus}".encode())
     records = []
@@ -177,6 +178,14 @@ def exchange_addresses(core, rank: int, size: int, advertise: str, put, get) -> 
         records.append((peer_host, peer_cpus))
     hosts = [host for host, _ in records]
     host_cpus = {int(c) for host, text in records if host == hosts[rank] for c in text.split(",")}
+    # What shapes the wire schedule must be alike on every rank: whether any
+    # host of the job runs more ranks than CPUs, from the records all ranks read.
+    by_host: dict = {}
+    for host, text in records:
+        count, cpus = by_host.setdefault(host, [0, set()])
+        by_host[host][0] = count + 1
+        cpus.update(int(c) for c in text.split(",") if c)
+    core.set_job_oversubscribed(any(n > len(cpus) for n, cpus in by_host.values()))
     return hosts, host_cpus
 
 

@@ -188,6 +188,11 @@ cdef class Communicator:
         COLLECTIVES_SOCKET_BUFFER=auto its TCP links keep the kernel's buffer autotuning."""
         coll_comm_set_oversubscribed(self._live(), oversubscribed)
 
+    def set_job_oversubscribed(self, bint any_host) -> None:
+        """Whether any host of the job runs more ranks than cores (equal on every rank):
+        the automatic segment size follows it, so that all ranks cut messages alike."""
+        coll_comm_set_job_oversubscribed(self._live(), any_host)
+
     def bind_cpu(self, int cpu) -> None:
         """Pin every thread of this process to `cpu` (COLLECTIVES_BIND's policy picks it)."""
         coll_comm_bind_cpu(self._live(), cpu)

@@ -139,6 +139,11 @@ void coll_comm_set_spin(coll_comm_t *comm, double us);
  * a core is the likely cause), while with a core per rank the fixed buffers
  * took up to 2x less time (2 ranks on 2 cores, 1-8 MiB). */
 void coll_comm_set_oversubscribed(coll_comm_t *comm, int oversubscribed);
+/* Whether any host of the job runs more ranks than cores (equal on every
+ * rank; the rendezvous derives it from every rank's host and CPUs): what
+ * changes the wire schedule (the automatic segment size) follows this, so
+ * that hosts with and without spare cores agree. Unset: this host's. */
+void coll_comm_set_job_oversubscribed(coll_comm_t *comm, int any);
 /* Pins every thread of this process to `cpu` (COLLECTIVES_BIND; the policy
  * in collectives/_world.py picks the CPU). With more ranks than cores, the
  * scheduler otherwise tends to put a ring's neighbours on one core, where

@@ -107,6 +107,10 @@ void coll_comm_set_oversubscribed(coll_comm_t *comm, int oversubscribed) {
   comm->oversubscribed = oversubscribed != 0;
 }
 
+void coll_comm_set_job_oversubscribed(coll_comm_t *comm, int any) {
+  comm->job_oversubscribed = any ? 2 : 1;
+}
+
 void coll_comm_bind_cpu(coll_comm_t *comm, int cpu) {
   if (cpu < 0 || cpu >= CPU_SETSIZE) {
     COLL_WARN("rank %d: no CPU %d to bind to", comm->rank, cpu);
@@ -157,7 +161,11 @@ int coll_comm_is_broken(const coll_comm_t *comm) { return comm->broken; }
 
 size_t coll_comm_segment_bytes(coll_comm_t *comm) {
   if (comm->segment_bytes) return comm->segment_bytes;
-  return comm->oversubscribed && !coll_links_all_shm(comm) ? (size_t)1 << 20 : (size_t)512 << 10;
+  /* It shapes every message on the wire, so it comes from what every rank
+   * sees alike: whether any host of the job is oversubscribed (told by the
+   * rendezvous), not whether this one is. */
+  int over = comm->job_oversubscribed ? comm->job_oversubscribed == 2 : comm->oversubscribed;
+  return over && !coll_links_all_shm(comm) ? (size_t)1 << 20 : (size_t)512 << 10;
 }
 
 int coll_comm_num_links(const coll_comm_t *comm) {

@@ -58,6 +58,7 @@ struct coll_comm {
   int sockbuf;           /* COLLECTIVES_SOCKET_BUFFER; -1: auto (coll_tcp_link_buffer) */
   double spin;           /* seconds to keep retrying before poll() */
   int oversubscribed;    /* the host runs more ranks than cores (coll_comm_set_oversubscribed) */
+  int job_oversubscribed; /* some host of the job does: 0 not said (then: this host), 1 no, 2 yes */
   int all_shm;           /* coll_links_all_shm's answer: 0 not yet known, 1 yes, 2 no */
 
   /* Progress thread: runs queued requests in order; blocking calls made

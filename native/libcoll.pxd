@@ -78,6 +78,7 @@ cdef extern from "coll.h" nogil:
     coll_result_t coll_comm_set_peer(coll_comm_t *comm, int peer, const char *host, int port)
     void coll_comm_set_spin(coll_comm_t *comm, double us)
     void coll_comm_set_oversubscribed(coll_comm_t *comm, int oversubscribed)
+    void coll_comm_set_job_oversubscribed(coll_comm_t *comm, int any)
     void coll_comm_bind_cpu(coll_comm_t *comm, int cpu)
     coll_result_t coll_comm_set_peer_host(coll_comm_t *comm, int peer, const char *host_id)
     void coll_comm_destroy(coll_comm_t *comm)

@@ -336,3 +336,51 @@ def test_survivors_of_a_killed_rank_0_name_it(algo):
         err = res[r].one("error")
         assert "rank 0" in err["message"], res.report()
         assert err["seconds"] < 5 + _world.REPORT_S + 3.0, res.report()
+
+
+# ------------------------------ an automatic setting that shapes the wire, agreed by all
+
+_MIXED_HOSTS_BODY = r"""
+import ctypes, os, socket
+import numpy as np
+if RANK == 0:  # a host of its own (a UTS namespace), one rank on every CPU: not oversubscribed
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(0x04000000) != 0:  # CLONE_NEWUTS
+        emit("skip", why=os.strerror(ctypes.get_errno()))
+        raise SystemExit(0)
+    socket.sethostname("collectives-other-host")
+else:  # ranks 1 and 2 share one CPU: their host is oversubscribed
+    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+from collectives import MPI
+c = MPI.COMM_WORLD
+n = 4 << 20  # float32 elements: 16 MiB
+x = np.full(n, c.rank + 1, dtype=np.float32)
+y = np.zeros(n, dtype=np.float32)
+c.Allreduce(x, y, algorithm="ring")
+expect(bool((y == 6).all()), "ring allreduce", str(y[:4]))
+b = x.copy() if c.rank == 0 else np.zeros(n, dtype=np.float32)
+c.Bcast(b, root=0)
+expect(bool((b == 1).all()), "bcast", str(b[:4]))
+g = np.zeros(3 * (n // 4), dtype=np.float32)
+c.Allgather(x[: n // 4], g)
+expect(bool((g.reshape(3, -1) == np.arange(1, 4, dtype=np.float32)[:, None]).all()), "allgather", "")
+emit("segment", value=c._core.segment_bytes, host=socket.gethostname())
+"""
+
+
+@pytest.mark.timeout(120)
+def test_hosts_with_and_without_spare_cores_agree_on_the_segment_size():
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPUs")
+
+    def rank_env(rank, n):  # no local rank/size: each rank learns them from the host ids
+        return {"COLLECTIVES_RANK": rank, "COLLECTIVES_SIZE": n,
+                "COLLECTIVES_STORE_ADDR": f"127.0.0.1:{port}"}
+    port = free_port()
+    res = run_world(3, _MIXED_HOSTS_BODY, rank_env=rank_env, timeout=90, collective_timeout=30)
+    if res[0].get("skip"):
+        pytest.skip(f"no UTS namespace here: {res[0].one('skip')['why']}")
+    res.assert_ok()
+    segs = [res[r].one("segment")["value"] for r in range(3)]
+    assert len(set(segs)) == 1, res.report()
+    assert res[0].one("segment")["host"] != res[1].one("segment")["host"]
