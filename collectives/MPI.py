@@ -31,11 +31,12 @@ __all__ = [
     "COMM_WORLD", "Comm", "Request", "Op", "Datatype", "Exception", "IN_PLACE",
     "SUM", "PROD", "MIN", "MAX", "AVG", "Wtime", "Wtick", "Get_processor_name",
     "Init", "Finalize", "Is_initialized", "Is_finalized",
-    "Status", "ANY_SOURCE", "ANY_TAG", "UNDEFINED", "TAG_UB",
+    "Status", "ANY_SOURCE", "ANY_TAG", "PROC_NULL", "UNDEFINED", "TAG_UB",
 ]
 
 ANY_SOURCE = _core.ANY_SOURCE  # a receive's source: any rank
 ANY_TAG = _core.ANY_TAG        # a receive's tag: any tag
+PROC_NULL = _core.PROC_NULL    # a peer that is not there: sends and receives complete at once
 TAG_UB = _core.TAG_MAX         # the largest tag
 UNDEFINED = -32766             # mpi4py's value: no index (Waitany), no whole count (Get_count)
 
@@ -226,7 +227,7 @@ class Request:
         if status is not None:
             status._fill(outcome)
         if self._pickled and outcome is not None:
-            return pickle.loads(outcome[3])
+            return None if outcome[0] == PROC_NULL else pickle.loads(outcome[3])
         return None
 
     def Wait(self, status: Optional[Status] = None) -> bool:

@@ -169,7 +169,8 @@ coll_result_t p2p_check_args(coll_comm_t *comm, const coll_args_t *a, int is_sen
 
 static coll_result_t check_peer_tag(coll_comm_t *comm, const coll_args_t *a, const char *what) {
   int any_ok = strcmp(what, "recv") == 0;
-  if (!(a->peer >= 0 && a->peer < comm->size) && !(any_ok && a->peer == COLL_ANY_SOURCE))
+  if (!(a->peer >= 0 && a->peer < comm->size) && !(any_ok && a->peer == COLL_ANY_SOURCE) &&
+      a->peer != COLL_PROC_NULL)
     return coll_error(comm, COLL_INVALID_ARGUMENT, "%s: rank %d out of range for %d ranks", what,
                       a->peer, comm->size);
   if (!(a->tag >= 0 && a->tag <= COLL_TAG_MAX) && !(any_ok && a->tag == COLL_ANY_TAG))
@@ -210,7 +211,12 @@ coll_result_t p2p_post(coll_comm_t *comm, const coll_args_t *a, int is_send, col
   op->deadline = coll_comm_deadline(comm, a->timeout);
   size_t nbytes = a->count * coll_dtype_size(a->dtype);
   if (is_send) set_status(op, a->peer, a->tag, a->count);
-  if (is_send && a->peer == comm->rank) {
+  if (a->peer == COLL_PROC_NULL) {
+    /* MPI_PROC_NULL: nothing moves; a receive gets an empty message. */
+    if (!is_send) set_status(op, COLL_PROC_NULL, COLL_ANY_TAG, 0);
+    if (op->alloc && !(op->buf = malloc(1))) res = COLL_SYSTEM_ERROR;
+    p2p_op_done(comm, op, res);
+  } else if (is_send && a->peer == comm->rank) {
     /* To itself: delivered (or set aside) now, like a message that arrived. */
     coll_p2p_op_t *r = take_posted(p, comm->rank, a->tag);
     if (r) {

@@ -4,6 +4,7 @@ from cpython.bytes cimport PyBytes_FromStringAndSize
 
 ANY_SOURCE = COLL_ANY_SOURCE
 ANY_TAG = COLL_ANY_TAG
+PROC_NULL = COLL_PROC_NULL
 TAG_MAX = COLL_TAG_MAX
 
 

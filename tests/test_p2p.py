@@ -76,6 +76,20 @@ for count in (0, 5, 200_000):
     comm.Sendrecv([np.full(count, r, np.float64), MPI.DOUBLE], left, 6, [got, MPI.DOUBLE], right, 6)
     check(("sendrecv back", count), got, np.full(count, right, np.float64))
 
+# --- PROC_NULL at the ends of a line (a halo exchange): nothing moves, the receive is empty
+up = r + 1 if r + 1 < n else MPI.PROC_NULL
+down = r - 1 if r > 0 else MPI.PROC_NULL
+halo = np.full(4, -7, np.int32)
+st = MPI.Status()
+comm.Sendrecv(np.full(4, r, np.int32), up, 8, halo, down, 8, status=st)
+if down == MPI.PROC_NULL:
+    check("proc_null recv", halo, np.full(4, -7, np.int32))
+    expect((st.Get_source(), st.Get_count()) == (MPI.PROC_NULL, 0), "proc_null status", repr(st))
+else:
+    check("halo", halo, np.full(4, down, np.int32))
+comm.Send(np.zeros(3), MPI.PROC_NULL)
+expect(comm.recv(source=MPI.PROC_NULL) is None, "proc_null obj", "mpi4py returns None")
+
 # --- any source: rank 0 takes one message from everyone, statuses say who
 if r == 0:
     seen = []
