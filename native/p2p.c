@@ -277,9 +277,10 @@ coll_result_t p2p_push_sends(coll_comm_t *comm, p2p_peer_t *pp, coll_link_t *lin
   for (;;) {
     pthread_mutex_lock(&comm->mu);
     coll_p2p_op_t *op = pp->sq;
-    if (op && !pp->sending) op->state = OP_MOVING;
+    int go = op && !(one && !pp->sending);
+    if (go && !pp->sending) op->state = OP_MOVING; /* from now on it cannot be cancelled */
     pthread_mutex_unlock(&comm->mu);
-    if (!op || (one && !pp->sending)) return COLL_SUCCESS;
+    if (!go) return COLL_SUCCESS;
     size_t nbytes = op->count * coll_dtype_size(op->dtype);
     if (!pp->sending) {
       coll_wire_hdr_t h;
