@@ -28,7 +28,7 @@ from ._core import CollectivesError, CommBase as _CommBase, Request as _CoreRequ
 from ._core import _mpi_register
 
 __all__ = [
-    "COMM_WORLD", "Comm", "Request", "Op", "Datatype", "Exception", "IN_PLACE",
+    "COMM_WORLD", "COMM_SELF", "Comm", "Request", "Op", "Datatype", "Exception", "IN_PLACE",
     "SUM", "PROD", "MIN", "MAX", "AVG", "Wtime", "Wtick", "Get_processor_name",
     "Init", "Finalize", "Is_initialized", "Is_finalized",
     "Status", "ANY_SOURCE", "ANY_TAG", "PROC_NULL", "UNDEFINED", "TAG_UB",
@@ -717,9 +717,24 @@ def Is_finalized() -> bool:
     return not Is_initialized()
 
 
+_self_comm: Optional["Comm"] = None
+
+
+def _comm_self() -> "Comm":
+    """This process alone: a one-rank communicator (no listener, no links)."""
+    global _self_comm
+    if _self_comm is None or _self_comm._core.closed:
+        from ._core import Communicator
+
+        _self_comm = Comm._from_core(Communicator(0, 1), 0, 1)
+    return _self_comm
+
+
 def __getattr__(name: str) -> Any:
     if name == "COMM_WORLD":
         from . import _world
 
         return _world.init()
+    if name == "COMM_SELF":
+        return _comm_self()
     raise AttributeError(f"module 'collectives.MPI' has no attribute {name!r}")

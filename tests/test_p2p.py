@@ -218,6 +218,27 @@ for case, fn in [
 x = np.array([r], np.int64)
 comm.Allreduce(MPI.IN_PLACE, x)
 expect(int(x[0]) == n * (n - 1) // 2 and not comm._core.broken, "after argerr", "")
+
+# --- COMM_SELF: this rank alone, without a socket
+me = MPI.COMM_SELF
+expect(me is MPI.COMM_SELF and (me.Get_rank(), me.Get_size()) == (0, 1), "self ids", "")
+v = np.arange(5, dtype=np.float32) + r
+out = np.zeros(5, np.float32)
+me.Allreduce(v, out)
+check("self allreduce", out, v)
+me.Send(v, 0, tag=3)
+got = np.zeros(5, np.float32)
+me.Recv(got, MPI.ANY_SOURCE, 3)
+check("self send/recv", got, v)
+expect(me.sendrecv({"r": r}, 0, source=0) == {"r": r}, "self sendrecv obj", "")
+expect(me.bcast(("b", r)) == ("b", r) and me.allgather(r) == [r] and me.gather(r) == [r], "self objs", "")
+g = np.zeros(5, np.float32)
+me.Gather(v, g)
+check("self gather", g, v)
+me.Reduce(v, out, op=MPI.MAX)
+check("self reduce", out, v)
+expect(me.alltoall([r]) == [r], "self alltoall", "")
+expect(me._core.num_links == 0, "self links", str(me._core.num_links))
 emit("links", n=comm._core.num_links)
 """
 
