@@ -29,14 +29,15 @@ from ._core import _mpi_register, check_root, not_a_buffer
 from . import _world
 
 __all__ = [
-    "COMM_WORLD", "Comm", "Request", "Op", "Datatype", "Exception", "IN_PLACE",
+    "COMM_WORLD", "COMM_SELF", "Comm", "Request", "Op", "Datatype", "Exception", "IN_PLACE",
     "SUM", "PROD", "MIN", "MAX", "AVG", "Wtime", "Wtick", "Get_processor_name",
     "Init", "Finalize", "Is_initialized", "Is_finalized",
-    "Status", "ANY_SOURCE", "ANY_TAG", "UNDEFINED", "TAG_UB",
+    "Status", "ANY_SOURCE", "ANY_TAG", "PROC_NULL", "UNDEFINED", "TAG_UB",
 ]
 
 ANY_SOURCE = _core.ANY_SOURCE  # a receive's source: any rank
 ANY_TAG = _core.ANY_TAG        # a receive's tag: any tag
+PROC_NULL = _core.PROC_NULL    # a peer that is not there: sends and receives complete at once
 TAG_UB = _core.TAG_MAX         # the largest tag
 UNDEFINED = -32766             # mpi4py's value: no index (Waitany), no whole count (Get_count)
 
@@ -236,7 +237,7 @@ class Request:
         if status is not None:
             status._fill(outcome)
         if self._pickled and outcome is not None:
-            return pickle.loads(outcome[3])
+            return None if outcome[0] == PROC_NULL else pickle.loads(outcome[3])
         return None
 
     def Wait(self, status: Optional[Status] = None) -> bool:
@@ -727,7 +728,22 @@ def Is_finalized() -> bool:
     return not Is_initialized()
 
 
+_self_comm: Optional["Comm"] = None
+
+
+def _comm_self() -> "Comm":
+    """This process alone: a one-rank communicator (no listener, no links)."""
+    global _self_comm
+    if _self_comm is None or _self_comm._core.closed:
+        from ._core import Communicator
+
+        _self_comm = Comm._from_core(Communicator(0, 1), 0, 1)
+    return _self_comm
+
+
 def __getattr__(name: str) -> Any:
     if name == "COMM_WORLD":
         return _init_world()
+    if name == "COMM_SELF":
+        return _comm_self()
     raise _missing.missing("collectives.MPI", name, _missing.MPI4PY_MODULE, "mpi4py's MPI")

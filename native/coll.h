@@ -115,6 +115,8 @@ typedef struct {
 
 #define COLL_ANY_SOURCE (-1)
 #define COLL_ANY_TAG (-1)
+#define COLL_PROC_NULL (-2) /* a send to it or receive from it completes at once, moving
+                               nothing (the receive's status: source PROC_NULL, count 0) */
 #define COLL_TAG_MAX 0x7fffffff
 #define COLL_COUNT_ANY ((size_t)-1) /* a receive (recvbuf NULL) of any size: see
                                        coll_request_take_buffer */

@@ -76,6 +76,20 @@ for count in (0, 5, 200_000):
     comm.Sendrecv([np.full(count, r, np.float64), MPI.DOUBLE], left, 6, [got, MPI.DOUBLE], right, 6)
     check(("sendrecv back", count), got, np.full(count, right, np.float64))
 
+# --- PROC_NULL at the ends of a line (a halo exchange): nothing moves, the receive is empty
+up = r + 1 if r + 1 < n else MPI.PROC_NULL
+down = r - 1 if r > 0 else MPI.PROC_NULL
+halo = np.full(4, -7, np.int32)
+st = MPI.Status()
+comm.Sendrecv(np.full(4, r, np.int32), up, 8, halo, down, 8, status=st)
+if down == MPI.PROC_NULL:
+    check("proc_null recv", halo, np.full(4, -7, np.int32))
+    expect((st.Get_source(), st.Get_count()) == (MPI.PROC_NULL, 0), "proc_null status", repr(st))
+else:
+    check("halo", halo, np.full(4, down, np.int32))
+comm.Send(np.zeros(3), MPI.PROC_NULL)
+expect(comm.recv(source=MPI.PROC_NULL) is None, "proc_null obj", "mpi4py returns None")
+
 # --- any source: rank 0 takes one message from everyone, statuses say who
 if r == 0:
     seen = []
@@ -204,6 +218,27 @@ for case, fn in [
 x = np.array([r], np.int64)
 comm.Allreduce(MPI.IN_PLACE, x)
 expect(int(x[0]) == n * (n - 1) // 2 and not comm._core.broken, "after argerr", "")
+
+# --- COMM_SELF: this rank alone, without a socket
+me = MPI.COMM_SELF
+expect(me is MPI.COMM_SELF and (me.Get_rank(), me.Get_size()) == (0, 1), "self ids", "")
+v = np.arange(5, dtype=np.float32) + r
+out = np.zeros(5, np.float32)
+me.Allreduce(v, out)
+check("self allreduce", out, v)
+me.Send(v, 0, tag=3)
+got = np.zeros(5, np.float32)
+me.Recv(got, MPI.ANY_SOURCE, 3)
+check("self send/recv", got, v)
+expect(me.sendrecv({"r": r}, 0, source=0) == {"r": r}, "self sendrecv obj", "")
+expect(me.bcast(("b", r)) == ("b", r) and me.allgather(r) == [r] and me.gather(r) == [r], "self objs", "")
+g = np.zeros(5, np.float32)
+me.Gather(v, g)
+check("self gather", g, v)
+me.Reduce(v, out, op=MPI.MAX)
+check("self reduce", out, v)
+expect(me.alltoall([r]) == [r], "self alltoall", "")
+expect(me._core.num_links == 0, "self links", str(me._core.num_links))
 emit("links", n=comm._core.num_links)
 """
 

@@ -49,7 +49,8 @@ cdef class Request:
         if self.owner.comm == NULL:
             self._finish(coll_request_wait_closed(self.req))
             return True
-        res = coll_request_test(self.req, &done)
+        with nogil:  # a point-to-point request moves bytes (and may dial a peer) here
+            res = coll_request_test(self.req, &done)
         if done:
             self._finish(res)
         return bool(done)

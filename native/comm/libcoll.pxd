@@ -76,6 +76,7 @@ cdef extern from "coll.h" nogil:
     enum:
         COLL_ANY_SOURCE
         COLL_ANY_TAG
+        COLL_PROC_NULL
         COLL_TAG_MAX
     const size_t COLL_COUNT_ANY
 

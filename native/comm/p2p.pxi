@@ -4,6 +4,7 @@ from cpython.bytes cimport PyBytes_FromStringAndSize
 
 ANY_SOURCE = COLL_ANY_SOURCE
 ANY_TAG = COLL_ANY_TAG
+PROC_NULL = COLL_PROC_NULL
 TAG_MAX = COLL_TAG_MAX
 
 
@@ -72,7 +73,10 @@ def p2p_isend(Communicator comm, buf, int dest, int tag=0, timeout=None, dtype=N
     """Start a send; returns a Request (buf stays in use until it completes)."""
     cdef coll_args_t a
     cdef Request r = comm._request(p2p_args(comm, &a, buf, True, dest, tag, timeout, dtype))
-    CHKERR(coll_isend(comm.comm, &a, &r.req), comm.comm)
+    cdef coll_result_t res
+    with nogil:  # the message starts moving at once
+        res = coll_isend(comm.comm, &a, &r.req)
+    CHKERR(res, comm.comm)
     return r
 
 

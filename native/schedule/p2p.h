@@ -1,0 +1,83 @@
+/*
+ * p2p.h -- the point-to-point engine's state, shared by p2p.c (matching,
+ * posting, moving bytes, the collectives' hooks) and p2p_wait.c (waiting,
+ * requests, the API). Private to the core.
+ */
+#ifndef COLL_P2P_H
+#define COLL_P2P_H
+
+#include <poll.h>
+
+#include "base/comm.h"
+#include "transport/wire.h"
+
+enum { OP_QUEUED = 0, OP_MOVING = 1, OP_DONE = 2 };
+
+typedef struct coll_p2p_op {
+  struct coll_p2p_op *next; /* posted receives, or the peer's send queue */
+  coll_request_t *req;
+  int is_send, state;
+  int alloc;                /* receive of any size: buf is allocated at the match */
+  int peer, tag;            /* a receive's may be COLL_ANY_* */
+  coll_dtype_t dtype;
+  void *buf;                /* receive */
+  const void *sbuf;         /* send */
+  size_t count;             /* send: elements; receive: capacity */
+  double start, deadline;
+  coll_status_t status;
+} coll_p2p_op_t;
+
+typedef struct p2p_msg {    /* arrived before its receive was posted */
+  struct p2p_msg *next;
+  int peer, tag;
+  coll_dtype_t dtype;
+  size_t count, nbytes, got;
+  unsigned char *data;
+  coll_p2p_op_t *claimed;   /* a receive posted while the payload was still arriving */
+} p2p_msg_t;
+
+enum { HELD_NO = 0, HELD_COLLECTIVE = 1, HELD_FULL = 2 };
+
+typedef struct {
+  coll_p2p_op_t *sq, *sq_tail;
+  uint8_t shdr[COLL_WIRE_HDR_BYTES];
+  size_t shdr_done, sdone;
+  int sending;              /* the head's header is encoded */
+  uint32_t send_seq, recv_seq;
+  uint8_t rhdr[COLL_WIRE_HDR_BYTES];
+  size_t rhdr_got;
+  int reading;              /* a payload is arriving into rdst */
+  unsigned char *rdst;
+  size_t rnbytes, rdone;
+  coll_p2p_op_t *rop;
+  p2p_msg_t *rmsg;
+  int held;                 /* per pass: the next bytes are not for us now */
+} p2p_peer_t;
+
+struct coll_p2p {
+  p2p_peer_t *peers;
+  coll_p2p_op_t *posted, *posted_tail;
+  p2p_msg_t *unexp, *unexp_tail;
+  size_t unexp_bytes, unexp_limit;
+  struct pollfd *pfs;
+  int npfs_cap;
+  int nhalf; /* during a collective: links with a message of ours half sent */
+};
+
+static inline int half_sent(const p2p_peer_t *pp) { return pp->sending && pp->shdr_done > 0; }
+
+/* The state, made on first use (under comm->mu). */
+coll_result_t p2p_state_get(coll_comm_t *comm);
+/* Completes op with res and wakes waiters (under comm->mu). */
+void p2p_op_done(coll_comm_t *comm, coll_p2p_op_t *op, coll_result_t res);
+coll_result_t p2p_check_args(coll_comm_t *comm, const coll_args_t *a, int is_send);
+/* Posts a send or receive; *out is its request. */
+coll_result_t p2p_post(coll_comm_t *comm, const coll_args_t *a, int is_send, coll_request_t **out);
+/* Moves this peer's queued sends (one: only the message under way) and
+ * reads what it sent (one: only the rest of the message under way), as far
+ * as the link goes without blocking. Holder of the communicator only. */
+coll_result_t p2p_push_sends(coll_comm_t *comm, p2p_peer_t *pp, coll_link_t *link, int one,
+                             int *moved);
+coll_result_t p2p_pull(coll_comm_t *comm, p2p_peer_t *pp, coll_link_t *link, int one, int *moved);
+
+#endif
