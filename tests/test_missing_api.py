@@ -119,3 +119,7 @@ def test_mpi4py_lists_match_mpi4py(comm) -> None:
     ours_module = set(vars(MPI)) | {"COMM_WORLD", "COMM_SELF"}  # made on first use
     assert module - ours_module <= _missing.MPI4PY_MODULE, module - ours_module - _missing.MPI4PY_MODULE
     assert _missing.MPI4PY_MODULE <= module, _missing.MPI4PY_MODULE - module
+    # and nothing listed as missing is provided (a stale entry would hide nothing,
+    # but would tell a reader the name is not there)
+    assert not _missing.MPI4PY_COMM & ours_comm, _missing.MPI4PY_COMM & ours_comm
+    assert not _missing.MPI4PY_MODULE & ours_module, _missing.MPI4PY_MODULE & ours_module
