@@ -43,6 +43,15 @@ def bcast(core: Any, obj: Any, root: Any) -> Any:
     return obj if core.rank == root else pickle.loads(buf.tobytes())
 
 
+def _unpickle_blocks(out: np.ndarray, counts: list) -> list:
+    """The objects pickled back to back in out, counts[i] bytes each."""
+    objs, pos = [], 0
+    for n in counts:
+        objs.append(pickle.loads(out[pos:pos + n].tobytes()))
+        pos += n
+    return objs
+
+
 def allgather(core: Any, obj: Any) -> list:
     """Every rank's obj, in rank order."""
     data = pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
@@ -53,11 +62,7 @@ def allgather(core: Any, obj: Any) -> list:
     counts = [int(n) for n in lengths]
     out = np.empty(sum(counts), dtype=np.uint8)
     core.allgatherv(np.frombuffer(data, dtype=np.uint8), out, counts)
-    objs, pos = [], 0
-    for n in counts:
-        objs.append(pickle.loads(out[pos:pos + n].tobytes()))
-        pos += n
-    return objs
+    return _unpickle_blocks(out, counts)
 
 
 def gather(core: Any, obj: Any, root: int) -> Any:
@@ -75,11 +80,7 @@ def gather(core: Any, obj: Any, root: int) -> Any:
     _core.gatherv(core, np.frombuffer(data, dtype=np.uint8), out, counts, None, root)
     if core.rank != root:
         return None
-    objs, pos = [], 0
-    for k in counts:
-        objs.append(pickle.loads(out[pos:pos + k].tobytes()))
-        pos += k
-    return objs
+    return _unpickle_blocks(out, counts)
 
 
 def scatter(core: Any, objs: Any, root: int) -> Any:
