@@ -52,7 +52,7 @@ import socket
 import struct
 import threading
 import time
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 from . import _auth
 from ._env import format_addr
@@ -342,8 +342,20 @@ class StoreServer:
             except OSError:
                 self._drop(conn)
 
-    def _service(self, conn: _Conn, events: int) -> None:
+    def _guarded(self, conn: _Conn, step: Callable[[], None]) -> None:
+        """Run step for conn; a malformed or broken connection is dropped (with a WARN
+        for the malformed one), never the server."""
         try:
+            step()
+        except _Malformed as exc:
+            _auth.warn(f"store on {self.address}: dropped {conn.peer}: {exc}",
+                       key="store-malformed")
+            self._drop(conn)
+        except OSError:
+            self._drop(conn)
+
+    def _service(self, conn: _Conn, events: int) -> None:
+        def step() -> None:
             if events & selectors.EVENT_READ:
                 # Before the handshake, read no more than the client hello.
                 want = (_CLIENT_HELLO.size - len(conn.inbuf)) if conn.session is None else 1 << 16
@@ -361,12 +373,7 @@ class StoreServer:
                         self._process(conn)
             if conn.outbuf:
                 self._flush(conn)
-        except _Malformed as exc:
-            _auth.warn(f"store on {self.address}: dropped {conn.peer}: {exc}",
-                       key="store-malformed")
-            self._drop(conn)
-        except OSError:
-            self._drop(conn)
+        self._guarded(conn, step)
 
     def _handshake(self, conn: _Conn) -> None:
         if bytes(conn.inbuf[:2]) != _MAGIC[:len(conn.inbuf[:2])]:
@@ -461,16 +468,11 @@ class StoreServer:
             raise _Malformed(f"bad request op={op} nfields={len(fields)}")
 
     def _resume(self, conn: _Conn) -> None:
-        try:
+        def step() -> None:
             self._flush(conn)
             self._process(conn)
             self._flush(conn)
-        except _Malformed as exc:
-            _auth.warn(f"store on {self.address}: dropped {conn.peer}: {exc}",
-                       key="store-malformed")
-            self._drop(conn)
-        except OSError:
-            self._drop(conn)
+        self._guarded(conn, step)
 
     def _wake_waiters(self, key: bytes) -> None:
         for waiter in self._waiters.pop(key, []):
