@@ -373,6 +373,13 @@ static void shm_recv_consume(coll_link_t *link, size_t n) {
   wake_if_waiting(link, &c->writer_waiting);
 }
 
+static int shm_in_empty(coll_link_t *link) {
+  shm_t *s = link->priv;
+  ring_ctl_t *c = s->in_ctl;
+  return atomic_load_explicit(&c->head, memory_order_acquire) ==
+         atomic_load_explicit(&c->tail, memory_order_relaxed);
+}
+
 static coll_result_t shm_recv(coll_link_t *link, const struct iovec *iov, int iovcnt, size_t *n) {
   size_t moved = 0;
   *n = 0;
@@ -381,6 +388,10 @@ static coll_result_t shm_recv(coll_link_t *link, const struct iovec *iov, int io
     while (off < iov[i].iov_len) {
       const void *p = NULL;
       size_t avail = 0;
+      /* A peer that exited after its last bytes: hand those over first (the
+       * caller checks them, e.g. a header that says why more never came);
+       * the next call reports the death. */
+      if (moved && shm_in_empty(link)) goto done;
       COLL_CHECK(shm_recv_peek(link, &p, &avail));
       if (avail == 0) goto done;
       size_t len = iov[i].iov_len - off < avail ? iov[i].iov_len - off : avail;
