@@ -254,7 +254,7 @@ def _run_launcher(n, cmd, tmp, timeout, extra, start) -> WorldResult:
     full = [sys.executable, "-m", "collectives.run", "-np", str(n), *cmd]
     outf = open(os.path.join(tmp, "launcher.out"), "w+b")
     p = subprocess.Popen(full, stdout=outf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                         env=base_env(extra), cwd=str(REPO), start_new_session=True)
+                         env=base_env(extra), cwd=str(RUN_CWD), start_new_session=True)
     _LIVE.add(p)
     timed_out = False
     try:

@@ -567,7 +567,7 @@ def test_rows_stream_as_measured_and_progress_goes_to_stderr() -> None:
     proc = subprocess.Popen([sys.executable, "-m", "collectives.bench", "allreduce", "-np", "2",
                              "-b", "8", "-e", "1M", "-f", "4", "--iters", "2", "--warmup", "1",
                              "--algo", "ring"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=_env(), cwd=REPO, start_new_session=True)
+                            text=True, env=_env(), cwd=RUN_CWD, start_new_session=True)
     try:
         first = proc.stdout.readline()
         running = proc.poll() is None
