@@ -30,8 +30,9 @@ import struct
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+# The tests start it with conftest.base_env(), whose PYTHONPATH reaches the
+# collectives under test (the checkout, or none: an installed wheel); it puts
+# nothing on sys.path itself, since the tests also import it in-process.
 
 HELLO_MAGIC, ABORT_MAGIC, OPENING_VERSION = 0x49484C43, 0x42414C43, 2
 HELLO_PART, OFFER, MAC = 48, 96, 32
