@@ -8,8 +8,9 @@ automatic segment size used to follow the rank's own host (1 MiB on host a,
 more failed "out of step" between the two; it must follow what every rank
 sees alike.
 """
-import ctypes
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -21,13 +22,12 @@ CLONE_NEWUTS = 0x04000000
 
 
 def _can_make_uts_namespaces() -> bool:
+    # In a child process (not a fork of this one, which may run JAX's threads):
+    # the test process keeps its own namespace.
     if os.geteuid() != 0:
         return False
-    pid = os.fork()
-    if pid == 0:  # try in a child: the test process keeps its own namespace
-        libc = ctypes.CDLL(None, use_errno=True)
-        os._exit(0 if libc.unshare(CLONE_NEWUTS) == 0 else 1)
-    return os.waitpid(pid, 0)[1] == 0
+    probe = "import ctypes, sys; sys.exit(ctypes.CDLL(None).unshare(%d) != 0)" % CLONE_NEWUTS
+    return subprocess.run([sys.executable, "-c", probe], timeout=30).returncode == 0
 
 
 BODY = r"""
