@@ -305,7 +305,9 @@ x = np.full(3, comm.rank + 1, dtype=np.int64)
 y = np.zeros(3, dtype=np.int64)
 comm.Allreduce(x, y)
 expect(y.tolist() == [6, 6, 6], "Allreduce", f"got {y.tolist()}")
-emit("finished", addr1=state.client.get("addr/1").decode())
+addr1 = state.client.get("addr/1").decode()
+comm.Barrier()  # rank 0 hosts the store: no rank leaves before every rank has read it
+emit("finished", addr1=addr1)
 """
 
 
