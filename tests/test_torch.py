@@ -359,3 +359,24 @@ def test_cuda_tensor_rejected_before_init_needed():
         check_tensor(torch.empty(2, device="meta"))
     with pytest.raises(ValueError, match="init"):
         hvd.rank()
+
+
+@pytest.mark.timeout(60)
+def test_barrier_waits_for_queued_async_work_at_one_rank():
+    """hvd.barrier() returns after the async calls queued before it, at one rank too (it
+    did nothing there: 21 of 300 rounds still had a handle pending)."""
+    body = r"""
+import torch
+import collectives.torch as hvd
+hvd.init()
+pending = 0
+for i in range(300):
+    hs = [hvd.allreduce_async(torch.ones(1000) * k, op=hvd.Sum) for k in range(5)]
+    hvd.barrier()
+    pending += not all(hvd.poll(h) for h in hs)
+    for h in hs:
+        hvd.synchronize(h)
+emit("pending", rounds=pending)
+"""
+    res = run_world(1, body, timeout=50).assert_ok()
+    assert res[0].one("pending")["rounds"] == 0

@@ -767,6 +767,8 @@ def barrier(process_set: Any = None) -> None:
     ctx = current()
     if ctx.size > 1:  # the agreement's allgather is a barrier that also catches a rank elsewhere
         ctx.check_now("barrier", "barrier")
+    else:  # the core's barrier waits for the queued (async) calls, as the docstring says
+        ctx.core.barrier()
 
 
 def join(device: int = -1) -> int:
