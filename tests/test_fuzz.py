@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 import _fuzz
+import _outsider
 from collectives import _auth, _store
 from collectives._core import Communicator
 from collectives._store import StoreClient, StoreServer
@@ -192,18 +193,7 @@ def _waiting_rank(cid: bytes, timeout: float):
     return c1, t, out
 
 
-def _recv(sock: socket.socket, n: int, timeout: float) -> bytes:
-    sock.settimeout(timeout)
-    got = b""
-    try:
-        while len(got) < n:
-            chunk = sock.recv(n - len(got))
-            if not chunk:
-                break
-            got += chunk
-    except (socket.timeout, OSError):
-        pass
-    return got
+_recv = _outsider._recv_some  # up to n bytes, whatever arrived before the timeout
 
 
 @pytest.mark.timeout(DEADLINE)

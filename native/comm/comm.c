@@ -376,10 +376,6 @@ typedef coll_result_t (*run_fn)(coll_comm_t *, const coll_args_t *);
 
 /* A blocking collective: check (nothing sent on failure), wait for queued
  * requests, run, break the communicator on failure. */
-static coll_result_t blocking(coll_comm_t *comm, const coll_args_t *a, check_fn check, run_fn run) {
-  return coll_comm_blocking(comm, a, check, run);
-}
-
 coll_result_t coll_comm_blocking(coll_comm_t *comm, const coll_args_t *a,
                                  coll_result_t (*check)(coll_comm_t *, const coll_args_t *),
                                  coll_result_t (*run)(coll_comm_t *, const coll_args_t *)) {
@@ -390,22 +386,22 @@ coll_result_t coll_comm_blocking(coll_comm_t *comm, const coll_args_t *a,
 }
 
 coll_result_t coll_allreduce(coll_comm_t *comm, const coll_args_t *a) {
-  return blocking(comm, a, check_allreduce, run_allreduce);
+  return coll_comm_blocking(comm, a, check_allreduce, run_allreduce);
 }
 coll_result_t coll_allgatherv(coll_comm_t *comm, const coll_args_t *a) {
-  return blocking(comm, a, check_allgatherv, run_allgatherv);
+  return coll_comm_blocking(comm, a, check_allgatherv, run_allgatherv);
 }
 coll_result_t coll_broadcast(coll_comm_t *comm, const coll_args_t *a) {
-  return blocking(comm, a, check_broadcast, run_broadcast);
+  return coll_comm_blocking(comm, a, check_broadcast, run_broadcast);
 }
 coll_result_t coll_reduce_scatter_block(coll_comm_t *comm, const coll_args_t *a) {
-  return blocking(comm, a, check_reduce_scatter, run_reduce_scatter);
+  return coll_comm_blocking(comm, a, check_reduce_scatter, run_reduce_scatter);
 }
 coll_result_t coll_barrier(coll_comm_t *comm, double timeout) {
   coll_args_t a;
   memset(&a, 0, sizeof a);
   a.timeout = timeout;
-  return blocking(comm, &a, check_barrier, run_barrier);
+  return coll_comm_blocking(comm, &a, check_barrier, run_barrier);
 }
 
 /* ---- non-blocking requests on the progress thread ---- */
