@@ -21,13 +21,16 @@
  *   - every rank of the communicator calls the same collectives in the same
  *     order with the same count, dtype, op and root; a rank that disagrees
  *     makes the call fail with COLL_REMOTE_ERROR on the ranks that see it,
- *     and the failure spreads to every rank by closing links;
+ *     and the failure spreads to every rank by closing links (a broadcast
+ *     whose ranks name different roots fails on every rank in that call,
+ *     with COLL_INVALID_USAGE naming the roots, and nothing else breaks);
  *   - sendbuf == recvbuf is the in-place form; otherwise the two must not
  *     overlap;
  *   - blocking calls return when this rank's part is done: recvbuf is final;
  *   - timeout <= 0 means the communicator default (COLLECTIVES_TIMEOUT);
- *   - after any error other than COLL_INVALID_ARGUMENT the communicator is
- *     broken: its links are closed and every later call fails at once.
+ *   - after any error other than COLL_INVALID_ARGUMENT or COLL_INVALID_USAGE
+ *     the communicator is broken: its links are closed and every later call
+ *     fails at once.
  */
 #ifndef COLL_H
 #define COLL_H

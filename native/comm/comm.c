@@ -312,6 +312,9 @@ static coll_result_t run_broadcast(coll_comm_t *comm, const coll_args_t *args) {
   coll_args_t d;
   COLL_CHECK(memory_begin(comm, args, &d));
   if (comm->size == 1) return COLL_SUCCESS;
+  int done = 0;
+  coll_result_t agreed = coll_broadcast_agree(comm, &d, &done);
+  if (agreed != COLL_SUCCESS || done) return memory_end(comm, &d, agreed);
   coll_sched_t s;
   coll_sched_init(&s, comm, COLL_KIND_BROADCAST, &d, (uint32_t)d.root);
   coll_result_t res = coll_broadcast_tree(&s, &d);
@@ -430,7 +433,9 @@ static void *progress_main(void *arg) {
     } else {
       res = coll_p2p_quiesce(comm, coll_comm_deadline(comm, 0));
       if (res == COLL_SUCCESS) res = req->run(comm, &req->args);
-      if (res != COLL_SUCCESS && res != COLL_INVALID_ARGUMENT) coll_comm_break(comm, res);
+      /* As coll_comm_leave: errors every rank saw alike leave it usable. */
+      if (res != COLL_SUCCESS && res != COLL_INVALID_ARGUMENT && res != COLL_INVALID_USAGE)
+        coll_comm_break(comm, res);
     }
 
     pthread_mutex_lock(&comm->mu);

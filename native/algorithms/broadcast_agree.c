@@ -1,0 +1,105 @@
+/*
+ * broadcast_agree.c -- a broadcast whose ranks name different roots fails on
+ * every rank, in the same call, with the same list of roots.
+ *
+ * Checking the root in each message's header is not enough: a rank that
+ * believes it is the root receives nothing, and a rank whose tree differs
+ * from its neighbours' may wait on a peer that never sends (or get nothing
+ * at all and return its own buffer). So before any data moves, every rank
+ * learns which roots were named, by a step whose schedule does not depend on
+ * the root: a dissemination allreduce (as the barrier's) of a byte per rank,
+ * byte `root` set to 1, reduced with MAX (uint8):
+ *
+ *   round k = 0, 1, ... while 2^k < n: send state_k to r + 2^k, and
+ *   state_{k+1} = state_k MAX (state from r - 2^k)
+ *
+ * After ceil(log2 n) rounds state covers every rank (ranges overlap for n
+ * not a power of two; MAX does not mind), so all ranks hold the same set of
+ * named roots and decide alike: one root, go on; several, every rank fails
+ * with COLL_INVALID_USAGE naming them, and nothing is left on any link, so
+ * the communicator stays usable. Cost: ceil(log2 n) alpha.
+ *
+ * For a small host broadcast the data rides along: the state is
+ * [n flag bytes | S data bytes], zero except at the root, and MAX over uint8
+ * of (data, 0, ..., 0) is the data, so after the same rounds every rank has
+ * the root's bytes: ceil(log2 n) (alpha + (n + S) beta), the binomial tree's
+ * latency, with the agreement for free. Above COLL_BCAST_FUSED_MAX the tree
+ * or chain follows the agreement (broadcast_tree.c), under the same sequence
+ * number; its messages carry the root in aux, the agreement's
+ * COLL_BCAST_AGREE_AUX, which no root can equal.
+ *
+ * The header's count and dtype are the broadcast's own, so ranks that
+ * disagree on those fail here too, naming both values (wire.c).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "algorithms/algorithms.h"
+#include "algorithms/pattern.h"
+#include "base/comm.h"
+#include "base/status.h"
+
+#define COLL_BCAST_FUSED_MAX (8 * 1024)
+#define COLL_BCAST_AGREE_AUX 0xffffffffu
+
+/* The roots set in flags[0, n), as "0, 3" (cut with "..." to fit). */
+static void roots_text(const uint8_t *flags, int n, char *out, size_t cap) {
+  size_t len = 0;
+  out[0] = 0;
+  for (int k = 0; k < n; k++) {
+    if (!flags[k]) continue;
+    if (len + 16 >= cap) {
+      snprintf(out + len, cap - len, ", ...");
+      return;
+    }
+    len += (size_t)snprintf(out + len, cap - len, len ? ", %d" : "%d", k);
+  }
+}
+
+coll_result_t coll_broadcast_agree(coll_comm_t *comm, const coll_args_t *a, int *done) {
+  int n = comm->size, r = comm->rank, root = a->root, rounds = 0;
+  *done = 0;
+  for (int dist = 1; dist < n; dist <<= 1) rounds++;
+  size_t nbytes = a->count * coll_dtype_size(a->dtype);
+  int fused = a->memory == COLL_MEMORY_HOST && nbytes <= COLL_BCAST_FUSED_MAX;
+  size_t width = (size_t)n + (fused ? nbytes : 0);
+  uint8_t *st = calloc((size_t)rounds + 1, width);
+  if (!st) return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory", r);
+  st[root] = 1;
+  if (fused && r == root && nbytes) memcpy(st + n, a->recvbuf, nbytes);
+
+  coll_sched_t s;
+  coll_sched_init(&s, comm, COLL_KIND_BROADCAST, a, COLL_BCAST_AGREE_AUX);
+  uint32_t seq = s.hdr.seq;
+  s.reduce = coll_reduce_kernel(COLL_UINT8, COLL_MAX);
+  s.elem = 1;
+  int got = -1;
+  for (int k = 0, dist = 1; dist < n; k++, dist <<= 1) {
+    uint8_t *cur = st + (size_t)k * width;
+    coll_sched_after(&s, coll_sched_send(&s, coll_mod(r + dist, n), cur, width, (uint64_t)k), got);
+    got = coll_sched_after(
+        &s, coll_sched_recv_reduce(&s, coll_mod(r - dist, n), cur + width, cur, width, (uint64_t)k), got);
+  }
+  coll_result_t res = s.oom ? coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory", r)
+                            : coll_sched_run(&s, coll_comm_deadline(comm, a->timeout));
+  coll_sched_free(&s);
+  const uint8_t *final = st + (size_t)rounds * width;
+  int named = 0;
+  for (int k = 0; res == COLL_SUCCESS && k < n; k++) named += final[k] != 0;
+  if (res == COLL_SUCCESS && named != 1) {
+    char roots[256];
+    roots_text(final, n, roots, sizeof roots);
+    res = coll_error(comm, COLL_INVALID_USAGE,
+                     "rank %d: broadcast #%u: the ranks disagree on the root (roots named: %s; "
+                     "this rank's: %d); nothing was broadcast",
+                     r, seq, roots, root);
+  } else if (res == COLL_SUCCESS && fused) {
+    if (r != root && nbytes) memcpy(a->recvbuf, final + n, nbytes);
+    *done = 1;
+  } else if (res == COLL_SUCCESS) {
+    comm->seq = seq; /* the tree or chain that follows goes under the same number */
+  }
+  free(st);
+  return res;
+}

@@ -1,0 +1,147 @@
+"""Buffer broadcasts whose ranks name different roots fail on every rank, in that
+call, naming the roots (issue 20, section 3): through MPI Bcast and Ibcast,
+collectives.jax.broadcast (eager and jit) and Horovod's broadcast, at 2, 3 and 4
+ranks, for the small (one fused step), mid (binomial tree) and large (pipelined
+chain) paths, with every pattern of disagreement: two or more self-appointed
+roots, ranks that each think another is the root, a rank whose root puts it in
+no one's tree. Before, these returned success with a rank's own data, or waited
+the whole timeout with a message that did not mention roots.
+
+After each failed call an agreeing broadcast checks that the communicator is
+still usable and that no byte of the failed call was left on a link.
+"""
+import pytest
+
+from conftest import free_port, run_world
+
+pytestmark = pytest.mark.timeout(150)
+
+PATTERNS = {
+    2: [[0, 1], [1, 0]],
+    3: [[0, 0, 1], [1, 0, 0], [2, 0, 1], [0, 2, 2]],
+    4: [[0, 0, 0, 3], [0, 1, 0, 1], [1, 0, 0, 0], [3, 2, 1, 0], [0, 0, 2, 2]],
+}
+
+BODY = r"""
+import time
+from collectives import MPI
+comm = MPI.COMM_WORLD
+n, r = comm.size, comm.rank
+PATTERNS = json.loads(sys.argv[1])
+FRAMEWORKS = sys.argv[2].split(",") if sys.argv[2] else []
+SIZES = [8, 16 << 10, 1 << 20]
+
+
+def attempt(case, call, roots, ok_value):
+    t0 = time.monotonic()
+    try:
+        got = call()
+        emit("case", case=case, raised=False, same=bool(np.array_equal(np.asarray(got), ok_value)))
+    except Exception as exc:
+        emit("case", case=case, raised=True, kind=type(exc).__name__, message=str(exc),
+             seconds=time.monotonic() - t0)
+
+
+def agreeing(case, call):
+    try:
+        got = np.asarray(call())
+        expect(np.array_equal(got, np.full(got.shape, 7, got.dtype)), case, f"after: {got[:4]}")
+    except Exception as exc:
+        fail(case, f"agreeing broadcast after it raised {exc!r}")
+
+
+def mpi_bcast(buf, root):
+    comm.Bcast(buf, root=root)
+    return buf
+
+
+def mpi_ibcast(buf, root):
+    comm.Ibcast(buf, root=root).Wait()
+    return buf
+
+
+calls = [("Bcast", mpi_bcast), ("Ibcast", mpi_ibcast)]
+if "jax" in FRAMEWORKS:
+    import jax
+    import jax.numpy as jnp
+    import collectives.jax as cj
+    jitted = {}
+
+    def jax_eager(buf, root):
+        return np.asarray(jax.block_until_ready(cj.broadcast(jnp.asarray(buf), root)))
+
+    def jax_jit(buf, root):
+        if root not in jitted:
+            jitted[root] = jax.jit(lambda x: cj.broadcast(x, root) + 0)
+        return np.asarray(jax.block_until_ready(jitted[root](jnp.asarray(buf))))
+
+    calls += [("jax", jax_eager), ("jax.jit", jax_jit)]
+if "torch" in FRAMEWORKS:
+    import torch
+    import collectives.torch as hvd
+    hvd.init()
+
+    def hvd_broadcast(buf, root):
+        return hvd.broadcast(torch.from_numpy(buf.copy()), root).numpy()
+
+    import torch.distributed as dist
+    dist.init_process_group("collectives", init_method=f"tcp://127.0.0.1:{os.environ['TORCH_PORT']}",
+                            rank=r, world_size=n)
+
+    def dist_broadcast(buf, root):
+        t = torch.from_numpy(buf.copy())
+        dist.broadcast(t, src=root)
+        return t.numpy()
+
+    calls += [("hvd.broadcast", hvd_broadcast), ("dist.broadcast", dist_broadcast)]
+
+for name, call in calls:
+    for nbytes in SIZES if name in ("Bcast", "Ibcast") else SIZES[::2]:
+        count = nbytes // 4
+        for roots in PATTERNS:
+            case = f"{name} {nbytes} B roots {roots}"
+            buf = np.full(count, r, np.int32)
+            attempt(case, lambda: call(buf, roots[r]), roots, np.full(count, roots[r], np.int32))
+            ok = np.full(count, 7 if r == 1 else -1, np.int32)
+            agreeing(case, lambda: call(ok, 1))
+finish()
+"""
+
+
+def _check(res, n, frameworks):
+    expected = {"Bcast", "Ibcast"} | ({"jax", "jax.jit"} if "jax" in frameworks else set()) \
+        | ({"hvd.broadcast", "dist.broadcast"} if "torch" in frameworks else set())
+    for r in range(n):
+        recs = res[r].get("case")
+        assert {c["case"].split(" ")[0] for c in recs} == expected
+        for rec in recs:
+            roots = [int(x) for x in rec["case"].split("roots ")[1].strip("[]").split(",")]
+            where = f"rank {r}, {rec['case']}"
+            assert rec["raised"], f"{where}: returned (own data kept: {rec['same']})"
+            msg = rec["message"]
+            if rec["case"].startswith("hvd."):
+                # Horovod's negotiation (collectives/torch) compares every
+                # rank's arguments before the core runs; it names each root.
+                assert all(f"root={k}" in msg for k in set(roots)), f"{where}: {msg}"
+                continue
+            named = ", ".join(str(k) for k in sorted(set(roots)))
+            assert "disagree on the root" in msg and f"roots named: {named};" in msg, \
+                f"{where}: {rec['kind']}: {msg}"
+            assert rec["seconds"] < 5, f"{where}: took {rec['seconds']:.1f} s"
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_mpi_bcast_with_disagreeing_roots_fails_everywhere(n):
+    res = run_world(n, args=[__import__("json").dumps(PATTERNS[n]), ""], body=BODY,
+                    timeout=120, collective_timeout=10).assert_ok()
+    _check(res, n, [])
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_jax_and_torch_broadcast_with_disagreeing_roots_fail_everywhere(n):
+    pytest.importorskip("jax")
+    pytest.importorskip("torch")
+    res = run_world(n, args=[__import__("json").dumps(PATTERNS[n][:2]), "jax,torch"], body=BODY,
+                    timeout=140, collective_timeout=10,
+                    env={"JAX_PLATFORMS": "cpu", "TORCH_PORT": str(free_port())}).assert_ok()
+    _check(res, n, ["jax", "torch"])
