@@ -16,7 +16,9 @@ started with ``collectives-run -np N python train.py``. ``allreduce``,
 run on ``comm=`` (a ``collectives.MPI.Comm``; default: the world,
 ``collectives.init()``). Every leaf is one collective, in the tree's
 flattening order, so every rank must pass the same structure, shapes and
-dtypes.
+dtypes. ``send``, ``recv``, ``sendrecv``, ``gather``, ``scatter``, ``reduce``
+and ``alltoall`` take one array each, with mpi4jax's signatures and results
+(at the end of this file).
 
 Ordering: an ordered effect
     Each collective is a JAX primitive whose abstract evaluation declares
@@ -79,6 +81,7 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import hashlib
+import operator
 import os
 import platform
 import shutil
@@ -102,7 +105,8 @@ from jax.interpreters import ad, batching, mlir
 from jax._src import core as _jax_core
 from jax._src import effects as _jax_effects
 
-__all__ = ["allreduce", "allgather", "broadcast", "barrier", "CollectiveEffect"]
+__all__ = ["allreduce", "allgather", "broadcast", "barrier", "CollectiveEffect",
+           "send", "recv", "sendrecv", "gather", "scatter", "reduce", "alltoall"]
 
 # coll_op_t / coll_algo_t codes (native/coll.h)
 _OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "mean": 4, "avg": 4}
@@ -500,3 +504,264 @@ def barrier(*, comm: Any = None) -> None:
     if _jax_core.trace_state_clean():
         # eager: the one-primitive program may still be running asynchronously
         jax.effects_barrier()
+
+
+# ------------------------------------------- point-to-point and rooted patterns
+#
+# send, recv, sendrecv, gather, scatter, reduce and alltoall with mpi4jax's
+# signatures and results (its token-free API), each a primitive with the
+# ordered effect like the collectives above, over the core's point-to-point
+# (native/schedule/p2p.c), rooted (native/algorithms/rooted.c) and alltoall
+# (native/algorithms/alltoall.c) calls. Shapes that depend on the rank follow
+# mpi4jax: gather and reduce return the result at the root and the input
+# unchanged elsewhere; scatter takes (size, *shape) at the root and a template
+# of shape elsewhere; under jit each rank traces its own program, so these
+# shapes are static. Arguments are checked before anything is sent. A receive
+# gets exactly its template's size: a message of another size or dtype fails
+# the receive naming both sides (the core checks the dtype and a larger size,
+# the handler a smaller one). One array per call (no pytrees), not
+# differentiable, no vmap rules.
+
+_TARGETS.update({
+    "collectives_send": "CollectivesSend",
+    "collectives_recv": "CollectivesRecv",
+    "collectives_sendrecv": "CollectivesSendrecv",
+    "collectives_gather": "CollectivesGather",
+    "collectives_scatter": "CollectivesScatter",
+    "collectives_reduce": "CollectivesReduce",
+    "collectives_alltoall": "CollectivesAlltoall",
+})
+
+_ANY_SOURCE = -1  # coll.h COLL_ANY_SOURCE / COLL_ANY_TAG
+_ANY_TAG = -1
+_TAG_MAX = 0x7FFFFFFF
+
+
+def _shaped(shape, dtype):
+    return jax.core.ShapedArray(tuple(shape), dtype)
+
+
+send_p = _define("collectives_send", "collectives_send", lambda x, **_: [],
+                 multiple_results=True)
+recv_p = _define("collectives_recv", "collectives_recv",
+                 lambda t, **_: _shaped(t.shape, t.dtype), aliases={0: 0})
+sendrecv_p = _define("collectives_sendrecv", "collectives_sendrecv",
+                     lambda x, t, **_: _shaped(t.shape, t.dtype), aliases={1: 0})
+gather_p = _define(
+    "collectives_gather", "collectives_gather",
+    lambda x, size, is_root, **_: _shaped((size, *x.shape) if is_root else (0,), x.dtype))
+scatter_p = _define(
+    "collectives_scatter", "collectives_scatter",
+    lambda x, is_root, **_: _shaped(x.shape[1:] if is_root else x.shape, x.dtype))
+reduce_p = _define(
+    "collectives_reduce", "collectives_reduce",
+    lambda x, is_root, **_: _shaped(x.shape if is_root else (0,), x.dtype))
+alltoall_p = _define("collectives_alltoall", "collectives_alltoall",
+                     lambda x, **_: _shaped(x.shape, x.dtype))
+
+
+def _array(x: Any):
+    """x as a CPU JAX array (or tracer); pytrees are not taken here, as in mpi4jax."""
+    if isinstance(x, (list, tuple, dict)):
+        raise TypeError("this function takes one array, not a pytree (map it over the leaves)")
+    a = x if isinstance(x, jax.Array) else jnp.asarray(x)
+    if isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer):
+        if {d.platform for d in a.devices()} != {"cpu"}:
+            _gpu_lowering(None)  # raises the GPU error
+    return a
+
+
+def _start(x: Any, comm: Any):
+    core = _core_of(comm)
+    a = _array(x)
+    _ensure_registered()
+    return core, a, {"comm": core.handle, "api": _api_table()}
+
+
+def _rank(value: Any, size: int, name: str, any_ok: bool = False) -> int:
+    """A peer rank in [0, size) (or ANY_SOURCE where any_ok), checked before sending."""
+    try:
+        r = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer rank, not {type(value).__name__} "
+                        f"({value!r})") from None
+    if any_ok and r == _ANY_SOURCE:
+        return r
+    if not 0 <= r < size:
+        raise ValueError(f"{name} {r} out of range for {size} ranks")
+    return r
+
+
+def _tag(value: Any, name: str, any_ok: bool = False) -> int:
+    try:
+        t = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, not {type(value).__name__}") from None
+    if any_ok and t == _ANY_TAG:
+        return t
+    if not 0 <= t <= _TAG_MAX:
+        raise ValueError(f"{name} {t} out of range [0, {_TAG_MAX}]")
+    return t
+
+
+def _eager_wait() -> None:
+    # Outside jit the one-primitive program is dispatched asynchronously;
+    # waiting here makes an eager send complete (or raise) in its call, as
+    # mpi4jax's does.
+    if _jax_core.trace_state_clean():
+        jax.effects_barrier()
+
+
+def send(x: Any, dest: int, *, tag: int = 0, comm: Any = None) -> None:
+    """Send array `x` to rank `dest` (MPI standard mode: returns once handed to the link).
+
+    Args:
+        x: a JAX array (or array-like); the receiver's template must have the
+            same size and dtype.
+        dest: the receiving rank.
+        tag: an integer in [0, 2**31 - 1].
+        comm: a ``collectives.MPI.Comm`` (default: the world).
+    """
+    core, a, params = _start(x, comm)
+    params.update(dest=_rank(dest, core.size, "dest"), tag=_tag(tag, "tag"))
+    send_p.bind(a, **params)
+    _eager_wait()
+
+
+def recv(x: Any, source: int = _ANY_SOURCE, *, tag: int = _ANY_TAG, comm: Any = None) -> Any:
+    """Receive a message shaped like the template `x` from `source` (default: any rank).
+
+    Args:
+        x: template array: the result has its shape and dtype (its values are
+            not used). The message must have exactly that many elements and
+            that dtype; otherwise the call fails naming both sides.
+        source: the sending rank, or ``collectives.MPI.ANY_SOURCE`` (-1).
+        tag: the tag to match, or ``collectives.MPI.ANY_TAG`` (-1, default).
+        comm: a ``collectives.MPI.Comm`` (default: the world).
+
+    Returns:
+        A new array with the received data.
+    """
+    core, a, params = _start(x, comm)
+    params.update(source=_rank(source, core.size, "source", any_ok=True),
+                  tag=_tag(tag, "tag", any_ok=True))
+    return recv_p.bind(a, **params)
+
+
+def sendrecv(sendbuf: Any, recvbuf: Any, source: int, dest: int, *, sendtag: int = 0,
+             recvtag: int = _ANY_TAG, comm: Any = None) -> Any:
+    """Send `sendbuf` to `dest` and receive a message shaped like `recvbuf` from `source`, at once.
+
+    Neither half waits for the other, so a ring of sendrecv calls never deadlocks.
+
+    Args:
+        sendbuf: the array to send.
+        recvbuf: template of the result (shape and dtype; values unused).
+        source: the rank to receive from (or ``ANY_SOURCE``, -1).
+        dest: the rank to send to.
+        sendtag: the tag of the message sent.
+        recvtag: the tag to match (default ``ANY_TAG``, -1).
+        comm: a ``collectives.MPI.Comm`` (default: the world).
+
+    Returns:
+        A new array with the received data.
+    """
+    core, a, params = _start(sendbuf, comm)
+    t = _array(recvbuf)
+    params.update(source=_rank(source, core.size, "source", any_ok=True),
+                  dest=_rank(dest, core.size, "dest"), sendtag=_tag(sendtag, "sendtag"),
+                  recvtag=_tag(recvtag, "recvtag", any_ok=True))
+    return sendrecv_p.bind(a, t, **params)
+
+
+def gather(x: Any, root: int, *, comm: Any = None) -> Any:
+    """Gather every rank's `x` at `root`, stacked along a new axis 0.
+
+    Args:
+        x: an array of the same shape and dtype on every rank.
+        root: the rank that receives.
+        comm: a ``collectives.MPI.Comm`` (default: the world).
+
+    Returns:
+        At the root, shape ``(size, *x.shape)`` in rank order; elsewhere `x`
+        unchanged (as mpi4jax).
+    """
+    core, a, params = _start(x, comm)
+    from ._core import check_root
+
+    root = check_root(root, core.size)
+    params.update(root=root, size=core.size, is_root=int(core.rank == root))
+    out = gather_p.bind(a, **params)
+    return out if core.rank == root else a
+
+
+def scatter(x: Any, root: int, *, comm: Any = None) -> Any:
+    """Send block i of the root's `x` (axis 0) to rank i.
+
+    Args:
+        x: at the root, shape ``(size, *shape)``; elsewhere a template of
+            ``shape`` (values unused), same dtype.
+        root: the rank that sends.
+        comm: a ``collectives.MPI.Comm`` (default: the world).
+
+    Returns:
+        This rank's block, shape ``shape``.
+    """
+    core, a, params = _start(x, comm)
+    from ._core import check_root
+
+    root = check_root(root, core.size)
+    if core.rank == root and (a.ndim == 0 or a.shape[0] != core.size):
+        raise ValueError(f"scatter: the root's input must have shape (size, ...) = "
+                         f"({core.size}, ...), got {tuple(a.shape)}")
+    params.update(root=root, size=core.size, is_root=int(core.rank == root))
+    return scatter_p.bind(a, **params)
+
+
+def reduce(x: Any, op: Any, root: int, *, comm: Any = None) -> Any:
+    """Reduce every rank's `x` with `op` into `root`.
+
+    Args:
+        x: an array of the same shape and dtype on every rank (int8, uint8,
+            int32, int64, float16, bfloat16, float32, float64).
+        op: "sum", "prod", "min", "max" or "mean" (alias "avg"), or a
+            ``collectives.MPI`` op.
+        root: the rank that receives the result.
+        comm: a ``collectives.MPI.Comm`` (default: the world).
+
+    Returns:
+        At the root, the reduced array; elsewhere `x` unchanged (as mpi4jax).
+    """
+    op_name = str(getattr(op, "name", op)).lower()
+    if op_name not in _OPS:
+        raise ValueError(f"op must be one of {sorted(_OPS)}, got {op!r}")
+    core, a, params = _start(x, comm)
+    if np.dtype(a.dtype) not in _REDUCIBLE:
+        raise TypeError(f"reduce: unsupported dtype {a.dtype} (supported: int8, uint8, int32, "
+                        f"int64, float16, bfloat16, float32, float64)")
+    if op_name in ("mean", "avg") and not jnp.issubdtype(a.dtype, jnp.inexact):
+        raise TypeError("reduce: op='mean' needs a floating-point array")
+    from ._core import check_root
+
+    root = check_root(root, core.size)
+    params.update(op=_OPS[op_name], root=root, is_root=int(core.rank == root))
+    out = reduce_p.bind(a, **params)
+    return out if core.rank == root else a
+
+
+def alltoall(x: Any, *, comm: Any = None) -> Any:
+    """Exchange blocks: block i of `x` (axis 0) goes to rank i; block j of the result came from rank j.
+
+    Args:
+        x: shape ``(size, ...)``, the same on every rank.
+        comm: a ``collectives.MPI.Comm`` (default: the world).
+
+    Returns:
+        An array of `x`'s shape.
+    """
+    core, a, params = _start(x, comm)
+    if a.ndim == 0 or a.shape[0] != core.size:
+        raise ValueError(f"alltoall: the input must have shape (size, ...) = ({core.size}, ...), "
+                         f"got {tuple(a.shape)}")
+    params["size"] = core.size
+    return alltoall_p.bind(a, **params)

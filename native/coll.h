@@ -318,7 +318,7 @@ coll_algo_t coll_tune_choose(int size, size_t nbytes);
 /* The core's entry points as a table of function pointers, for adapters that
  * are compiled separately and must call the same core as the Python module
  * (the JAX FFI handler): collectives._core.api_table() returns its address. */
-#define COLL_API_VERSION 1
+#define COLL_API_VERSION 2
 typedef struct {
   int version; /* COLL_API_VERSION */
   coll_result_t (*allreduce)(coll_comm_t *, const coll_args_t *);
@@ -327,6 +327,15 @@ typedef struct {
   coll_result_t (*reduce_scatter_block)(coll_comm_t *, const coll_args_t *);
   coll_result_t (*barrier)(coll_comm_t *, double);
   const char *(*last_error)(const coll_comm_t *);
+  /* version 2: the rooted collectives, alltoallv and point-to-point */
+  coll_result_t (*reduce)(coll_comm_t *, const coll_args_t *);
+  coll_result_t (*gatherv)(coll_comm_t *, const coll_args_t *);
+  coll_result_t (*scatterv)(coll_comm_t *, const coll_args_t *);
+  coll_result_t (*alltoallv)(coll_comm_t *, const coll_args_t *);
+  coll_result_t (*send)(coll_comm_t *, const coll_args_t *);
+  coll_result_t (*recv)(coll_comm_t *, const coll_args_t *, coll_status_t *);
+  coll_result_t (*sendrecv)(coll_comm_t *, const coll_args_t *, const coll_args_t *,
+                            coll_status_t *);
 } coll_api_t;
 
 /* Declared tunables: index -> name, default text, description, current value. */

@@ -542,7 +542,9 @@ cdef extern from *:
     """
     static const coll_api_t coll_api_table = {
       COLL_API_VERSION, coll_allreduce, coll_allgatherv, coll_broadcast,
-      coll_reduce_scatter_block, coll_barrier, coll_comm_last_error};
+      coll_reduce_scatter_block, coll_barrier, coll_comm_last_error,
+      coll_reduce, coll_gatherv, coll_scatterv, coll_alltoallv,
+      coll_send, coll_recv, coll_sendrecv};
     """
     ctypedef struct coll_api_t:
         int version

@@ -15,6 +15,21 @@
 //   collectives_broadcast   (x, token) -> (y, token)   attrs comm, api, root
 //                            x and y are aliased by the lowering (in place)
 //   collectives_barrier     (token)    -> (token)      attrs comm, api
+//   collectives_send        (x, token) -> (token)      attrs comm, api, dest, tag
+//   collectives_recv        (t, token) -> (y, token)   attrs comm, api, source, tag
+//                            t is the template (y's shape and dtype, aliased to
+//                            y); a message of another size fails, naming both
+//   collectives_sendrecv    (x, t, token) -> (y, token)
+//                            attrs comm, api, source, dest, sendtag, recvtag
+//   collectives_gather      (x, token) -> (y, token)   attrs comm, api, root, size,
+//                            is_root; y is (size, *x.shape) at the root, empty elsewhere
+//   collectives_scatter     (x, token) -> (y, token)   attrs as gather; x is
+//                            (size, *y.shape) at the root, a template elsewhere
+//   collectives_reduce      (x, token) -> (y, token)   attrs comm, api, op, root,
+//                            is_root; y is x's shape at the root, empty elsewhere
+//   collectives_alltoall    (x, token) -> (y, token)   attrs comm, api, size;
+//                            block i of x (axis 0) goes to rank i, block j of y
+//                            came from rank j
 //
 // `comm` is the native coll_comm_t* and `api` the address of the core's
 // coll_api_t table (collectives._core.api_table()), both as int64: this library
@@ -176,7 +191,267 @@ ffi::Error BarrierImpl(ffi::Token, ffi::Result<ffi::Token>, int64_t comm_attr, i
   return ffi::Error::Success();
 }
 
+// ---- point-to-point, rooted, alltoall (api version 2) ----
+
+// A receive must fill its template exactly: a shorter message would leave the
+// rest of the output undefined (a longer one the core refuses itself).
+ffi::Error check_received(const coll_status_t &st, size_t want, const char *what) {
+  if (st.count == want) return ffi::Error::Success();
+  return ffi::Error::InvalidArgument(
+      std::string("collectives ") + what + ": the message from rank " + std::to_string(st.source) +
+      " (tag " + std::to_string(st.tag) + ") has " + std::to_string(st.count) +
+      " elements, the receive's template " + std::to_string(want) +
+      " (sender and receiver disagree on the shape)");
+}
+
+ffi::Error SendImpl(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::Token>, int64_t comm_attr,
+                    int64_t api_attr, int32_t dest, int32_t tag) {
+  coll_comm_t *comm;
+  const coll_api_t *api;
+  if (ffi::Error e = resolve(comm_attr, api_attr, "send", &comm, &api); e.failure()) return e;
+  coll_args_t a;
+  std::memset(&a, 0, sizeof(a));
+  data_view(x, &a.dtype, &a.count);
+  a.sendbuf = x.untyped_data();
+  a.peer = dest;
+  a.tag = tag;
+  coll_result_t res = api->send(comm, &a);
+  if (res != COLL_SUCCESS) return core_error(res, api, comm, "send");
+  return ffi::Error::Success();
+}
+
+ffi::Error RecvImpl(ffi::AnyBuffer, ffi::Token, ffi::Result<ffi::AnyBuffer> y,
+                    ffi::Result<ffi::Token>, int64_t comm_attr, int64_t api_attr, int32_t source,
+                    int32_t tag) {
+  coll_comm_t *comm;
+  const coll_api_t *api;
+  if (ffi::Error e = resolve(comm_attr, api_attr, "recv", &comm, &api); e.failure()) return e;
+  coll_args_t a;
+  std::memset(&a, 0, sizeof(a));
+  data_view(*y, &a.dtype, &a.count);
+  a.recvbuf = y->untyped_data();
+  a.peer = source;
+  a.tag = tag;
+  coll_status_t st;
+  coll_result_t res = api->recv(comm, &a, &st);
+  if (res != COLL_SUCCESS) return core_error(res, api, comm, "recv");
+  return check_received(st, a.count, "recv");
+}
+
+ffi::Error SendrecvImpl(ffi::AnyBuffer x, ffi::AnyBuffer, ffi::Token, ffi::Result<ffi::AnyBuffer> y,
+                        ffi::Result<ffi::Token>, int64_t comm_attr, int64_t api_attr,
+                        int32_t source, int32_t dest, int32_t sendtag, int32_t recvtag) {
+  coll_comm_t *comm;
+  const coll_api_t *api;
+  if (ffi::Error e = resolve(comm_attr, api_attr, "sendrecv", &comm, &api); e.failure()) return e;
+  coll_args_t s, r;
+  std::memset(&s, 0, sizeof(s));
+  std::memset(&r, 0, sizeof(r));
+  data_view(x, &s.dtype, &s.count);
+  s.sendbuf = x.untyped_data();
+  s.peer = dest;
+  s.tag = sendtag;
+  data_view(*y, &r.dtype, &r.count);
+  r.recvbuf = y->untyped_data();
+  r.peer = source;
+  r.tag = recvtag;
+  coll_status_t st;
+  coll_result_t res = api->sendrecv(comm, &s, &r, &st);
+  if (res != COLL_SUCCESS) return core_error(res, api, comm, "sendrecv");
+  return check_received(st, r.count, "sendrecv");
+}
+
+// Equal blocks of `block` elements, rank by rank: counts then displs (n each).
+std::vector<size_t> equal_blocks(int64_t n, size_t block) {
+  std::vector<size_t> cd(2 * static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    cd[i] = block;
+    cd[n + i] = static_cast<size_t>(i) * block;
+  }
+  return cd;
+}
+
+ffi::Error GatherImpl(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y,
+                      ffi::Result<ffi::Token>, int64_t comm_attr, int64_t api_attr, int32_t root,
+                      int64_t size, int32_t is_root) {
+  coll_comm_t *comm;
+  const coll_api_t *api;
+  if (ffi::Error e = resolve(comm_attr, api_attr, "gather", &comm, &api); e.failure()) return e;
+  if (size <= 0 || (is_root && y->size_bytes() != x.size_bytes() * static_cast<size_t>(size)))
+    return ffi::Error::InvalidArgument("collectives gather: the root's output is not size x input");
+  coll_args_t a;
+  std::memset(&a, 0, sizeof(a));
+  data_view(x, &a.dtype, &a.count);
+  std::vector<size_t> cd = equal_blocks(size, a.count);
+  a.sendbuf = x.untyped_data();
+  a.root = root;
+  if (is_root) {
+    a.recvbuf = y->untyped_data();
+    a.counts = cd.data();
+    a.displs = cd.data() + size;
+  }
+  coll_result_t res = api->gatherv(comm, &a);
+  if (res != COLL_SUCCESS) return core_error(res, api, comm, "gather");
+  return ffi::Error::Success();
+}
+
+ffi::Error ScatterImpl(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y,
+                       ffi::Result<ffi::Token>, int64_t comm_attr, int64_t api_attr, int32_t root,
+                       int64_t size, int32_t is_root) {
+  coll_comm_t *comm;
+  const coll_api_t *api;
+  if (ffi::Error e = resolve(comm_attr, api_attr, "scatter", &comm, &api); e.failure()) return e;
+  if (size <= 0 || (is_root && x.size_bytes() != y->size_bytes() * static_cast<size_t>(size)))
+    return ffi::Error::InvalidArgument("collectives scatter: the root's input is not size x output");
+  coll_args_t a;
+  std::memset(&a, 0, sizeof(a));
+  data_view(*y, &a.dtype, &a.count);
+  std::vector<size_t> cd = equal_blocks(size, a.count);
+  a.recvbuf = y->untyped_data();
+  a.root = root;
+  if (is_root) {
+    a.sendbuf = x.untyped_data();
+    a.counts = cd.data();
+    a.displs = cd.data() + size;
+  }
+  coll_result_t res = api->scatterv(comm, &a);
+  if (res != COLL_SUCCESS) return core_error(res, api, comm, "scatter");
+  return ffi::Error::Success();
+}
+
+ffi::Error ReduceImpl(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y,
+                      ffi::Result<ffi::Token>, int64_t comm_attr, int64_t api_attr, int32_t op,
+                      int32_t root, int32_t is_root) {
+  coll_comm_t *comm;
+  const coll_api_t *api;
+  if (ffi::Error e = resolve(comm_attr, api_attr, "reduce", &comm, &api); e.failure()) return e;
+  coll_args_t a;
+  std::memset(&a, 0, sizeof(a));
+  if (!to_coll_dtype(x.element_type(), &a.dtype))
+    return ffi::Error::InvalidArgument("collectives reduce: unsupported element type");
+  if (op < 0 || op >= COLL_NUM_OPS)
+    return ffi::Error::InvalidArgument("collectives reduce: bad op code");
+  if (is_root && y->size_bytes() != x.size_bytes())
+    return ffi::Error::InvalidArgument("collectives reduce: the root's output differs from input");
+  a.sendbuf = x.untyped_data();
+  a.recvbuf = is_root ? y->untyped_data() : nullptr;
+  a.count = x.element_count();
+  a.op = static_cast<coll_op_t>(op);
+  a.root = root;
+  coll_result_t res = api->reduce(comm, &a);
+  if (res != COLL_SUCCESS) return core_error(res, api, comm, "reduce");
+  return ffi::Error::Success();
+}
+
+ffi::Error AlltoallImpl(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y,
+                        ffi::Result<ffi::Token>, int64_t comm_attr, int64_t api_attr,
+                        int64_t size) {
+  coll_comm_t *comm;
+  const coll_api_t *api;
+  if (ffi::Error e = resolve(comm_attr, api_attr, "alltoall", &comm, &api); e.failure()) return e;
+  coll_args_t a;
+  std::memset(&a, 0, sizeof(a));
+  data_view(x, &a.dtype, &a.count);
+  if (size <= 0 || a.count % static_cast<size_t>(size) != 0 || y->size_bytes() != x.size_bytes())
+    return ffi::Error::InvalidArgument("collectives alltoall: input is not size equal blocks");
+  size_t block = a.count / static_cast<size_t>(size);
+  // send side then receive side: counts (2 size), displs (2 size)
+  std::vector<size_t> send = equal_blocks(size, block), cd(4 * static_cast<size_t>(size));
+  for (int64_t i = 0; i < size; ++i) {
+    cd[i] = cd[size + i] = block;
+    cd[2 * size + i] = cd[3 * size + i] = send[size + i];
+  }
+  a.sendbuf = x.untyped_data();
+  a.recvbuf = y->untyped_data();
+  a.counts = cd.data();
+  a.displs = cd.data() + 2 * size;
+  coll_result_t res = api->alltoallv(comm, &a);
+  if (res != COLL_SUCCESS) return core_error(res, api, comm, "alltoall");
+  return ffi::Error::Success();
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CollectivesSend, SendImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Token>()
+                                  .Ret<ffi::Token>()
+                                  .Attr<int64_t>("comm")
+                                  .Attr<int64_t>("api")
+                                  .Attr<int32_t>("dest")
+                                  .Attr<int32_t>("tag"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CollectivesRecv, RecvImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Token>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Token>()
+                                  .Attr<int64_t>("comm")
+                                  .Attr<int64_t>("api")
+                                  .Attr<int32_t>("source")
+                                  .Attr<int32_t>("tag"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CollectivesSendrecv, SendrecvImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Token>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Token>()
+                                  .Attr<int64_t>("comm")
+                                  .Attr<int64_t>("api")
+                                  .Attr<int32_t>("source")
+                                  .Attr<int32_t>("dest")
+                                  .Attr<int32_t>("sendtag")
+                                  .Attr<int32_t>("recvtag"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CollectivesGather, GatherImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Token>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Token>()
+                                  .Attr<int64_t>("comm")
+                                  .Attr<int64_t>("api")
+                                  .Attr<int32_t>("root")
+                                  .Attr<int64_t>("size")
+                                  .Attr<int32_t>("is_root"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CollectivesScatter, ScatterImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Token>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Token>()
+                                  .Attr<int64_t>("comm")
+                                  .Attr<int64_t>("api")
+                                  .Attr<int32_t>("root")
+                                  .Attr<int64_t>("size")
+                                  .Attr<int32_t>("is_root"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CollectivesReduce, ReduceImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Token>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Token>()
+                                  .Attr<int64_t>("comm")
+                                  .Attr<int64_t>("api")
+                                  .Attr<int32_t>("op")
+                                  .Attr<int32_t>("root")
+                                  .Attr<int32_t>("is_root"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CollectivesAlltoall, AlltoallImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Token>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Token>()
+                                  .Attr<int64_t>("comm")
+                                  .Attr<int64_t>("api")
+                                  .Attr<int64_t>("size"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(CollectivesAllreduce, AllreduceImpl,
                               ffi::Ffi::Bind()
