@@ -7,7 +7,8 @@ roots, ranks that each think another is the root, a rank whose root puts it in
 no one's tree. Before, these returned success with a rank's own data, or waited
 the whole timeout with a message that did not mention roots.
 
-After each failed call an agreeing broadcast checks that the communicator is
+The first call of each world runs with no link made yet. After each failed
+call an agreeing broadcast checks that the communicator is
 still usable and that no byte of the failed call was left on a link.
 """
 import pytest
@@ -59,6 +60,12 @@ def mpi_ibcast(buf, root):
     comm.Ibcast(buf, root=root).Wait()
     return buf
 
+
+# First, with no link made yet: the chain path (1 MiB) with the first pattern.
+roots = PATTERNS[0]
+cold = np.full(1 << 18, r, np.int32)
+attempt(f"Bcast {1 << 20} B cold roots {roots}", lambda: mpi_bcast(cold, roots[r]), roots,
+        np.full(1 << 18, roots[r], np.int32))
 
 calls = [("Bcast", mpi_bcast), ("Ibcast", mpi_ibcast)]
 if "jax" in FRAMEWORKS:
@@ -124,8 +131,12 @@ def _check(res, n, frameworks):
                 # rank's arguments before the core runs; it names each root.
                 assert all(f"root={k}" in msg for k in set(roots)), f"{where}: {msg}"
                 continue
-            named = ", ".join(str(k) for k in sorted(set(roots)))
-            assert "disagree on the root" in msg and f"roots named: {named};" in msg, \
+            # every root, with the ranks that named it: "root 0: ranks 0, 1; root 2: rank 2"
+            said = "; ".join(
+                f"root {k}: rank{'s' if roots.count(k) > 1 else ''} "
+                + ", ".join(str(i) for i, x in enumerate(roots) if x == k)
+                for k in sorted(set(roots)))
+            assert f"the ranks disagree on the root ({said})" in msg, \
                 f"{where}: {rec['kind']}: {msg}"
             assert rec["seconds"] < 5, f"{where}: took {rec['seconds']:.1f} s"
 

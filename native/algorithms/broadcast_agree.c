@@ -6,23 +6,26 @@
  * believes it is the root receives nothing, and a rank whose tree differs
  * from its neighbours' may wait on a peer that never sends (or get nothing
  * at all and return its own buffer). So before any data moves, every rank
- * learns which roots were named, by a step whose schedule does not depend on
- * the root: a dissemination allreduce (as the barrier's) of a byte per rank,
- * byte `root` set to 1, reduced with MAX (uint8):
+ * learns every rank's root, by a step whose schedule does not depend on the
+ * root: a dissemination allreduce (as the barrier's), MAX over uint8, of a
+ * table of n u32 slots, rank k's slot holding root + 1 at rank k and 0
+ * elsewhere (so MAX, byte by byte, of one nonzero value and zeros is that
+ * value: the reduction is an allgather):
  *
  *   round k = 0, 1, ... while 2^k < n: send state_k to r + 2^k, and
  *   state_{k+1} = state_k MAX (state from r - 2^k)
  *
  * After ceil(log2 n) rounds state covers every rank (ranges overlap for n
- * not a power of two; MAX does not mind), so all ranks hold the same set of
- * named roots and decide alike: one root, go on; several, every rank fails
- * with COLL_INVALID_USAGE naming them, and nothing is left on any link, so
- * the communicator stays usable. Cost: ceil(log2 n) alpha.
+ * not a power of two; MAX does not mind), so all ranks hold the same table
+ * and decide alike: one root, go on; several, every rank fails with
+ * COLL_INVALID_USAGE naming each root and the ranks that named it, and
+ * nothing is left on any link, so the communicator stays usable.
+ * Cost: ceil(log2 n) (alpha + 4 n beta).
  *
  * For a small host broadcast the data rides along: the state is
- * [n flag bytes | S data bytes], zero except at the root, and MAX over uint8
- * of (data, 0, ..., 0) is the data, so after the same rounds every rank has
- * the root's bytes: ceil(log2 n) (alpha + (n + S) beta), the binomial tree's
+ * [table | S data bytes], the data zero except at the root, and MAX over
+ * uint8 of (data, 0, ..., 0) is the data, so after the same rounds every rank
+ * has the root's bytes: ceil(log2 n) (alpha + (4 n + S) beta), the binomial tree's
  * latency, with the agreement for free. Above COLL_BCAST_FUSED_MAX the tree
  * or chain follows the agreement (broadcast_tree.c), under the same sequence
  * number; its messages carry the root in aux, the agreement's
@@ -43,17 +46,38 @@
 #define COLL_BCAST_FUSED_MAX (8 * 1024)
 #define COLL_BCAST_AGREE_AUX 0xffffffffu
 
-/* The roots set in flags[0, n), as "0, 3" (cut with "..." to fit). */
-static void roots_text(const uint8_t *flags, int n, char *out, size_t cap) {
+static uint32_t get32(const uint8_t *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* "root 0: ranks 0, 1; root 3: rank 2" from the table (cut with "..." to fit). */
+static void roots_text(const uint8_t *table, int n, char *out, size_t cap) {
   size_t len = 0;
   out[0] = 0;
-  for (int k = 0; k < n; k++) {
-    if (!flags[k]) continue;
-    if (len + 16 >= cap) {
-      snprintf(out + len, cap - len, ", ...");
-      return;
+  uint32_t done_below = 0; /* roots + 1 are listed in increasing order */
+  for (;;) {
+    uint32_t next = UINT32_MAX;
+    int count = 0;
+    for (int k = 0; k < n; k++) {
+      uint32_t v = get32(table + 4 * (size_t)k);
+      if (v > done_below && v < next) next = v;
     }
-    len += (size_t)snprintf(out + len, cap - len, len ? ", %d" : "%d", k);
+    if (next == UINT32_MAX) return;
+    for (int k = 0; k < n; k++) count += get32(table + 4 * (size_t)k) == next;
+    len += (size_t)snprintf(out + len, cap - len, "%sroot %u: rank%s", len ? "; " : "",
+                            (unsigned)(next - 1), count > 1 ? "s" : "");
+    int first = 1;
+    for (int k = 0; k < n && len < cap; k++) {
+      if (get32(table + 4 * (size_t)k) != next) continue;
+      if (len + 24 >= cap) {
+        snprintf(out + len, cap - len, ", ...");
+        return;
+      }
+      len += (size_t)snprintf(out + len, cap - len, first ? " %d" : ", %d", k);
+      first = 0;
+    }
+    if (len + 24 >= cap) return;
+    done_below = next;
   }
 }
 
@@ -63,11 +87,11 @@ coll_result_t coll_broadcast_agree(coll_comm_t *comm, const coll_args_t *a, int 
   for (int dist = 1; dist < n; dist <<= 1) rounds++;
   size_t nbytes = a->count * coll_dtype_size(a->dtype);
   int fused = a->memory == COLL_MEMORY_HOST && nbytes <= COLL_BCAST_FUSED_MAX;
-  size_t width = (size_t)n + (fused ? nbytes : 0);
+  size_t table = 4 * (size_t)n, width = table + (fused ? nbytes : 0);
   uint8_t *st = calloc((size_t)rounds + 1, width);
   if (!st) return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory", r);
-  st[root] = 1;
-  if (fused && r == root && nbytes) memcpy(st + n, a->recvbuf, nbytes);
+  for (int i = 0; i < 4; i++) st[4 * (size_t)r + i] = (uint8_t)(((uint32_t)root + 1) >> (8 * i));
+  if (fused && r == root && nbytes) memcpy(st + table, a->recvbuf, nbytes);
 
   coll_sched_t s;
   coll_sched_init(&s, comm, COLL_KIND_BROADCAST, a, COLL_BCAST_AGREE_AUX);
@@ -85,17 +109,18 @@ coll_result_t coll_broadcast_agree(coll_comm_t *comm, const coll_args_t *a, int 
                             : coll_sched_run(&s, coll_comm_deadline(comm, a->timeout));
   coll_sched_free(&s);
   const uint8_t *final = st + (size_t)rounds * width;
-  int named = 0;
-  for (int k = 0; res == COLL_SUCCESS && k < n; k++) named += final[k] != 0;
-  if (res == COLL_SUCCESS && named != 1) {
-    char roots[256];
+  int agreed = 1;
+  for (int k = 0; res == COLL_SUCCESS && k < n; k++)
+    agreed &= get32(final + 4 * (size_t)k) == (uint32_t)root + 1;
+  if (res == COLL_SUCCESS && !agreed) {
+    char roots[1024];
     roots_text(final, n, roots, sizeof roots);
     res = coll_error(comm, COLL_INVALID_USAGE,
-                     "rank %d: broadcast #%u: the ranks disagree on the root (roots named: %s; "
-                     "this rank's: %d); nothing was broadcast",
-                     r, seq, roots, root);
+                     "rank %d: broadcast #%u: the ranks disagree on the root (%s); nothing was "
+                     "broadcast",
+                     r, seq, roots);
   } else if (res == COLL_SUCCESS && fused) {
-    if (r != root && nbytes) memcpy(a->recvbuf, final + n, nbytes);
+    if (r != root && nbytes) memcpy(a->recvbuf, final + table, nbytes);
     *done = 1;
   } else if (res == COLL_SUCCESS) {
     comm->seq = seq; /* the tree or chain that follows goes under the same number */
