@@ -45,7 +45,7 @@ def same(case, got, want):
 
 
 for dtype in DTYPES:
-    for shape in [(5,), (2, 3), (0,)]:
+    for shape in [(5,), (2, 3), (0,)] if dtype == "float32" else [(5,), (0,)]:
         nxt, prv = (r + 1) % n, (r - 1) % n
         for mode in ("eager", "jit"):
             # the same calls eager and inside jit (a fresh trace for each)
@@ -153,7 +153,7 @@ ALL = ["float32", "int32", "float64", "int64", "bfloat16", "uint8", "complex64",
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_jax_patterns(n):
-    dtypes = ALL if n in (1, 2) else ["float32", "int64", "bfloat16"]
+    dtypes = ALL if n == 2 else ["float32", "int64", "bfloat16"]
     res = run_world(n, BODY, args=[json.dumps(dtypes)], timeout=170, collective_timeout=20,
                     env={"JAX_PLATFORMS": "cpu"}).assert_ok()
     for k in range(n):
