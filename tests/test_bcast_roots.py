@@ -9,7 +9,10 @@ the whole timeout with a message that did not mention roots.
 
 The first call of each world runs with no link made yet. After each failed
 call an agreeing broadcast checks that the communicator is
-still usable and that no byte of the failed call was left on a link.
+still usable and that no byte of the failed call was left on a link. The
+rooted collectives (MPI Reduce/Gather/Scatter, collectives.jax gather/scatter/
+reduce) run the same agreement and are checked alike; before, they waited the
+whole timeout.
 """
 import pytest
 
@@ -156,3 +159,62 @@ def test_jax_and_torch_broadcast_with_disagreeing_roots_fail_everywhere(n):
                     timeout=140, collective_timeout=10,
                     env={"JAX_PLATFORMS": "cpu", "TORCH_PORT": str(free_port())}).assert_ok()
     _check(res, n, ["jax", "torch"])
+
+
+ROOTED_BODY = r"""
+from collectives import MPI
+comm = MPI.COMM_WORLD
+n, r = comm.size, comm.rank
+PATTERNS = json.loads(sys.argv[1])
+calls = [
+    ("Reduce", lambda root: comm.Reduce(np.full(6, r, np.int32), np.empty(6, np.int32)
+                                        if r == root else None, op=MPI.SUM, root=root)),
+    ("Gather", lambda root: comm.Gather(np.full(3, r, np.int32), np.empty(3 * n, np.int32)
+                                        if r == root else None, root=root)),
+    ("Scatter", lambda root: comm.Scatter(np.zeros(3 * n, np.int32) if r == root else None,
+                                          np.empty(3, np.int32), root=root)),
+]
+if sys.argv[2]:
+    import jax.numpy as jnp
+    import collectives.jax as cj
+    calls += [("jax.gather", lambda root: np.asarray(cj.gather(jnp.ones(3), root))),
+              ("jax.scatter", lambda root: np.asarray(cj.scatter(
+                  jnp.ones((n, 3)) if r == root else jnp.ones(3), root))),
+              ("jax.reduce", lambda root: np.asarray(cj.reduce(jnp.ones(3), "sum", root)))]
+for name, call in calls:
+    for roots in PATTERNS:
+        case = f"{name} roots {roots}"
+        try:
+            call(roots[r])
+            emit("case", case=case, raised=False)
+        except Exception as exc:
+            emit("case", case=case, raised=True, message=str(exc))
+        try:  # an agreeing call right after: the communicator is still usable
+            call(0)
+        except Exception as exc:
+            fail(case, f"agreeing call after it raised {exc!r}")
+finish()
+"""
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_rooted_collectives_with_disagreeing_roots_fail_everywhere(n):
+    try:
+        import jax  # noqa: F401
+        frameworks = "jax"
+    except ImportError:
+        frameworks = ""
+    res = run_world(n, args=[__import__("json").dumps(PATTERNS[n][:2]), frameworks],
+                    body=ROOTED_BODY, timeout=120, collective_timeout=10,
+                    env={"JAX_PLATFORMS": "cpu"}).assert_ok()
+    for r in range(n):
+        recs = res[r].get("case")
+        assert len(recs) == (6 if frameworks else 3) * 2
+        for rec in recs:
+            roots = [int(x) for x in rec["case"].split("roots ")[1].strip("[]").split(",")]
+            said = "; ".join(
+                f"root {k}: rank{'s' if roots.count(k) > 1 else ''} "
+                + ", ".join(str(i) for i, x in enumerate(roots) if x == k)
+                for k in sorted(set(roots)))
+            assert rec["raised"] and f"the ranks disagree on the root ({said})" in rec["message"], \
+                f"rank {r}, {rec['case']}: {rec}"

@@ -14,12 +14,13 @@ coll_result_t coll_allreduce_tree(coll_sched_t *s, const coll_args_t *a);
 coll_result_t coll_allreduce_butterfly(coll_sched_t *s, const coll_args_t *a);
 coll_result_t coll_allgatherv_ring(coll_sched_t *s, const coll_args_t *a);
 coll_result_t coll_broadcast_tree(coll_sched_t *s, const coll_args_t *a);
-/* Runs before every broadcast on more than one rank (broadcast_agree.c):
- * all ranks learn which roots were named and, if more than one, all fail
- * with COLL_INVALID_USAGE naming them (the communicator stays usable). A
- * small host broadcast is done by the same step (*done set); otherwise the
- * broadcast proper follows under the same sequence number. */
-coll_result_t coll_broadcast_agree(coll_comm_t *comm, const coll_args_t *a, int *done);
+/* Runs before every broadcast, reduce, gatherv and scatterv on more than one
+ * rank (broadcast_agree.c; kind names the collective): all ranks learn every
+ * rank's root and, if they differ, all fail with COLL_INVALID_USAGE naming
+ * them (the communicator stays usable). A small host broadcast is done by
+ * the same step (*done set); otherwise the collective proper follows under
+ * the same sequence number. */
+coll_result_t coll_root_agree(coll_comm_t *comm, const coll_args_t *a, coll_kind_t kind, int *done);
 /* Ring reduce-scatter of sendbuf (size * count elements) into tmp (same
  * size); rank r's fully reduced block r ends in tmp + r * count. */
 coll_result_t coll_reduce_scatter_ring(coll_sched_t *s, const coll_args_t *a, void *tmp);

@@ -1,6 +1,7 @@
 /*
- * broadcast_agree.c -- a broadcast whose ranks name different roots fails on
- * every rank, in the same call, with the same list of roots.
+ * broadcast_agree.c -- a broadcast (or reduce, gatherv, scatterv) whose ranks
+ * name different roots fails on every rank, in the same call, with the same
+ * list of roots.
  *
  * Checking the root in each message's header is not enough: a rank that
  * believes it is the root receives nothing, and a rank whose tree differs
@@ -31,8 +32,10 @@
  * number; its messages carry the root in aux, the agreement's
  * COLL_BCAST_AGREE_AUX, which no root can equal.
  *
- * The header's count and dtype are the broadcast's own, so ranks that
- * disagree on those fail here too, naming both values (wire.c).
+ * The header's kind, count and dtype are the collective's own (count 0 for
+ * gatherv and scatterv, whose ranks' counts differ), so ranks that disagree
+ * on those fail here too, naming both values (wire.c). The rooted
+ * collectives (rooted.c) run the same step, without data.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,7 +47,7 @@
 #include "base/status.h"
 
 #define COLL_BCAST_FUSED_MAX (8 * 1024)
-#define COLL_BCAST_AGREE_AUX 0xffffffffu
+#define COLL_BCAST_AGREE_AUX 0xffffffffu /* no root is this large */
 
 static uint32_t get32(const uint8_t *p) {
   return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
@@ -81,12 +84,17 @@ static void roots_text(const uint8_t *table, int n, char *out, size_t cap) {
   }
 }
 
-coll_result_t coll_broadcast_agree(coll_comm_t *comm, const coll_args_t *a, int *done) {
-  int n = comm->size, r = comm->rank, root = a->root, rounds = 0;
+coll_result_t coll_root_agree(coll_comm_t *comm, const coll_args_t *args, coll_kind_t kind,
+                              int *done) {
+  int n = comm->size, r = comm->rank, root = args->root, rounds = 0;
   *done = 0;
   for (int dist = 1; dist < n; dist <<= 1) rounds++;
+  coll_args_t h = *args; /* what the header carries */
+  if (kind != COLL_KIND_BROADCAST && kind != COLL_KIND_REDUCE) h.count = 0; /* ranks' own blocks */
+  const coll_args_t *a = &h;
   size_t nbytes = a->count * coll_dtype_size(a->dtype);
-  int fused = a->memory == COLL_MEMORY_HOST && nbytes <= COLL_BCAST_FUSED_MAX;
+  int fused = kind == COLL_KIND_BROADCAST && a->memory == COLL_MEMORY_HOST &&
+              nbytes <= COLL_BCAST_FUSED_MAX;
   size_t table = 4 * (size_t)n, width = table + (fused ? nbytes : 0);
   uint8_t *st = calloc((size_t)rounds + 1, width);
   if (!st) return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory", r);
@@ -94,7 +102,8 @@ coll_result_t coll_broadcast_agree(coll_comm_t *comm, const coll_args_t *a, int 
   if (fused && r == root && nbytes) memcpy(st + table, a->recvbuf, nbytes);
 
   coll_sched_t s;
-  coll_sched_init(&s, comm, COLL_KIND_BROADCAST, a, COLL_BCAST_AGREE_AUX);
+  coll_sched_init(&s, comm, kind, a, COLL_BCAST_AGREE_AUX);
+  s.hdr.redop = 0; /* a reduce's op is checked by the reduce itself */
   uint32_t seq = s.hdr.seq;
   s.reduce = coll_reduce_kernel(COLL_UINT8, COLL_MAX);
   s.elem = 1;
@@ -116,14 +125,13 @@ coll_result_t coll_broadcast_agree(coll_comm_t *comm, const coll_args_t *a, int 
     char roots[1024];
     roots_text(final, n, roots, sizeof roots);
     res = coll_error(comm, COLL_INVALID_USAGE,
-                     "rank %d: broadcast #%u: the ranks disagree on the root (%s); nothing was "
-                     "broadcast",
-                     r, seq, roots);
+                     "rank %d: %s #%u: the ranks disagree on the root (%s); nothing was sent",
+                     r, coll_kind_name(kind), seq, roots);
   } else if (res == COLL_SUCCESS && fused) {
     if (r != root && nbytes) memcpy(a->recvbuf, final + table, nbytes);
     *done = 1;
   } else if (res == COLL_SUCCESS) {
-    comm->seq = seq; /* the tree or chain that follows goes under the same number */
+    comm->seq = seq; /* the collective that follows goes under the same number */
   }
   free(st);
   return res;

@@ -15,6 +15,9 @@
  *   The accumulator is recvbuf at the root and a scratch copy elsewhere
  *   (recvbuf there is not the caller's to write).
  *
+ * All three first agree on the root (broadcast_agree.c: ceil(log2 n)
+ * alpha), so ranks that name different roots fail together, naming them.
+ *
  * gatherv / scatterv: linear: every rank sends its block to the root (or
  * receives its block from it) in segments, and the root keeps all n - 1
  * transfers in flight at once; (n - 1)·alpha + S·beta at the root, which is
@@ -27,6 +30,7 @@
 #include <string.h>
 
 #include "coll.h"
+#include "algorithms/algorithms.h"
 #include "base/comm.h"
 #include "algorithms/pattern.h"
 #include "reduce/reduce.h"
@@ -96,6 +100,8 @@ static coll_result_t run_reduce(coll_comm_t *comm, const coll_args_t *a) {
     if (nbytes && a->recvbuf != a->sendbuf) memcpy(a->recvbuf, a->sendbuf, nbytes);
     return COLL_SUCCESS; /* AVG over one rank is the value itself */
   }
+  int done;
+  COLL_CHECK(coll_root_agree(comm, a, COLL_KIND_REDUCE, &done));
   int children[32];
   int nchild = coll_binomial_children(r, n, root, children);
   int parent = coll_binomial_parent(r, n, root);
@@ -143,7 +149,8 @@ static coll_result_t check_gatherv(coll_comm_t *comm, const coll_args_t *a) {
 
 static coll_result_t run_gatherv(coll_comm_t *comm, const coll_args_t *a) {
   size_t elem = coll_dtype_size(a->dtype);
-  int root = a->root, r = comm->rank;
+  int root = a->root, r = comm->rank, done;
+  if (comm->size > 1) COLL_CHECK(coll_root_agree(comm, a, COLL_KIND_GATHER, &done));
   coll_sched_t s;
   coll_sched_init(&s, comm, COLL_KIND_GATHER, a, (uint32_t)root);
   s.hdr.count = 0; /* each rank's own block: checked per message instead */
@@ -173,7 +180,8 @@ static coll_result_t check_scatterv(coll_comm_t *comm, const coll_args_t *a) {
 
 static coll_result_t run_scatterv(coll_comm_t *comm, const coll_args_t *a) {
   size_t elem = coll_dtype_size(a->dtype);
-  int root = a->root, r = comm->rank;
+  int root = a->root, r = comm->rank, done;
+  if (comm->size > 1) COLL_CHECK(coll_root_agree(comm, a, COLL_KIND_SCATTER, &done));
   coll_sched_t s;
   coll_sched_init(&s, comm, COLL_KIND_SCATTER, a, (uint32_t)root);
   s.hdr.count = 0;

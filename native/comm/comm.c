@@ -313,7 +313,7 @@ static coll_result_t run_broadcast(coll_comm_t *comm, const coll_args_t *args) {
   COLL_CHECK(memory_begin(comm, args, &d));
   if (comm->size == 1) return COLL_SUCCESS;
   int done = 0;
-  coll_result_t agreed = coll_broadcast_agree(comm, &d, &done);
+  coll_result_t agreed = coll_root_agree(comm, &d, COLL_KIND_BROADCAST, &done);
   if (agreed != COLL_SUCCESS || done) return memory_end(comm, &d, agreed);
   coll_sched_t s;
   coll_sched_init(&s, comm, COLL_KIND_BROADCAST, &d, (uint32_t)d.root);
