@@ -104,14 +104,25 @@ class Agreement:
         self.core = core
         self.rank = rank
         self.size = size
-        self.calls = 0  # exchanges so far (the decorator tells a failure before one apart)
         self.lock = threading.Lock()
         self._counts = [SLOT] * size
+        self._local = threading.local()
+        # called before every exchange (the context drains its async lane there, so an
+        # exchange made on the caller's thread follows every op queued before it)
+        self.before_exchange: Optional[Callable[[], None]] = None
+
+    @property
+    def calls(self) -> int:
+        """Exchanges made so far on the calling thread (the decorator tells a failure
+        before one apart; the async lane's exchanges do not count on the caller's)."""
+        return getattr(self._local, "calls", 0)
 
     def _exchange(self, slot: bytearray) -> tuple[np.ndarray, list]:
         out = np.empty(self.size * SLOT, dtype=np.uint8)
+        if self.before_exchange is not None:
+            self.before_exchange()
         with self.lock:
-            self.calls += 1
+            self._local.calls = self.calls + 1
             self.core.allgatherv(np.frombuffer(slot, dtype=np.uint8), out, self._counts)
         return out.reshape(self.size, SLOT), [_HEAD.unpack_from(out, r * SLOT)
                                               for r in range(self.size)]
@@ -234,7 +245,12 @@ def symmetric(what: str, get: Callable[[], Any]) -> Callable:
                 if agreement is not None and agreement.size > 1 and agreement.calls == before \
                         and _usable(agreement.core):
                     agreement.fail(what, e)
-                raise
+                from .exceptions import internal_error
+
+                translated = internal_error(e)  # a failed collective: Horovod's class
+                if translated is e:
+                    raise
+                raise translated from e
             finally:
                 _depth.n = 0
 

@@ -225,6 +225,7 @@ class _DistributedOptimizer:
                 b.target = b.flat
             _scale(b.target, prescale)
             buf, dt = as_buffer(b.target)
+            self._ctx.lane.drain()  # after the async ops queued before (see _lane)
             b.request = self._ctx.core.iallreduce(None, buf, op=core_op, dtype=dt)
         self._launched += 1
 
