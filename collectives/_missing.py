@@ -86,8 +86,7 @@ MPI4PY_MODULE = frozenset("""
 
 # horovod.torch (0.28): public names that collectives.torch lacks.
 HOROVOD_TORCH = frozenset("""
-    ProcessSet global_process_set add_process_set remove_process_set SyncBatchNorm
-    start_timeline stop_timeline sparse_allreduce_async elastic
+    SyncBatchNorm start_timeline stop_timeline elastic
 """.split())
 
 

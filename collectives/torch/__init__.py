@@ -17,7 +17,9 @@ from .functions import (allgather_object, broadcast_object, broadcast_optimizer_
 from .exceptions import HorovodInternalError, HostsUpdatedInterrupt
 from .gather_ops import (allgather_async, alltoall, alltoall_async, grouped_allgather,
                          grouped_allgather_async, grouped_reducescatter,
-                         grouped_reducescatter_async, reducescatter, reducescatter_async)
+                         grouped_reducescatter_async, reducescatter, reducescatter_async,
+                         sparse_allreduce_async)
+from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .mpi_ops import (Adasum, Average, Handle, LayoutMismatch, Max, Min, Product, ReduceOp, Sum,
                       allgather, allreduce, allreduce_, allreduce_async,
                       allreduce_async_, barrier, broadcast, broadcast_,
@@ -55,5 +57,6 @@ __all__ = [
     "shutdown", "size", "synchronize", "DistributedOptimizer", "ProcessGroupCollectives",
     "register_backend", "DGC", "DGCSGD", "TopKCompressor", "HorovodInternalError",
     "HostsUpdatedInterrupt", "grouped_allgather", "grouped_allgather_async",
-    "grouped_reducescatter", "grouped_reducescatter_async",
+    "grouped_reducescatter", "grouped_reducescatter_async", "sparse_allreduce_async",
+    "ProcessSet", "add_process_set", "global_process_set", "remove_process_set",
 ]

@@ -35,7 +35,7 @@ from .mpi_ops import (_allgather_now, _queue, _check_process_set, _grouped_start
 __all__ = [
     "alltoall", "alltoall_async", "reducescatter", "reducescatter_async", "allgather_async",
     "grouped_allgather", "grouped_allgather_async", "grouped_reducescatter",
-    "grouped_reducescatter_async",
+    "grouped_reducescatter_async", "sparse_allreduce_async",
 ]
 
 Splits = Union[None, Sequence[int], torch.Tensor]
@@ -344,6 +344,47 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: Optional[
     return _queue("grouped_reducescatter", name,
                   lambda: [_reducescatter_run(t, op, prescale_factor, postscale_factor, None)
                            for t in tensors], tensors)
+
+
+@_symmetric("sparse_allreduce")
+def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str] = None,
+                           op: Optional[ReduceOp] = None, process_set: Any = None) -> Job:
+    """Start the allreduce of a sparse COO tensor on the async lane (Horovod's: the
+    indices and the values of every rank are allgathered; entries at the same index
+    are not merged, as torch's sparse sum does not merge them either).
+
+    Args:
+        tensor: a sparse COO CPU tensor of the same dense shape on every rank.
+        name: a name for the operation.
+        op: Average (default: the values divided by the rank count) or Sum.
+        process_set: only the global set is supported.
+
+    Returns:
+        A handle; ``synchronize()`` returns the sparse result (uncoalesced).
+    """
+    _check_process_set(process_set)
+    op = resolve_op(None, op)
+    if op.name not in ("Sum", "Average"):
+        raise ValueError(f"sparse_allreduce_async: op must be Sum or Average, got {op.name}")
+    if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.sparse_coo:
+        raise TypeError("sparse_allreduce_async takes a sparse COO tensor")
+    indices = tensor._indices().t().contiguous()  # one row per entry, so dim 0 concatenates
+    values = tensor._values().contiguous()
+    check_tensor(values, "values")
+    wire_dtype(values.dtype)
+    shape = tensor.shape
+
+    def run() -> torch.Tensor:
+        ctx = current()
+        ctx.check_now(f"sparse_allreduce shape={tuple(shape)} dtype={str(values.dtype)[6:]} "
+                      f"op={op.name} name={name!r}", "sparse_allreduce")
+        idx = _allgather_now(indices, "sparse_allreduce")[0]
+        vals = _allgather_now(values, "sparse_allreduce")[0]
+        if op.name == "Average":
+            vals = vals / ctx.size
+        return torch.sparse_coo_tensor(idx.t(), vals, shape)
+
+    return _queue("sparse_allreduce", name, run, tensor)
 
 
 # --------------------------------------------------------- grouped allreduce

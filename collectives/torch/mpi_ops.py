@@ -57,8 +57,9 @@ def _symmetric(what: str) -> Callable:
 
 
 def _check_process_set(process_set: Any) -> None:
-    if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
-        raise NotImplementedError("collectives.torch: process sets are not supported")
+    from .process_sets import check_process_set
+
+    check_process_set(process_set)
 
 
 # ------------------------------------------------------------------ handles

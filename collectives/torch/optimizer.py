@@ -353,8 +353,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     Returns:
         The distributed optimizer.
     """
-    if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
-        raise NotImplementedError("collectives.torch: process sets are not supported")
+    from .process_sets import check_process_set
+
+    check_process_set(process_set)
     if num_groups and groups is None:
         groups = num_groups
     # A compressor with its own exchange (collectives.torch.dgc) brings its own subclass.
