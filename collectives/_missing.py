@@ -86,7 +86,7 @@ MPI4PY_MODULE = frozenset("""
 
 # horovod.torch (0.28): public names that collectives.torch lacks.
 HOROVOD_TORCH = frozenset("""
-    SyncBatchNorm start_timeline stop_timeline elastic
+    start_timeline stop_timeline elastic
 """.split())
 
 
