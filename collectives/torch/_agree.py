@@ -50,7 +50,8 @@ HEAD = 32
 DESC = 96
 INLINE = SLOT - HEAD - DESC  # 384 bytes: e.g. 96 float32 elements
 MAGIC = 0x41445648  # "HVDA"
-OK, FAILED = 1, 2
+OK, FAILED, JOINED = 1, 2, 3  # JOINED: this rank is in join() (see _join)
+PLAN = 1 << 62  # set in `extra` of an allreduce a joined rank can serve (see _join)
 _HEAD = struct.Struct("<IIQqq")  # magic, status, digest, nbytes, extra: HEAD bytes
 
 
@@ -156,6 +157,19 @@ class Agreement:
             raise LayoutMismatch(f"{what}: rank {bad[0]} sent no agreement slot (collectives "
                                  "called in a different order?)") from error
 
+    def exchange_joined(self, rounds: int) -> tuple[np.ndarray, list]:
+        """join()'s exchange: a JOINED slot (extra = exchanges since this rank joined)
+        against whatever the other ranks send; raises only for a malformed or missing slot."""
+        slot = bytearray(SLOT)
+        _HEAD.pack_into(slot, 0, MAGIC, JOINED, 0, -1, rounds)
+        slot[HEAD:HEAD + 4] = b"join"
+        slots, heads = self._exchange(slot)
+        bad = [r for r in range(self.size) if heads[r][0] != MAGIC or
+               not -1 <= heads[r][3] <= INLINE]
+        if bad:
+            raise LayoutMismatch(f"join: rank {bad[0]} sent a malformed or no agreement slot")
+        return slots, heads
+
     def _judge(self, what: str, slots: np.ndarray, heads: list) -> None:
         first = heads[0]
         if all(h[0] == MAGIC and h[1] == OK and h[2] == first[2] and -1 <= h[3] <= INLINE
@@ -174,14 +188,44 @@ class Agreement:
             k = failed[0]
             raise LayoutMismatch(f"rank {k} raised before the collective, so no rank ran it "
                                  f"({_text(slots[k], HEAD, SLOT)})")
-        differ = [r for r in range(self.size) if heads[r][2] != first[2]]
+        bad = [r for r in range(self.size) if heads[r][1] not in (OK, JOINED)]
+        if bad:
+            raise LayoutMismatch(f"{what}: rank {bad[0]} sent an agreement slot with unknown "
+                                 f"status {heads[bad[0]][1]}")
+        joined = [r for r in range(self.size) if heads[r][1] == JOINED]
+        live = [r for r in range(self.size) if heads[r][1] != JOINED]
+        ref = live[0] if live else 0
+        differ = [r for r in live if heads[r][2] != heads[ref][2]]
+        if joined and not differ:
+            if join_plan(heads) is not None:
+                return  # the joined ranks contribute zeros (see _join)
+            raise LayoutMismatch(joined_message(slots, heads))
         k = differ[0]
         raise LayoutMismatch(
-            "ranks passed different arguments to one call, so no rank ran it: rank 0 has "
-            f"{_text(slots[0], HEAD, HEAD + DESC)}; rank {k} has "
+            f"ranks passed different arguments to one call, so no rank ran it: rank {ref} has "
+            f"{_text(slots[ref], HEAD, HEAD + DESC)}; rank {k} has "
             f"{_text(slots[k], HEAD, HEAD + DESC)}"
-            + (f" (ranks {', '.join(map(str, differ))} differ from rank 0)"
+            + (f" (ranks {', '.join(map(str, differ))} differ from rank {ref})"
                if len(differ) > 1 else ""))
+
+
+def joined_message(slots: np.ndarray, heads: list) -> str:
+    """The error every rank raises (the same words on each) when the ranks not in
+    join() agree on an operation the joined ranks cannot serve."""
+    joined = [r for r in range(len(heads)) if heads[r][1] == JOINED]
+    live = [r for r in range(len(heads)) if heads[r][1] != JOINED]
+    return (f"rank{'s' if len(joined) > 1 else ''} {', '.join(map(str, joined))} called "
+            "join(), and joined ranks serve only allreduce (with zeros), so no rank ran "
+            f"{_text(slots[live[0]], HEAD, HEAD + DESC)}")
+
+
+def join_plan(heads: list) -> Optional[int]:
+    """The allreduce plan (see _join) the ranks not in join() agree on, or None: they
+    must all be OK, with one digest and one PLAN-flagged `extra`."""
+    live = [h for h in heads if h[1] != JOINED]
+    if not live or any(h[1] != OK or h[2] != live[0][2] or h[4] != live[0][4] for h in live):
+        return None
+    return live[0][4] if live[0][4] & PLAN else None
 
 
 def inline_bytes(buf: Any) -> Optional[np.ndarray]:

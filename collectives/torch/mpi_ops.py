@@ -21,7 +21,6 @@ bytes travel inside that allgather, which then is the whole collective.
 """
 from __future__ import annotations
 
-import time
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -36,6 +35,7 @@ from .basics import (Adasum, Average, Max, Min, Product, ReduceOp, Sum, ccl_buil
                      mpi_threads_supported, nccl_built, rank, resolve_op, rocm_built, shutdown,
                      size)
 from .compression import Compression
+from ._join import encode_plan, join
 from ._lane import Job
 from .exceptions import internal_error
 
@@ -212,8 +212,11 @@ def _allreduce_start(tensor: torch.Tensor, output: torch.Tensor, op: ReduceOp, p
         return output
 
     if ctx.size > 1:
+        # a rank in join() serves it with zeros from the plan in `extra` (see _join)
+        plan = encode_plan(rbuf.size, dt or rbuf.dtype.name, op.core) \
+            if isinstance(rbuf, np.ndarray) else 0
         agreed = ctx.agreement.agree(what, _describe(what, name, tensor, op=op.name),
-                                     inline_bytes(rbuf if sbuf is None else sbuf))
+                                     inline_bytes(rbuf if sbuf is None else sbuf), extra=plan)
         if agreed.inline:
             reduce_inline(agreed, rbuf, op.core, dt)
             return Handle([], output, finish)
@@ -673,25 +676,3 @@ def barrier(process_set: Any = None) -> None:
     else:  # the core's barrier waits for the queued (async) calls, as the docstring says
         ctx.lane.drain()
         ctx.core.barrier()
-
-
-def join(device: int = -1) -> int:
-    """Wait until every rank has joined; return the rank that joined last.
-
-    Unlike Horovod, ranks that joined early do not serve other ranks'
-    allreduces with zeros: every rank must reach join() after issuing the same
-    collectives (join is a barrier that also reports the last arrival, judged
-    by this host's wall clock).
-
-    Args:
-        device: ignored (CPU only).
-
-    Returns:
-        The rank that called join() last.
-    """
-    ctx = current()
-    if ctx.size == 1:
-        return 0
-    stamps = ctx.agreement.agree("join", "join", extra=time.time_ns()).extra
-    return int(np.argmax(stamps))
-
