@@ -135,7 +135,7 @@ def rocm_built() -> bool:
 # ---------------------------------------------------------------------- ops
 
 class ReduceOp:
-    """A reduction: Average, Sum, Min, Max, Product (Adasum is not supported)."""
+    """A reduction: Average, Sum, Min, Max, Product; Adasum (allreduce only, see adasum)."""
 
     def __init__(self, name: str, core: Optional[str]) -> None:
         self.name = name

@@ -189,6 +189,10 @@ def _allreduce_start(tensor: torch.Tensor, output: torch.Tensor, op: ReduceOp, p
     """Queue out = op over ranks of tensor (output may be tensor itself: in place)."""
     ctx = current()
     check_tensor(tensor)
+    if op is Adasum:  # not a core op: see adasum
+        from .adasum import adasum_into
+
+        return Handle([], adasum_into(tensor, output, prescale, postscale, name))
     wdt = wire_dtype(tensor.dtype)
     in_place = output is tensor
     src = tensor.detach()
@@ -224,6 +228,18 @@ def _allreduce_start(tensor: torch.Tensor, output: torch.Tensor, op: ReduceOp, p
     return Handle([req], output, finish, keep=(tensor, send, recv))
 
 
+def _resolve_allreduce_op(average: Optional[bool], op: Optional[ReduceOp],
+                          tensor: torch.Tensor) -> ReduceOp:
+    """resolve_op, with Adasum too (checked here, before anything is sent)."""
+    check_tensor(tensor)
+    if op is Adasum and average is None:
+        from .adasum import check
+
+        check(tensor, current().size)
+        return op
+    return resolve_op(average, op)
+
+
 @_symmetric("allreduce")
 def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
                     op: Optional[ReduceOp] = None, prescale_factor: float = 1.0,
@@ -234,7 +250,7 @@ def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: 
         tensor: a CPU tensor, same shape and dtype on every rank.
         average: deprecated; use op.
         name: a name; ranks must use the same name for the same tensor.
-        op: Average (default), Sum, Min, Max or Product.
+        op: Average (default), Sum, Min, Max, Product or Adasum (see collectives.torch.adasum).
         prescale_factor: multiply the input by this before reducing.
         postscale_factor: multiply the result by this after reducing.
         process_set: only the global set is supported.
@@ -243,8 +259,7 @@ def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: 
         A Handle for ``poll()`` / ``synchronize()``.
     """
     _check_process_set(process_set)
-    op = resolve_op(average, op)
-    check_tensor(tensor)
+    op = _resolve_allreduce_op(average, op, tensor)
     output = _empty_like(tensor)
     return _queue("allreduce", name, lambda: _allreduce_start(
         tensor, output, op, prescale_factor, postscale_factor, name, "allreduce"), tensor, True)
@@ -261,8 +276,7 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None,
         A Handle; ``synchronize()`` returns `tensor` holding the result.
     """
     _check_process_set(process_set)
-    op = resolve_op(average, op)
-    check_tensor(tensor)
+    op = _resolve_allreduce_op(average, op, tensor)
     return _queue("allreduce", name, lambda: _allreduce_start(
         tensor, tensor, op, prescale_factor, postscale_factor, name, "allreduce"), tensor, True)
 
@@ -297,7 +311,7 @@ def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Option
         average: deprecated; use op.
         name: a name; ranks must use the same name for the same tensor.
         compression: Compression.none or Compression.fp16 (applied around the wire).
-        op: Average (default), Sum, Min, Max or Product.
+        op: Average (default), Sum, Min, Max, Product or Adasum (see collectives.torch.adasum).
         prescale_factor: multiply the input by this before reducing.
         postscale_factor: multiply the result by this after reducing.
         process_set: only the global set is supported.
@@ -306,8 +320,7 @@ def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Option
         A tensor of the same shape and dtype as `tensor` holding the result.
     """
     _check_process_set(process_set)
-    op = resolve_op(average, op)
-    check_tensor(tensor)
+    op = _resolve_allreduce_op(average, op, tensor)
     compressed, cctx = compression.compress(tensor)
     if compressed.requires_grad and torch.is_grad_enabled():
         out = _AllreduceFunction.apply(compressed, op, prescale_factor, postscale_factor, name)
