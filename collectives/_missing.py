@@ -86,7 +86,7 @@ MPI4PY_MODULE = frozenset("""
 
 # horovod.torch (0.28): public names that collectives.torch lacks.
 HOROVOD_TORCH = frozenset("""
-    start_timeline stop_timeline elastic
+    elastic
 """.split())
 
 

@@ -20,6 +20,7 @@ from .gather_ops import (allgather_async, alltoall, alltoall_async, grouped_allg
                          grouped_reducescatter_async, reducescatter, reducescatter_async,
                          sparse_allreduce_async)
 from .sync_batch_norm import SyncBatchNorm
+from .timeline import start_timeline, stop_timeline
 from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .mpi_ops import (Adasum, Average, Handle, LayoutMismatch, Max, Min, Product, ReduceOp, Sum,
                       allgather, allreduce, allreduce_, allreduce_async,
@@ -60,5 +61,5 @@ __all__ = [
     "HostsUpdatedInterrupt", "grouped_allgather", "grouped_allgather_async",
     "grouped_reducescatter", "grouped_reducescatter_async", "sparse_allreduce_async",
     "ProcessSet", "add_process_set", "global_process_set", "remove_process_set",
-    "SyncBatchNorm",
+    "SyncBatchNorm", "start_timeline", "stop_timeline",
 ]

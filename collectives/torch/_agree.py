@@ -41,6 +41,7 @@ import functools
 import hashlib
 import struct
 import threading
+import time
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -111,6 +112,7 @@ class Agreement:
         # called before every exchange (the context drains its async lane there, so an
         # exchange made on the caller's thread follows every op queued before it)
         self.before_exchange: Optional[Callable[[], None]] = None
+        self.timeline: Any = None  # a timeline.Timeline while one records
 
     @property
     def calls(self) -> int:
@@ -122,9 +124,12 @@ class Agreement:
         out = np.empty(self.size * SLOT, dtype=np.uint8)
         if self.before_exchange is not None:
             self.before_exchange()
+        start = time.perf_counter_ns()
         with self.lock:
             self._local.calls = self.calls + 1
             self.core.allgatherv(np.frombuffer(slot, dtype=np.uint8), out, self._counts)
+        if self.timeline is not None:
+            self.timeline.record("NEGOTIATE", "agreement", start, time.perf_counter_ns())
         return out.reshape(self.size, SLOT), [_HEAD.unpack_from(out, r * SLOT)
                                               for r in range(self.size)]
 
@@ -282,6 +287,8 @@ def symmetric(what: str, get: Callable[[], Any]) -> Callable:
             except Exception:
                 agreement = None
             before = agreement.calls if agreement is not None else 0
+            timeline = agreement.timeline if agreement is not None else None
+            start = time.perf_counter_ns() if timeline is not None else 0
             _depth.n = 1
             try:
                 return fn(*args, **kwargs)
@@ -297,6 +304,10 @@ def symmetric(what: str, get: Callable[[], Any]) -> Callable:
                 raise translated from e
             finally:
                 _depth.n = 0
+                if timeline is not None:
+                    name = kwargs.get("name")
+                    timeline.record(fn.__name__, "op", start, time.perf_counter_ns(),
+                                    {"name": name} if isinstance(name, str) else None)
 
         return call
 

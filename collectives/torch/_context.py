@@ -122,6 +122,7 @@ class TorchContext:
         self.lane = Lane()  # the *_async operations (see _lane)
         self.names = Names()  # their names in flight
         self.agreement.before_exchange = self.lane.drain
+        self.timeline: Any = None  # a timeline.Timeline while one records (rank 0)
         hosts = comm.allgather(socket.gethostname()) if self.size > 1 else [socket.gethostname()]
         order = list(dict.fromkeys(hosts))
         self.cross_rank: int = order.index(hosts[self.rank])

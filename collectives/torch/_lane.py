@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from typing import Any, Callable, Optional
 
 __all__ = ["Lane", "Job", "Names"]
@@ -33,6 +34,9 @@ class Job:
     """
 
     def __init__(self, fn: Callable[[], Any], keep: Any = None, chained: bool = False) -> None:
+        self.label = ""  # the operation, for the timeline
+        self.timeline: Any = None
+        self.queued = 0
         self._fn = fn
         self._keep = keep
         self._chained = chained
@@ -42,6 +46,7 @@ class Job:
 
     def run(self) -> None:
         """Run on the lane (never raises: the error is kept for wait())."""
+        start = time.perf_counter_ns()
         try:
             self._output = self._fn()
         except BaseException as e:  # noqa: BLE001 -- re-raised by wait() on the caller
@@ -49,6 +54,10 @@ class Job:
         finally:
             self._fn = None
             self._keep = None
+            if self.timeline is not None:
+                args = {"op": self.label}
+                self.timeline.record("QUEUE", "async", self.queued, start, args)
+                self.timeline.record("RUN", "async", start, time.perf_counter_ns(), args)
             self._event.set()
 
     def poll(self) -> bool:
@@ -81,6 +90,7 @@ class Lane:
         self._queue: collections.deque = collections.deque()
         self._busy = False
         self._thread: Optional[threading.Thread] = None
+        self.timeline: Any = None  # a timeline.Timeline while one records
 
     def on_lane(self) -> bool:
         """True on the lane's own thread."""
@@ -88,6 +98,7 @@ class Lane:
 
     def submit(self, job: Job) -> Job:
         """Queue `job` after every job queued before it; return it."""
+        job.timeline, job.queued = self.timeline, time.perf_counter_ns()
         with self._cv:
             self._queue.append(job)
             if self._thread is None:

@@ -17,7 +17,7 @@ bit-identical results. Float tensors only (float16, bfloat16, float32, float64).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -58,14 +58,13 @@ def check(tensor: torch.Tensor, size: int) -> None:
 
 
 def adasum_into(tensor: torch.Tensor, output: torch.Tensor, prescale: float, postscale: float,
-                name: Optional[str]) -> torch.Tensor:
-    """output = Adasum over ranks of prescale * tensor, times postscale (output may be tensor)."""
-    from .mpi_ops import _allgather_now  # mpi_ops imports this module lazily too
-
+                name: Optional[str], allgather: Callable[..., Any]) -> torch.Tensor:
+    """output = Adasum over ranks of prescale * tensor, times postscale (output may be
+    tensor); `allgather(rows, what)` is mpi_ops' agreed allgather (rows, dim-0 sizes)."""
     ctx = current()
     check(tensor, ctx.size)
     x = tensor.detach().to(torch.float64).reshape(1, -1) * prescale
-    rows = _allgather_now(x, f"allreduce Adasum name={name!r}")[0].numpy()
+    rows = allgather(x, f"allreduce Adasum name={name!r}")[0].numpy()
     result = adasum_recursive([rows[r] for r in range(ctx.size)]) * postscale
     output.detach().copy_(torch.from_numpy(result).reshape(tensor.shape).to(output.dtype))
     return output

@@ -14,8 +14,6 @@ Gradients follow Horovod's autograd functions exactly:
   received splits;
 - reducescatter: the allgather of the gradient, times the rank count for Sum
   (none for Average), times the pre- and postscale factors;
-- grouped_allreduce: the grouped allreduce of the gradients with the same op
-  and scale factors (as allreduce's);
 - grouped allgather/reducescatter: each tensor as its single form.
 """
 from __future__ import annotations
@@ -29,8 +27,7 @@ from ._context import as_buffer, check_tensor, current, wire_dtype
 from ._lane import Job
 from .basics import ReduceOp, Sum, resolve_op
 from .compression import Compression
-from .mpi_ops import (_allgather_now, _queue, _check_process_set, _grouped_start, _scale,
-                      _symmetric, allgather, synchronize)
+from .mpi_ops import _allgather_now, _check_process_set, _queue, _scale, _symmetric, allgather
 
 __all__ = [
     "alltoall", "alltoall_async", "reducescatter", "reducescatter_async", "allgather_async",
@@ -385,32 +382,3 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str] = None,
         return torch.sparse_coo_tensor(idx.t(), vals, shape)
 
     return _queue("sparse_allreduce", name, run, tensor)
-
-
-# --------------------------------------------------------- grouped allreduce
-
-class _GroupedAllreduceFunction(torch.autograd.Function):
-    """Differentiable grouped allreduce: the gradients' grouped allreduce (as allreduce)."""
-
-    @staticmethod
-    def forward(ctx: Any, op: ReduceOp, prescale: float, postscale: float, name: Optional[str],
-                *tensors: torch.Tensor) -> tuple:
-        ctx.op, ctx.prescale, ctx.postscale = op, prescale, postscale
-        outputs = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in tensors]
-        return tuple(synchronize(_grouped_start(list(tensors), outputs, op, prescale, postscale,
-                                                name)))
-
-    @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
-        from .mpi_ops import grouped_allreduce
-
-        g = grouped_allreduce([x.contiguous() for x in grads], op=ctx.op,
-                              prescale_factor=ctx.prescale, postscale_factor=ctx.postscale)
-        return (None, None, None, None) + tuple(g)
-
-
-def grouped_allreduce_autograd(tensors: list, op: ReduceOp, prescale: float, postscale: float,
-                               name: Optional[str]) -> list:
-    """grouped_allreduce through autograd (mpi_ops.grouped_allreduce calls this when a
-    tensor requires grad)."""
-    return list(_GroupedAllreduceFunction.apply(op, prescale, postscale, name, *tensors))

@@ -28,7 +28,7 @@ import torch
 
 from .._core import check_root
 from ._agree import LayoutMismatch, inline_bytes, reduce_inline, symmetric
-from ._context import as_buffer, check_tensor, current, wire_dtype
+from ._context import HOLDER, as_buffer, check_tensor, current, wire_dtype
 from .basics import (Adasum, Average, Max, Min, Product, ReduceOp, Sum, ccl_built, cross_rank,
                      cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, init,
                      is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
@@ -37,6 +37,7 @@ from .basics import (Adasum, Average, Max, Min, Product, ReduceOp, Sum, ccl_buil
 from .compression import Compression
 from ._join import encode_plan, join
 from ._lane import Job
+from .timeline import span
 from .exceptions import internal_error
 
 __all__ = [
@@ -137,7 +138,9 @@ def synchronize(handle: Handle) -> Any:
     """
     if handle is None:
         return None
-    return handle.wait()
+    ctx = HOLDER.context
+    with span(ctx.timeline if ctx is not None else None, "WAIT", "wait"):
+        return handle.wait()
 
 
 def _queue(kind: str, name: Optional[str], fn: Callable[[], Any], keep: Any,
@@ -146,7 +149,9 @@ def _queue(kind: str, name: Optional[str], fn: Callable[[], Any], keep: Any,
     if one is in flight); chained: fn returns a Handle, the job completes with it."""
     ctx = current()
     ctx.names.check(kind, name)
-    return ctx.names.hold(kind, name, ctx.lane.submit(Job(fn, keep, chained)))
+    job = Job(fn, keep, chained)
+    job.label = kind if name is None else f"{kind} {name}"
+    return ctx.names.hold(kind, name, ctx.lane.submit(job))
 
 
 def _check_group(tensors: Any) -> list:
@@ -192,7 +197,8 @@ def _allreduce_start(tensor: torch.Tensor, output: torch.Tensor, op: ReduceOp, p
     if op is Adasum:  # not a core op: see adasum
         from .adasum import adasum_into
 
-        return Handle([], adasum_into(tensor, output, prescale, postscale, name))
+        return Handle([], adasum_into(tensor, output, prescale, postscale, name,
+                                      _allgather_now))
     wdt = wire_dtype(tensor.dtype)
     in_place = output is tensor
     src = tensor.detach()
@@ -430,6 +436,31 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[
         tensors, list(tensors), op, prescale_factor, postscale_factor, name), tensors, True)
 
 
+class _GroupedAllreduceFunction(torch.autograd.Function):
+    """Differentiable grouped allreduce: the gradients' grouped allreduce (as allreduce)."""
+
+    @staticmethod
+    def forward(ctx: Any, op: ReduceOp, prescale: float, postscale: float, name: Optional[str],
+                *tensors: torch.Tensor) -> tuple:
+        ctx.op, ctx.prescale, ctx.postscale = op, prescale, postscale
+        outputs = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in tensors]
+        return tuple(synchronize(_grouped_start(list(tensors), outputs, op, prescale, postscale,
+                                                name)))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
+        g = grouped_allreduce([x.contiguous() for x in grads], op=ctx.op,
+                              prescale_factor=ctx.prescale, postscale_factor=ctx.postscale)
+        return (None, None, None, None) + tuple(g)
+
+
+def _grouped_allreduce_autograd(tensors: list, op: ReduceOp, prescale: float, postscale: float,
+                               name: Optional[str]) -> list:
+    """grouped_allreduce through autograd (grouped_allreduce calls this when a tensor
+    requires grad)."""
+    return list(_GroupedAllreduceFunction.apply(op, prescale, postscale, name, *tensors))
+
+
 @_symmetric("grouped_allreduce")
 def grouped_allreduce(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
                       name: Optional[str] = None, compression: type = Compression.none,
@@ -452,10 +483,8 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: Optional[bool] =
     """
     pairs = [compression.compress(t) for t in tensors]
     if torch.is_grad_enabled() and any(p[0].requires_grad for p in pairs):
-        from .gather_ops import grouped_allreduce_autograd
-
         _check_process_set(process_set)
-        outs = grouped_allreduce_autograd([p[0] for p in pairs], resolve_op(average, op),
+        outs = _grouped_allreduce_autograd([p[0] for p in pairs], resolve_op(average, op),
                                           prescale_factor, postscale_factor, name)
         return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
     _check_process_set(process_set)

@@ -9,7 +9,7 @@ operation raises ``NotImplementedError`` naming it, before anything is sent.
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 from ._context import current
 
