@@ -92,6 +92,24 @@ for kind, call in [("allgather", lambda nm: hvd.allgather_async(rows(r), name=nm
             expect("rank 0" in str(e) and "ValueError" in str(e), kind, str(e))
     h = call("dup")  # the first completed: the name is free again
     hvd.synchronize(h)
+# DistributedOptimizer's gradient allreduces (launched from hooks, without an agreement)
+# go after an async op in flight, on every rank
+model = torch.nn.Linear(3, 1, bias=False)
+with torch.no_grad():
+    model.weight.fill_(1.0)
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0),
+                               named_parameters=model.named_parameters(), op=hvd.Sum)
+hvd.barrier()
+if r == 1:
+    time.sleep(LATE)
+hs = [hvd.allgather_async(rows(r) + i) for i in range(3)]  # rank 0: the 2nd and 3rd wait queued
+model(torch.ones(1, 3) * (r + 1)).sum().backward()
+opt.step()
+for i, h in enumerate(hs):
+    expect(torch.equal(hvd.synchronize(h), torch.cat([rows(k) + i for k in range(n)])), "optimizer",
+           f"allgather {i}")
+want = 1.0 - sum(k + 1 for k in range(n))
+expect(torch.allclose(model.weight, torch.full((1, 3), want)), "optimizer", str(model.weight.tolist()))
 emit("after", value=hvd.allreduce(torch.ones(2), op=hvd.Sum).tolist())
 '''
 

@@ -48,6 +48,7 @@ def shutdown() -> None:
     if HOLDER.context is not None:
         from .timeline import stop_timeline
 
+        HOLDER.context.lane.drain()  # the async ops queued before shutdown() run first
         stop_timeline()  # written now, before the world goes
     with HOLDER.lock:
         HOLDER.context = None
