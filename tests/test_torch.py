@@ -333,6 +333,9 @@ def test_public_names_have_docstrings_and_hints():
     for modname in ("collectives.torch", "collectives.torch.basics", "collectives.torch.mpi_ops",
                     "collectives.torch.functions", "collectives.torch.gather_ops",
                     "collectives.torch.exceptions", "collectives.torch._lane",
+                    "collectives.torch.process_sets", "collectives.torch.sync_batch_norm",
+                    "collectives.torch.timeline", "collectives.torch.adasum",
+                    "collectives.torch._join",
                     "collectives.torch.optimizer", "collectives.torch.compression",
                     "collectives.torch.backend"):
         mod = importlib.import_module(modname)

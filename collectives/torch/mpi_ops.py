@@ -2,14 +2,14 @@
 
 Each operation is: check and coerce the tensor -> (autograd Function) ->
 a ``Handle`` that owns the core request and every buffer it uses -> the
-core. ``allreduce_async`` and ``grouped_allreduce_async`` queue on the core's
-progress thread after their agreement. The other ``*_async`` functions
-(broadcast here; allgather, alltoall, reducescatter in ``gather_ops``) run,
-agreement included, on the context's async lane (``_lane``) and return at
-once; every rank still issues collectives in the same program order (every
-exchange on the caller's thread waits for the lane first, and a blocking
-collective waits for the queued allreduces), so mixing them is safe. A second
-``*_async`` of the same kind with a name still in flight raises ValueError.
+core. Every ``*_async`` function (allreduce and broadcast here; allgather,
+alltoall, reducescatter in ``gather_ops``) checks its arguments, then runs,
+agreement included, on the context's async lane (``_lane``) and returns at
+once (an allreduce's data then moves on the core's progress thread); every
+rank still issues collectives in the same program order (every exchange on
+the caller's thread waits for the lane first, and a blocking collective waits
+for the queued allreduces), so mixing them is safe. A second ``*_async`` of
+the same kind with a name still in flight raises ValueError.
 
 Every call starts with the agreement of ``_agree``: one small allgather in
 which every rank sees every rank's arguments (name, shape, dtype, root, op).
@@ -29,16 +29,16 @@ import torch
 from .._core import check_root
 from ._agree import LayoutMismatch, inline_bytes, reduce_inline, symmetric
 from ._context import HOLDER, as_buffer, check_tensor, current, wire_dtype
+from ._join import encode_plan, join
+from ._lane import Job
 from .basics import (Adasum, Average, Max, Min, Product, ReduceOp, Sum, ccl_built, cross_rank,
                      cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, init,
                      is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
                      mpi_threads_supported, nccl_built, rank, resolve_op, rocm_built, shutdown,
                      size)
 from .compression import Compression
-from ._join import encode_plan, join
-from ._lane import Job
-from .timeline import span
 from .exceptions import internal_error
+from .timeline import span
 
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
