@@ -86,10 +86,7 @@ MPI4PY_MODULE = frozenset("""
 
 # horovod.torch (0.28): public names that collectives.torch lacks.
 HOROVOD_TORCH = frozenset("""
-    ProcessSet global_process_set add_process_set remove_process_set SyncBatchNorm
-    start_timeline stop_timeline sparse_allreduce_async grouped_allgather
-    grouped_allgather_async grouped_reducescatter grouped_reducescatter_async
-    HorovodInternalError elastic
+    elastic
 """.split())
 
 

@@ -141,10 +141,11 @@ x = torch.ones(r + 1, 2, requires_grad=True)
 g = hvd.allgather(x)
 (g * torch.arange(g.shape[0], dtype=torch.float32)[:, None]).sum().backward()
 off = sum(k + 1 for k in range(r))
-expect_eq("allgather grad", x.grad, n * torch.arange(off, off + r + 1, dtype=torch.float32)[:, None].expand(r + 1, 2))
+# Horovod averages the gradient over ranks (every rank's weights are equal here)
+expect_eq("allgather grad", x.grad, torch.arange(off, off + r + 1, dtype=torch.float32)[:, None].expand(r + 1, 2))
 x = torch.ones(2, requires_grad=True)
 hvd.broadcast(x, 0).sum().backward()
-expect_eq("broadcast grad", x.grad, torch.full((2,), float(n) if r == 0 else 0.0))
+expect_eq("broadcast grad", x.grad, torch.full((2,), 1.0 if r == 0 else 0.0))
 
 # objects, parameters, optimizer state
 expect(hvd.broadcast_object({"r": r, "t": torch.ones(2) * r}, root_rank=n - 1)["r"] == n - 1, "broadcast_object", "")
@@ -330,7 +331,11 @@ emit("sum", value=t.tolist())
 
 def test_public_names_have_docstrings_and_hints():
     for modname in ("collectives.torch", "collectives.torch.basics", "collectives.torch.mpi_ops",
-                    "collectives.torch.functions",
+                    "collectives.torch.functions", "collectives.torch.gather_ops",
+                    "collectives.torch.exceptions", "collectives.torch._lane",
+                    "collectives.torch.process_sets", "collectives.torch.sync_batch_norm",
+                    "collectives.torch.timeline", "collectives.torch.adasum",
+                    "collectives.torch._join",
                     "collectives.torch.optimizer", "collectives.torch.compression",
                     "collectives.torch.backend"):
         mod = importlib.import_module(modname)

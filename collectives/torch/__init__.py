@@ -4,7 +4,8 @@
 hvd``; run with ``collectives-run -np N python train.py``. Importing also
 registers the ``"collectives"`` backend for
 ``torch.distributed.init_process_group(backend="collectives")``.
-This module only re-exports: ops in ``mpi_ops``, helpers in ``functions``,
+This module only re-exports: ops in ``mpi_ops`` and ``gather_ops``, Horovod's
+exception classes in ``exceptions``, helpers in ``functions``,
 the optimizer in ``optimizer``, compression in ``compression``, the backend
 in ``backend``.
 """
@@ -13,15 +14,23 @@ from __future__ import annotations
 from .compression import Compression, Compressor, FP16Compressor, NoneCompressor
 from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                         broadcast_parameters)
+from .exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from .gather_ops import (allgather_async, alltoall, alltoall_async, grouped_allgather,
+                         grouped_allgather_async, grouped_reducescatter,
+                         grouped_reducescatter_async, reducescatter, reducescatter_async,
+                         sparse_allreduce_async)
+from .sync_batch_norm import SyncBatchNorm
+from .timeline import start_timeline, stop_timeline
+from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .mpi_ops import (Adasum, Average, Handle, LayoutMismatch, Max, Min, Product, ReduceOp, Sum,
-                      allgather, allgather_async, allreduce, allreduce_, allreduce_async,
-                      allreduce_async_, alltoall, alltoall_async, barrier, broadcast, broadcast_,
+                      allgather, allreduce, allreduce_, allreduce_async,
+                      allreduce_async_, barrier, broadcast, broadcast_,
                       broadcast_async, broadcast_async_, ccl_built, cross_rank, cross_size,
                       cuda_built, ddl_built, gloo_built, gloo_enabled, grouped_allreduce,
                       grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_, init,
                       is_initialized, join, local_rank, local_size, mpi_built, mpi_enabled,
-                      mpi_threads_supported, nccl_built, poll, rank, reducescatter,
-                      reducescatter_async, rocm_built, shutdown, size, synchronize)
+                      mpi_threads_supported, nccl_built, poll, rank, rocm_built, shutdown, size,
+                      synchronize)
 from .optimizer import DistributedOptimizer
 from .dgc import DGC, DGCSGD, TopKCompressor
 from .backend import ProcessGroupCollectives, register_backend
@@ -48,5 +57,9 @@ __all__ = [
     "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported",
     "nccl_built", "poll", "rank", "reducescatter", "reducescatter_async", "rocm_built",
     "shutdown", "size", "synchronize", "DistributedOptimizer", "ProcessGroupCollectives",
-    "register_backend", "DGC", "DGCSGD", "TopKCompressor",
+    "register_backend", "DGC", "DGCSGD", "TopKCompressor", "HorovodInternalError",
+    "HostsUpdatedInterrupt", "grouped_allgather", "grouped_allgather_async",
+    "grouped_reducescatter", "grouped_reducescatter_async", "sparse_allreduce_async",
+    "ProcessSet", "add_process_set", "global_process_set", "remove_process_set",
+    "SyncBatchNorm", "start_timeline", "stop_timeline",
 ]

@@ -41,6 +41,7 @@ import functools
 import hashlib
 import struct
 import threading
+import time
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -50,7 +51,8 @@ HEAD = 32
 DESC = 96
 INLINE = SLOT - HEAD - DESC  # 384 bytes: e.g. 96 float32 elements
 MAGIC = 0x41445648  # "HVDA"
-OK, FAILED = 1, 2
+OK, FAILED, JOINED = 1, 2, 3  # JOINED: this rank is in join() (see _join)
+PLAN = 1 << 62  # set in `extra` of an allreduce a joined rank can serve (see _join)
 _HEAD = struct.Struct("<IIQqq")  # magic, status, digest, nbytes, extra: HEAD bytes
 
 
@@ -104,15 +106,30 @@ class Agreement:
         self.core = core
         self.rank = rank
         self.size = size
-        self.calls = 0  # exchanges so far (the decorator tells a failure before one apart)
         self.lock = threading.Lock()
         self._counts = [SLOT] * size
+        self._local = threading.local()
+        # called before every exchange (the context drains its async lane there, so an
+        # exchange made on the caller's thread follows every op queued before it)
+        self.before_exchange: Optional[Callable[[], None]] = None
+        self.timeline: Any = None  # a timeline.Timeline while one records
+
+    @property
+    def calls(self) -> int:
+        """Exchanges made so far on the calling thread (the decorator tells a failure
+        before one apart; the async lane's exchanges do not count on the caller's)."""
+        return getattr(self._local, "calls", 0)
 
     def _exchange(self, slot: bytearray) -> tuple[np.ndarray, list]:
         out = np.empty(self.size * SLOT, dtype=np.uint8)
+        if self.before_exchange is not None:
+            self.before_exchange()
+        start = time.perf_counter_ns()
         with self.lock:
-            self.calls += 1
+            self._local.calls = self.calls + 1
             self.core.allgatherv(np.frombuffer(slot, dtype=np.uint8), out, self._counts)
+        if self.timeline is not None:
+            self.timeline.record("NEGOTIATE", "agreement", start, time.perf_counter_ns())
         return out.reshape(self.size, SLOT), [_HEAD.unpack_from(out, r * SLOT)
                                               for r in range(self.size)]
 
@@ -145,6 +162,19 @@ class Agreement:
             raise LayoutMismatch(f"{what}: rank {bad[0]} sent no agreement slot (collectives "
                                  "called in a different order?)") from error
 
+    def exchange_joined(self, rounds: int) -> tuple[np.ndarray, list]:
+        """join()'s exchange: a JOINED slot (extra = exchanges since this rank joined)
+        against whatever the other ranks send; raises only for a malformed or missing slot."""
+        slot = bytearray(SLOT)
+        _HEAD.pack_into(slot, 0, MAGIC, JOINED, 0, -1, rounds)
+        slot[HEAD:HEAD + 4] = b"join"
+        slots, heads = self._exchange(slot)
+        bad = [r for r in range(self.size) if heads[r][0] != MAGIC or
+               not -1 <= heads[r][3] <= INLINE]
+        if bad:
+            raise LayoutMismatch(f"join: rank {bad[0]} sent a malformed or no agreement slot")
+        return slots, heads
+
     def _judge(self, what: str, slots: np.ndarray, heads: list) -> None:
         first = heads[0]
         if all(h[0] == MAGIC and h[1] == OK and h[2] == first[2] and -1 <= h[3] <= INLINE
@@ -163,14 +193,44 @@ class Agreement:
             k = failed[0]
             raise LayoutMismatch(f"rank {k} raised before the collective, so no rank ran it "
                                  f"({_text(slots[k], HEAD, SLOT)})")
-        differ = [r for r in range(self.size) if heads[r][2] != first[2]]
+        bad = [r for r in range(self.size) if heads[r][1] not in (OK, JOINED)]
+        if bad:
+            raise LayoutMismatch(f"{what}: rank {bad[0]} sent an agreement slot with unknown "
+                                 f"status {heads[bad[0]][1]}")
+        joined = [r for r in range(self.size) if heads[r][1] == JOINED]
+        live = [r for r in range(self.size) if heads[r][1] != JOINED]
+        ref = live[0] if live else 0
+        differ = [r for r in live if heads[r][2] != heads[ref][2]]
+        if joined and not differ:
+            if join_plan(heads) is not None:
+                return  # the joined ranks contribute zeros (see _join)
+            raise LayoutMismatch(joined_message(slots, heads))
         k = differ[0]
         raise LayoutMismatch(
-            "ranks passed different arguments to one call, so no rank ran it: rank 0 has "
-            f"{_text(slots[0], HEAD, HEAD + DESC)}; rank {k} has "
+            f"ranks passed different arguments to one call, so no rank ran it: rank {ref} has "
+            f"{_text(slots[ref], HEAD, HEAD + DESC)}; rank {k} has "
             f"{_text(slots[k], HEAD, HEAD + DESC)}"
-            + (f" (ranks {', '.join(map(str, differ))} differ from rank 0)"
+            + (f" (ranks {', '.join(map(str, differ))} differ from rank {ref})"
                if len(differ) > 1 else ""))
+
+
+def joined_message(slots: np.ndarray, heads: list) -> str:
+    """The error every rank raises (the same words on each) when the ranks not in
+    join() agree on an operation the joined ranks cannot serve."""
+    joined = [r for r in range(len(heads)) if heads[r][1] == JOINED]
+    live = [r for r in range(len(heads)) if heads[r][1] != JOINED]
+    return (f"rank{'s' if len(joined) > 1 else ''} {', '.join(map(str, joined))} called "
+            "join(), and joined ranks serve only allreduce (with zeros), so no rank ran "
+            f"{_text(slots[live[0]], HEAD, HEAD + DESC)}")
+
+
+def join_plan(heads: list) -> Optional[int]:
+    """The allreduce plan (see _join) the ranks not in join() agree on, or None: they
+    must all be OK, with one digest and one PLAN-flagged `extra`."""
+    live = [h for h in heads if h[1] != JOINED]
+    if not live or any(h[1] != OK or h[2] != live[0][2] or h[4] != live[0][4] for h in live):
+        return None
+    return live[0][4] if live[0][4] & PLAN else None
 
 
 def inline_bytes(buf: Any) -> Optional[np.ndarray]:
@@ -227,6 +287,8 @@ def symmetric(what: str, get: Callable[[], Any]) -> Callable:
             except Exception:
                 agreement = None
             before = agreement.calls if agreement is not None else 0
+            timeline = agreement.timeline if agreement is not None else None
+            start = time.perf_counter_ns() if timeline is not None else 0
             _depth.n = 1
             try:
                 return fn(*args, **kwargs)
@@ -234,9 +296,18 @@ def symmetric(what: str, get: Callable[[], Any]) -> Callable:
                 if agreement is not None and agreement.size > 1 and agreement.calls == before \
                         and _usable(agreement.core):
                     agreement.fail(what, e)
-                raise
+                from .exceptions import internal_error
+
+                translated = internal_error(e)  # a failed collective: Horovod's class
+                if translated is e:
+                    raise
+                raise translated from e
             finally:
                 _depth.n = 0
+                if timeline is not None:
+                    name = kwargs.get("name")
+                    timeline.record(fn.__name__, "op", start, time.perf_counter_ns(),
+                                    {"name": name} if isinstance(name, str) else None)
 
         return call
 

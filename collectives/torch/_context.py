@@ -19,6 +19,7 @@ import collectives
 from collectives._env import byte_size
 
 from ._agree import Agreement, LayoutMismatch
+from ._lane import Lane, Names
 
 # torch dtype -> the core's dtype name (what travels on the wire unchanged)
 CORE_DTYPES = {
@@ -118,6 +119,10 @@ class TorchContext:
         self.fusion_threshold: int = fusion_threshold()
         self.lock = threading.RLock()
         self.agreement = Agreement(self.core, self.rank, self.size)
+        self.lane = Lane()  # the *_async operations (see _lane)
+        self.names = Names()  # their names in flight
+        self.agreement.before_exchange = self.lane.drain
+        self.timeline: Any = None  # a timeline.Timeline while one records (rank 0)
         hosts = comm.allgather(socket.gethostname()) if self.size > 1 else [socket.gethostname()]
         order = list(dict.fromkeys(hosts))
         self.cross_rank: int = order.index(hosts[self.rank])

@@ -38,10 +38,18 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
             return
         world = comm if comm is not None else collectives.init()
         HOLDER.context = TorchContext(world)
+    from .timeline import timeline_from_env
+
+    timeline_from_env()  # COLLECTIVES_TIMELINE / HOROVOD_TIMELINE
 
 
 def shutdown() -> None:
     """Wait for nothing more, close the world communicator and forget the state."""
+    if HOLDER.context is not None:
+        from .timeline import stop_timeline
+
+        HOLDER.context.lane.drain()  # the async ops queued before shutdown() run first
+        stop_timeline()  # written now, before the world goes
     with HOLDER.lock:
         HOLDER.context = None
     collectives.finalize()
@@ -135,7 +143,7 @@ def rocm_built() -> bool:
 # ---------------------------------------------------------------------- ops
 
 class ReduceOp:
-    """A reduction: Average, Sum, Min, Max, Product (Adasum is not supported)."""
+    """A reduction: Average, Sum, Min, Max, Product; Adasum (allreduce only, see adasum)."""
 
     def __init__(self, name: str, core: Optional[str]) -> None:
         self.name = name

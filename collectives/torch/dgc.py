@@ -430,6 +430,7 @@ class _SparseDistributedOptimizer(_DistributedOptimizer):
                 b.target = torch.cat(dense_t) if len(dense_t) > 1 else dense_t[0]
                 buf, dt = as_buffer(b.target)
                 op = "avg" if self._op is Average else "sum"
+                self._ctx.lane.drain()  # after the async ops queued before (see _lane)
                 b.request = self._ctx.core.iallreduce(None, buf, op=op, dtype=dt)
                 self._stats["dense_bytes"] += b.target.numel() * b.target.element_size()
         self._launched += 1

@@ -18,6 +18,7 @@ import torch
 from .._core import check_root
 from ._agree import symmetric
 from ._context import as_buffer, check_tensor, current, wire_dtype
+from .process_sets import check_process_set
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
            "allgather_object"]
@@ -183,6 +184,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
         Root's object (on root: `obj` itself).
     """
     ctx = current()
+    check_process_set(process_set)
     root_rank = check_root(root_rank, ctx.size, "root_rank")
     ctx.check_now(f"broadcast_object root={root_rank}", "broadcast_object")
     return ctx.comm.bcast(obj, root_rank)
@@ -200,5 +202,7 @@ def allgather_object(obj: Any, name: Optional[str] = None, process_set: Any = No
     Returns:
         A list with one object per rank.
     """
+    check_process_set(process_set)
+    current().lane.drain()  # after the async ops queued before it (see _lane)
     return current().comm.allgather(obj)
 

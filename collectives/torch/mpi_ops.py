@@ -2,13 +2,14 @@
 
 Each operation is: check and coerce the tensor -> (autograd Function) ->
 a ``Handle`` that owns the core request and every buffer it uses -> the
-core. Only allreduce has a non-blocking form in the core: ``allreduce_async``
-and ``grouped_allreduce_async`` queue on the core's progress thread and return
-at once. The other ``*_async`` functions (allgather, broadcast, alltoall,
-reducescatter) run the collective synchronously and return a completed
-handle; every rank still issues collectives in the same program order, and a
-blocking collective waits for the queued allreduces first, so mixing them is
-safe.
+core. Every ``*_async`` function (allreduce and broadcast here; allgather,
+alltoall, reducescatter in ``gather_ops``) checks its arguments, then runs,
+agreement included, on the context's async lane (``_lane``) and returns at
+once (an allreduce's data then moves on the core's progress thread); every
+rank still issues collectives in the same program order (every exchange on
+the caller's thread waits for the lane first, and a blocking collective waits
+for the queued allreduces), so mixing them is safe. A second ``*_async`` of
+the same kind with a name still in flight raises ValueError.
 
 Every call starts with the agreement of ``_agree``: one small allgather in
 which every rank sees every rank's arguments (name, shape, dtype, root, op).
@@ -20,21 +21,24 @@ bytes travel inside that allgather, which then is the whole collective.
 """
 from __future__ import annotations
 
-import time
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
 
 from .._core import check_root
 from ._agree import LayoutMismatch, inline_bytes, reduce_inline, symmetric
-from ._context import as_buffer, check_tensor, current, wire_dtype
+from ._context import HOLDER, as_buffer, check_tensor, current, wire_dtype
+from ._join import encode_plan, join
+from ._lane import Job
 from .basics import (Adasum, Average, Max, Min, Product, ReduceOp, Sum, ccl_built, cross_rank,
                      cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, init,
                      is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
                      mpi_threads_supported, nccl_built, rank, resolve_op, rocm_built, shutdown,
                      size)
 from .compression import Compression
+from .exceptions import internal_error
+from .timeline import span
 
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
@@ -43,8 +47,7 @@ __all__ = [
     "rocm_built", "ReduceOp", "Average", "Sum", "Adasum", "Min", "Max", "Product", "Handle",
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "grouped_allreduce",
     "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_", "allgather",
-    "allgather_async", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
-    "alltoall", "alltoall_async", "reducescatter", "reducescatter_async", "barrier", "join",
+    "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "barrier", "join",
     "poll", "synchronize", "LayoutMismatch",
 ]
 
@@ -55,8 +58,9 @@ def _symmetric(what: str) -> Callable:
 
 
 def _check_process_set(process_set: Any) -> None:
-    if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
-        raise NotImplementedError("collectives.torch: process sets are not supported")
+    from .process_sets import check_process_set
+
+    check_process_set(process_set)
 
 
 # ------------------------------------------------------------------ handles
@@ -89,7 +93,7 @@ class Handle:
         try:
             for r in self._requests:
                 r.Wait()
-        except BaseException:
+        except BaseException as exc:
             for r in self._requests:  # keep the buffers until the core is done with them
                 try:
                     r.Wait()
@@ -97,7 +101,10 @@ class Handle:
                     pass
             self._done = True
             self._keep = None
-            raise
+            err = internal_error(exc)  # a failed collective: Horovod's class
+            if err is exc:
+                raise
+            raise err from exc
         self._done = True
         if self._finish is not None:
             out = self._finish()
@@ -131,11 +138,30 @@ def synchronize(handle: Handle) -> Any:
     """
     if handle is None:
         return None
-    return handle.wait()
+    ctx = HOLDER.context
+    with span(ctx.timeline if ctx is not None else None, "WAIT", "wait"):
+        return handle.wait()
 
 
-def _done(output: Any) -> Handle:
-    return Handle((), output)
+def _queue(kind: str, name: Optional[str], fn: Callable[[], Any], keep: Any,
+           chained: bool = False) -> Job:
+    """Run fn on the async lane as the in-flight operation `name` of this kind (ValueError
+    if one is in flight); chained: fn returns a Handle, the job completes with it."""
+    ctx = current()
+    ctx.names.check(kind, name)
+    job = Job(fn, keep, chained)
+    job.label = kind if name is None else f"{kind} {name}"
+    return ctx.names.hold(kind, name, ctx.lane.submit(job))
+
+
+def _check_group(tensors: Any) -> list:
+    """The list of tensors of a grouped call, checked (TypeError if not)."""
+    if isinstance(tensors, torch.Tensor) or not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"takes a list of tensors, got {type(tensors).__name__}")
+    for i, t in enumerate(tensors):
+        check_tensor(t, f"tensors[{i}]")
+        wire_dtype(t.dtype)
+    return list(tensors)
 
 
 # ----------------------------------------------------------------- allreduce
@@ -168,6 +194,11 @@ def _allreduce_start(tensor: torch.Tensor, output: torch.Tensor, op: ReduceOp, p
     """Queue out = op over ranks of tensor (output may be tensor itself: in place)."""
     ctx = current()
     check_tensor(tensor)
+    if op is Adasum:  # not a core op: see adasum
+        from .adasum import adasum_into
+
+        return Handle([], adasum_into(tensor, output, prescale, postscale, name,
+                                      _allgather_now))
     wdt = wire_dtype(tensor.dtype)
     in_place = output is tensor
     src = tensor.detach()
@@ -191,8 +222,11 @@ def _allreduce_start(tensor: torch.Tensor, output: torch.Tensor, op: ReduceOp, p
         return output
 
     if ctx.size > 1:
+        # a rank in join() serves it with zeros from the plan in `extra` (see _join)
+        plan = encode_plan(rbuf.size, dt or rbuf.dtype.name, op.core) \
+            if isinstance(rbuf, np.ndarray) else 0
         agreed = ctx.agreement.agree(what, _describe(what, name, tensor, op=op.name),
-                                     inline_bytes(rbuf if sbuf is None else sbuf))
+                                     inline_bytes(rbuf if sbuf is None else sbuf), extra=plan)
         if agreed.inline:
             reduce_inline(agreed, rbuf, op.core, dt)
             return Handle([], output, finish)
@@ -200,17 +234,29 @@ def _allreduce_start(tensor: torch.Tensor, output: torch.Tensor, op: ReduceOp, p
     return Handle([req], output, finish, keep=(tensor, send, recv))
 
 
+def _resolve_allreduce_op(average: Optional[bool], op: Optional[ReduceOp],
+                          tensor: torch.Tensor) -> ReduceOp:
+    """resolve_op, with Adasum too (checked here, before anything is sent)."""
+    check_tensor(tensor)
+    if op is Adasum and average is None:
+        from .adasum import check
+
+        check(tensor, current().size)
+        return op
+    return resolve_op(average, op)
+
+
 @_symmetric("allreduce")
 def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
                     op: Optional[ReduceOp] = None, prescale_factor: float = 1.0,
-                    postscale_factor: float = 1.0, process_set: Any = None) -> Handle:
+                    postscale_factor: float = 1.0, process_set: Any = None) -> Job:
     """Start an allreduce of `tensor` into a new tensor; the input is not modified.
 
     Args:
         tensor: a CPU tensor, same shape and dtype on every rank.
         average: deprecated; use op.
         name: a name; ranks must use the same name for the same tensor.
-        op: Average (default), Sum, Min, Max or Product.
+        op: Average (default), Sum, Min, Max, Product or Adasum (see collectives.torch.adasum).
         prescale_factor: multiply the input by this before reducing.
         postscale_factor: multiply the result by this after reducing.
         process_set: only the global set is supported.
@@ -219,25 +265,26 @@ def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: 
         A Handle for ``poll()`` / ``synchronize()``.
     """
     _check_process_set(process_set)
-    op = resolve_op(average, op)
-    check_tensor(tensor)
+    op = _resolve_allreduce_op(average, op, tensor)
     output = _empty_like(tensor)
-    return _allreduce_start(tensor, output, op, prescale_factor, postscale_factor, name, "allreduce")
+    return _queue("allreduce", name, lambda: _allreduce_start(
+        tensor, output, op, prescale_factor, postscale_factor, name, "allreduce"), tensor, True)
 
 
 @_symmetric("allreduce")
 def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None,
                      name: Optional[str] = None, op: Optional[ReduceOp] = None,
                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                     process_set: Any = None) -> Handle:
+                     process_set: Any = None) -> Job:
     """Start an in-place allreduce of `tensor` (arguments as allreduce_async).
 
     Returns:
         A Handle; ``synchronize()`` returns `tensor` holding the result.
     """
     _check_process_set(process_set)
-    op = resolve_op(average, op)
-    return _allreduce_start(tensor, tensor, op, prescale_factor, postscale_factor, name, "allreduce")
+    op = _resolve_allreduce_op(average, op, tensor)
+    return _queue("allreduce", name, lambda: _allreduce_start(
+        tensor, tensor, op, prescale_factor, postscale_factor, name, "allreduce"), tensor, True)
 
 
 class _AllreduceFunction(torch.autograd.Function):
@@ -270,7 +317,7 @@ def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Option
         average: deprecated; use op.
         name: a name; ranks must use the same name for the same tensor.
         compression: Compression.none or Compression.fp16 (applied around the wire).
-        op: Average (default), Sum, Min, Max or Product.
+        op: Average (default), Sum, Min, Max, Product or Adasum (see collectives.torch.adasum).
         prescale_factor: multiply the input by this before reducing.
         postscale_factor: multiply the result by this after reducing.
         process_set: only the global set is supported.
@@ -279,15 +326,13 @@ def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Option
         A tensor of the same shape and dtype as `tensor` holding the result.
     """
     _check_process_set(process_set)
-    op = resolve_op(average, op)
-    check_tensor(tensor)
+    op = _resolve_allreduce_op(average, op, tensor)
     compressed, cctx = compression.compress(tensor)
     if compressed.requires_grad and torch.is_grad_enabled():
         out = _AllreduceFunction.apply(compressed, op, prescale_factor, postscale_factor, name)
     else:
-        out = synchronize(allreduce_async(compressed, name=name, op=op,
-                                          prescale_factor=prescale_factor,
-                                          postscale_factor=postscale_factor))
+        out = synchronize(_allreduce_start(compressed, _empty_like(compressed), op,
+                                           prescale_factor, postscale_factor, name, "allreduce"))
     return compression.decompress(out, cctx)
 
 
@@ -351,7 +396,7 @@ def _grouped_start(tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tens
 def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
                             name: Optional[str] = None, op: Optional[ReduceOp] = None,
                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                            process_set: Any = None) -> Handle:
+                            process_set: Any = None) -> Job:
     """Start one fused allreduce of a list of tensors into new tensors.
 
     Args:
@@ -368,15 +413,17 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[b
     """
     _check_process_set(process_set)
     op = resolve_op(average, op)
+    tensors = _check_group(tensors)
     outputs = [_empty_like(t) for t in tensors]
-    return _grouped_start(tensors, outputs, op, prescale_factor, postscale_factor, name)
+    return _queue("grouped_allreduce", name, lambda: _grouped_start(
+        tensors, outputs, op, prescale_factor, postscale_factor, name), tensors, True)
 
 
 @_symmetric("grouped_allreduce")
 def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
                              name: Optional[str] = None, op: Optional[ReduceOp] = None,
                              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                             process_set: Any = None) -> Handle:
+                             process_set: Any = None) -> Job:
     """Start one fused in-place allreduce of a list of tensors (arguments as grouped_allreduce_async).
 
     Returns:
@@ -384,7 +431,34 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[
     """
     _check_process_set(process_set)
     op = resolve_op(average, op)
-    return _grouped_start(tensors, list(tensors), op, prescale_factor, postscale_factor, name)
+    tensors = _check_group(tensors)
+    return _queue("grouped_allreduce", name, lambda: _grouped_start(
+        tensors, list(tensors), op, prescale_factor, postscale_factor, name), tensors, True)
+
+
+class _GroupedAllreduceFunction(torch.autograd.Function):
+    """Differentiable grouped allreduce: the gradients' grouped allreduce (as allreduce)."""
+
+    @staticmethod
+    def forward(ctx: Any, op: ReduceOp, prescale: float, postscale: float, name: Optional[str],
+                *tensors: torch.Tensor) -> tuple:
+        ctx.op, ctx.prescale, ctx.postscale = op, prescale, postscale
+        outputs = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in tensors]
+        return tuple(synchronize(_grouped_start(list(tensors), outputs, op, prescale, postscale,
+                                                name)))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
+        g = grouped_allreduce([x.contiguous() for x in grads], op=ctx.op,
+                              prescale_factor=ctx.prescale, postscale_factor=ctx.postscale)
+        return (None, None, None, None) + tuple(g)
+
+
+def _grouped_allreduce_autograd(tensors: list, op: ReduceOp, prescale: float, postscale: float,
+                               name: Optional[str]) -> list:
+    """grouped_allreduce through autograd (grouped_allreduce calls this when a tensor
+    requires grad)."""
+    return list(_GroupedAllreduceFunction.apply(op, prescale, postscale, name, *tensors))
 
 
 @_symmetric("grouped_allreduce")
@@ -408,8 +482,16 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: Optional[bool] =
         A list of result tensors, one per input.
     """
     pairs = [compression.compress(t) for t in tensors]
-    outs = synchronize(grouped_allreduce_async([p[0] for p in pairs], average, name, op,
-                                               prescale_factor, postscale_factor, process_set))
+    if torch.is_grad_enabled() and any(p[0].requires_grad for p in pairs):
+        _check_process_set(process_set)
+        outs = _grouped_allreduce_autograd([p[0] for p in pairs], resolve_op(average, op),
+                                          prescale_factor, postscale_factor, name)
+        return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
+    _check_process_set(process_set)
+    compressed = [p[0] for p in pairs]
+    outs = synchronize(_grouped_start(compressed, [_empty_like(t) for t in compressed],
+                                      resolve_op(average, op), prescale_factor,
+                                      postscale_factor, name))
     return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
 
 
@@ -423,8 +505,9 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: Optional[bool] 
     Returns:
         The same tensors, holding the results.
     """
-    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
-                                                postscale_factor, process_set))
+    _check_process_set(process_set)
+    return synchronize(_grouped_start(tensors, list(tensors), resolve_op(average, op),
+                                      prescale_factor, postscale_factor, name))
 
 
 # ----------------------------------------------------------------- allgather
@@ -466,7 +549,8 @@ def _allgather_now(tensor: torch.Tensor, what: str = "allgather") -> tuple[torch
 
 
 class _AllgatherFunction(torch.autograd.Function):
-    """Differentiable allgather: the gradient is this rank's slice of the summed gradient."""
+    """Differentiable allgather: the gradient is this rank's slice of the gradient averaged
+    over ranks (Horovod's HorovodAllgather.backward)."""
 
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, name: Optional[str]) -> torch.Tensor:
@@ -478,7 +562,7 @@ class _AllgatherFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        g = allreduce(grad.contiguous(), op=Sum)
+        g = allreduce(grad.contiguous(), op=Average)
         return g.narrow(0, ctx.offset, ctx.dim).reshape(ctx.shape), None
 
 
@@ -500,18 +584,6 @@ def allgather(tensor: torch.Tensor, name: Optional[str] = None, process_set: Any
     if tensor.requires_grad and torch.is_grad_enabled():
         return _AllgatherFunction.apply(tensor, name)
     return _allgather_now(tensor)[0]
-
-
-@_symmetric("allgather")
-def allgather_async(tensor: torch.Tensor, name: Optional[str] = None, process_set: Any = None
-                    ) -> Handle:
-    """Allgather `tensor` (see allgather); runs synchronously, returns a completed handle.
-
-    Returns:
-        A completed Handle; ``synchronize()`` returns the gathered tensor.
-    """
-    _check_process_set(process_set)
-    return _done(_allgather_now(tensor)[0])
 
 
 # ----------------------------------------------------------------- broadcast
@@ -541,7 +613,8 @@ def _broadcast_into(tensor: torch.Tensor, output: torch.Tensor, root_rank: int,
 
 
 class _BroadcastFunction(torch.autograd.Function):
-    """Differentiable broadcast: the root gets the sum of the gradients, others zero."""
+    """Differentiable broadcast: the root gets the gradient averaged over ranks, the
+    others zeros (Horovod's HorovodBroadcast.backward)."""
 
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, name: Optional[str]
@@ -552,7 +625,7 @@ class _BroadcastFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        g = allreduce(grad.contiguous(), op=Sum)
+        g = allreduce(grad.contiguous(), op=Average)
         if current().rank != ctx.root_rank:
             g = g * 0
         return g, None, None
@@ -600,162 +673,37 @@ def broadcast_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
 
 @_symmetric("broadcast")
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
-                    process_set: Any = None) -> Handle:
-    """Broadcast into a new tensor; runs synchronously, returns a completed handle.
+                    process_set: Any = None) -> Job:
+    """Start a broadcast into a new tensor on the async lane (see _lane); returns at once.
 
     Returns:
-        A completed Handle; ``synchronize()`` returns the new tensor.
+        A handle; ``synchronize()`` returns the new tensor.
     """
     _check_process_set(process_set)
-    return _done(_broadcast_into(tensor, _empty_like(tensor),
-                                 root_rank, name))
+    return _broadcast_queue(tensor, _empty_like(tensor), root_rank, name)
 
 
 @_symmetric("broadcast")
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
-                     process_set: Any = None) -> Handle:
-    """Broadcast in place; runs synchronously, returns a completed handle.
+                     process_set: Any = None) -> Job:
+    """Start an in-place broadcast on the async lane (see _lane); returns at once.
 
     Returns:
-        A completed Handle; ``synchronize()`` returns `tensor`.
-    """
-    return _done(broadcast_(tensor, root_rank, name, process_set))
-
-
-# -------------------------------------------------------- alltoall, reducescatter
-
-@_symmetric("alltoall")
-def alltoall(tensor: torch.Tensor, splits: Union[None, Sequence[int], torch.Tensor] = None,
-             name: Optional[str] = None, process_set: Any = None) -> Any:
-    """Send row block j of `tensor` to rank j; receive one block from every rank.
-
-    Built from allgatherv (every rank receives all data and keeps its blocks):
-    correct for any splits, not bandwidth-optimal.
-
-    Args:
-        tensor: a CPU tensor; dims after the first must match across ranks.
-        splits: rows for each destination rank (sum = dim 0); None: dim 0 split evenly.
-        name: a name for the operation.
-        process_set: only the global set is supported.
-
-    Returns:
-        The received blocks concatenated in rank order; with `splits` given, the pair
-        (output, received_splits) where received_splits[i] is the rows from rank i.
+        A handle; ``synchronize()`` returns `tensor`.
     """
     _check_process_set(process_set)
+    return _broadcast_queue(tensor, tensor, root_rank, name)
+
+
+def _broadcast_queue(tensor: torch.Tensor, output: torch.Tensor, root_rank: int,
+                     name: Optional[str]) -> Job:
+    """Check the arguments here, run the broadcast on the lane."""
     ctx = current()
     check_tensor(tensor)
-    src = tensor.detach().reshape(tuple(tensor.shape) if tensor.dim() else (1,))
-    n = ctx.size
-    if splits is None:
-        if src.shape[0] % n:
-            raise ValueError(f"alltoall: dim 0 ({src.shape[0]}) is not divisible by {n} ranks; "
-                             "pass splits")
-        mine = [src.shape[0] // n] * n
-    else:
-        mine = [int(s) for s in (splits.tolist() if isinstance(splits, torch.Tensor) else splits)]
-        if len(mine) != n or any(s < 0 for s in mine) or sum(mine) != src.shape[0]:
-            raise ValueError(f"alltoall: splits {mine} must be {n} non-negative row counts "
-                             f"summing to dim 0 ({src.shape[0]})")
-    table = np.zeros(n * n, dtype=np.int64)
-    if n > 1:
-        ctx.check_now(f"alltoall rows of shape {tuple(src.shape[1:])} "
-                      f"dtype={str(src.dtype)[6:]}",
-                      "alltoall")
-        ctx.core.allgatherv(np.array(mine, dtype=np.int64), table, [n] * n)
-    else:
-        table[:] = mine
-    table = table.reshape(n, n)  # table[i][j]: rows rank i sends to rank j
-    gathered, dims = _allgather_now(src, "alltoall")
-    parts, base = [], 0
-    for i in range(n):
-        off = base + int(table[i, :ctx.rank].sum())
-        parts.append(gathered[off:off + int(table[i, ctx.rank])])
-        base += int(dims[i])
-    out = torch.cat(parts) if parts else gathered[:0]
-    if splits is None:
-        return out
-    return out, torch.tensor(table[:, ctx.rank].copy(), dtype=torch.int32)
-
-
-@_symmetric("alltoall")
-def alltoall_async(tensor: torch.Tensor, splits: Union[None, Sequence[int], torch.Tensor] = None,
-                   name: Optional[str] = None, process_set: Any = None) -> Handle:
-    """alltoall run synchronously; returns a completed handle.
-
-    Returns:
-        A completed Handle; ``synchronize()`` returns what alltoall returns.
-    """
-    return _done(alltoall(tensor, splits, name, process_set))
-
-
-@_symmetric("reducescatter")
-def reducescatter(tensor: torch.Tensor, name: Optional[str] = None,
-                  compression: type = Compression.none, op: Optional[ReduceOp] = None,
-                  process_set: Any = None, prescale_factor: float = 1.0,
-                  postscale_factor: float = 1.0) -> torch.Tensor:
-    """Reduce `tensor` over ranks and give rank i the i-th block of rows of the result.
-
-    Dimension 0 is split as evenly as possible; the first (dim0 % size) ranks
-    get one row more.
-
-    Args:
-        tensor: a CPU tensor, same shape and dtype on every rank.
-        name: a name for the operation.
-        compression: Compression.none or Compression.fp16.
-        op: Average (default) or Sum (Min, Max, Product also work).
-        process_set: only the global set is supported.
-        prescale_factor: multiply the input by this before reducing.
-        postscale_factor: multiply the result by this after reducing.
-
-    Returns:
-        This rank's block of the reduced tensor.
-    """
-    _check_process_set(process_set)
-    op = resolve_op(None, op)
-    ctx = current()
-    check_tensor(tensor)
-    ctx.check_now(("reducescatter", name, tuple(tensor.shape), str(tensor.dtype), op.name),
-                  "reducescatter")
-    compressed, cctx = compression.compress(tensor.detach())
-    src = compressed.reshape(tuple(compressed.shape) if compressed.dim() else (1,))
-    n, d0 = ctx.size, src.shape[0]
-    rows = [d0 // n + (1 if i < d0 % n else 0) for i in range(n)]
-    block = rows[0]
-    wdt = wire_dtype(src.dtype)
-    if rows.count(block) == n and wdt == src.dtype and src.is_contiguous() and prescale_factor == 1:
-        send = src
-    else:
-        send = torch.zeros((n * block,) + tuple(src.shape[1:]), dtype=wdt, device=src.device)
-        off = 0
-        for i in range(n):
-            send[i * block:i * block + rows[i]].copy_(src[off:off + rows[i]])
-            off += rows[i]
-        _scale(send, prescale_factor)
-    recv = torch.empty((block,) + tuple(src.shape[1:]), dtype=wdt, device=src.device)
-    rbuf, dt = as_buffer(recv)
-    if n > 1:
-        ctx.core.reduce_scatter_block(as_buffer(send)[0], rbuf, op.core, None, dt)
-    else:
-        recv.copy_(send)
-    out = recv[:rows[ctx.rank]]
-    _scale(out, postscale_factor)
-    if wdt != src.dtype:
-        out = out.to(src.dtype)
-    return compression.decompress(out, cctx)
-
-
-@_symmetric("reducescatter")
-def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None,
-                        op: Optional[ReduceOp] = None, process_set: Any = None,
-                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
-    """reducescatter run synchronously; returns a completed handle.
-
-    Returns:
-        A completed Handle; ``synchronize()`` returns this rank's block.
-    """
-    return _done(reducescatter(tensor, name, Compression.none, op, process_set,
-                               prescale_factor, postscale_factor))
+    wire_dtype(tensor.dtype)
+    root_rank = check_root(root_rank, ctx.size, "root_rank")
+    return _queue("broadcast", name, lambda: _broadcast_into(tensor, output, root_rank, name),
+                  tensor)
 
 
 # ------------------------------------------------------------ barrier, join
@@ -768,26 +716,5 @@ def barrier(process_set: Any = None) -> None:
     if ctx.size > 1:  # the agreement's allgather is a barrier that also catches a rank elsewhere
         ctx.check_now("barrier", "barrier")
     else:  # the core's barrier waits for the queued (async) calls, as the docstring says
+        ctx.lane.drain()
         ctx.core.barrier()
-
-
-def join(device: int = -1) -> int:
-    """Wait until every rank has joined; return the rank that joined last.
-
-    Unlike Horovod, ranks that joined early do not serve other ranks'
-    allreduces with zeros: every rank must reach join() after issuing the same
-    collectives (join is a barrier that also reports the last arrival, judged
-    by this host's wall clock).
-
-    Args:
-        device: ignored (CPU only).
-
-    Returns:
-        The rank that called join() last.
-    """
-    ctx = current()
-    if ctx.size == 1:
-        return 0
-    stamps = ctx.agreement.agree("join", "join", extra=time.time_ns()).extra
-    return int(np.argmax(stamps))
-

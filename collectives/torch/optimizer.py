@@ -225,6 +225,7 @@ class _DistributedOptimizer:
                 b.target = b.flat
             _scale(b.target, prescale)
             buf, dt = as_buffer(b.target)
+            self._ctx.lane.drain()  # after the async ops queued before (see _lane)
             b.request = self._ctx.core.iallreduce(None, buf, op=core_op, dtype=dt)
         self._launched += 1
 
@@ -352,8 +353,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     Returns:
         The distributed optimizer.
     """
-    if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
-        raise NotImplementedError("collectives.torch: process sets are not supported")
+    from .process_sets import check_process_set
+
+    check_process_set(process_set)
     if num_groups and groups is None:
         groups = num_groups
     # A compressor with its own exchange (collectives.torch.dgc) brings its own subclass.

@@ -1,0 +1,53 @@
+"""Horovod's exception classes (``horovod.common.exceptions``), for ``except`` clauses.
+
+``HorovodInternalError`` is what a failed collective raises in
+``collectives.torch`` (a peer died, sent garbage, or the call timed out): the
+core's ``CollectivesError`` is re-raised as it, so a script written for
+Horovod (``except hvd.HorovodInternalError``, or ``except RuntimeError``) and
+one written for collectives (``except collectives.MPI.Exception``) both catch
+it. ``HostsUpdatedInterrupt`` exists so elastic scripts import and name it;
+collectives has no elastic driver, so nothing raises it.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .._core import CollectivesError
+
+__all__ = ["HorovodInternalError", "HostsUpdatedInterrupt", "internal_error"]
+
+
+class HorovodInternalError(CollectivesError):
+    """A collective failed (a peer died or disagreed, or the call timed out).
+
+    A RuntimeError as in Horovod, and a ``collectives.MPI.Exception``
+    (``CollectivesError``) whose ``error_code`` is the core's.
+
+    Args:
+        message: the text (or the exception it wraps).
+        error_code: the core's result code; 0 where there is none.
+    """
+
+    def __init__(self, message: Any = "", error_code: int = 0) -> None:
+        super().__init__(error_code, str(message))
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """Horovod elastic: the set of hosts changed (never raised by collectives).
+
+    Args:
+        skip_sync: as Horovod, whether the state need not be synchronized again.
+    """
+
+    def __init__(self, skip_sync: bool = False) -> None:
+        super().__init__("the set of hosts changed")
+        self.skip_sync = skip_sync
+
+
+def internal_error(exc: BaseException) -> BaseException:
+    """`exc` as a HorovodInternalError if it is a core CollectivesError, else `exc`."""
+    if isinstance(exc, CollectivesError) and not isinstance(exc, HorovodInternalError):
+        err = HorovodInternalError(str(exc), exc.error_code)
+        err.__cause__ = exc
+        return err
+    return exc
