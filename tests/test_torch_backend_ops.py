@@ -249,6 +249,9 @@ case("DDP powerSGD_hook", lambda: ddp("powerSGD"))
 
 dist.barrier()
 dist.destroy_process_group()
+import threading
+left = [t.name for t in threading.enumerate() if t.name.startswith("collectives-torch")]
+expect(not left, "threads after destroy_process_group", str(left))
 emit("done")
 '''
 
@@ -296,3 +299,48 @@ def test_backend_matches_gloo_op_by_op(n):
     assert cases["Work.wait(timeout)"]["value"] == "timed out"
     assert got["collectives"][0].one("two deep")["value"] == [["torch.float32", [3.0 * n]]]
     assert "object at 0x" not in str(got["collectives"].report(100000))
+
+
+TIMEOUT_BODY = r'''
+import os, time
+import torch
+import torch.distributed as dist
+from datetime import timedelta
+import collectives.torch
+
+r, n = int(os.environ["COLLECTIVES_RANK"]), int(os.environ["COLLECTIVES_SIZE"])
+dist.init_process_group("collectives", init_method=f"tcp://127.0.0.1:{os.environ['TORCH_PORT']}",
+                        rank=r, world_size=n, timeout=timedelta(seconds=2))
+dist.barrier()  # both are up: what follows measures the barrier alone
+if r == 1:
+    time.sleep(5)  # never enters the barrier within the group's timeout
+t0 = time.monotonic()
+try:
+    dist.barrier()
+    emit("barrier", raised=None, seconds=time.monotonic() - t0)
+except Exception as exc:
+    emit("barrier", raised=type(exc).__name__, runtime=isinstance(exc, RuntimeError),
+         message=str(exc), seconds=time.monotonic() - t0)
+if r == 1:  # rank 0 did enter the barrier (so it may complete here) and then gave up
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(2))
+        emit("next", raised=None)
+    except Exception as exc:
+        emit("next", raised=type(exc).__name__, runtime=isinstance(exc, RuntimeError),
+             message=str(exc), seconds=time.monotonic() - t0)
+'''
+
+
+@pytest.mark.timeout(60)
+def test_process_group_timeout_applies_to_every_op():
+    """init_process_group(timeout=2 s): a barrier one rank does not enter fails at ~2 s (as on
+    gloo), on the rank that waits, not when the other rank exits (the core's 30 s here)."""
+    res = run_world(2, TIMEOUT_BODY, timeout=40, env={"TORCH_PORT": free_port()},
+                    collective_timeout=30)
+    assert not res.timed_out, res.report()
+    waited = res[0].one("barrier")
+    assert waited["runtime"] and "timed out" in waited["message"], waited
+    assert 1.5 < waited["seconds"] < 4.0, waited
+    late = res[1].one("next")  # the late rank's next op fails at once, not a hang
+    assert late["runtime"] and late["seconds"] < 4.0, late

@@ -157,8 +157,8 @@ class P2PWork(_Work):
 
     def get_future(self) -> Future:
         """The Future; a thread waits for the request so that it completes unaided."""
-        if not self._future.done():
-            threading.Thread(target=self._complete, args=(True,), daemon=True,
+        if not self._future.done():  # not a daemon: see Completer (ends within the timeout)
+            threading.Thread(target=self._complete, args=(True,),
                              name="collectives-torch-p2p").start()
         return self._future
 
