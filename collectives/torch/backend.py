@@ -4,9 +4,10 @@
 ``torch.distributed.init_process_group(backend="collectives")`` (rank and
 world size from the usual arguments or env) gives a process group that
 DistributedDataParallel and ordinary training code can use: all_reduce
-(sum, avg, min, max, product), broadcast, all_gather,
-all_gather_into_tensor, reduce_scatter_tensor, reduce, all_to_all_single,
-barrier.
+(sum, avg, min, max, product, band, bor, bxor), broadcast, all_gather,
+all_gather_into_tensor, reduce_scatter_tensor, reduce, all_to_all(_single),
+barrier here; send/recv, gather/scatter and the coalesced forms in
+_backend_ops.py (README: the table of what is there and what raises).
 
 The communicator: the ``collectives`` world when this process was started by
 ``collectives-run`` (or ``collectives.init()`` already ran) and the group is
@@ -14,10 +15,11 @@ that world; otherwise one built through the torch store given to the backend
 (every rank publishes its listening address there), which also serves
 sub-groups and torchrun.
 
-allreduce is non-blocking (a core request; a completion thread per group
-waits for requests in order and completes the torch Future, which is what
-DDP's reducer waits on). The other collectives run synchronously and return
-completed work; the core orders them after the queued allreduces.
+Every op has the group's timeout (init_process_group's) as its deadline.
+allreduce is non-blocking (a core request; a thread per group waits for the
+requests in order, and delivery threads complete the torch Futures that DDP's
+reducer waits on: _work.py). The other collectives run synchronously and
+return completed work; the core orders them after the queued allreduces.
 """
 from __future__ import annotations
 
@@ -28,7 +30,6 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.futures import Future
 
 from ._backend_ops import MoreOps, _reduce_op, core_op
 from ._context import as_buffer, check_tensor, wire_dtype
