@@ -344,3 +344,36 @@ def test_process_group_timeout_applies_to_every_op():
     assert 1.5 < waited["seconds"] < 4.0, waited
     late = res[1].one("next")  # the late rank's next op fails at once, not a hang
     assert late["runtime"] and late["seconds"] < 4.0, late
+
+
+RECV_FAIL_BODY = r'''
+import os, time
+import torch
+import torch.distributed as dist
+from datetime import timedelta
+import collectives.torch
+
+r, n = int(os.environ["COLLECTIVES_RANK"]), int(os.environ["COLLECTIVES_SIZE"])
+dist.init_process_group("collectives", init_method=f"tcp://127.0.0.1:{os.environ['TORCH_PORT']}",
+                        rank=r, world_size=n, timeout=timedelta(seconds=3))
+dist.barrier()
+if r == 1:
+    dist.send(torch.ones(2), 0, tag=3)  # a message with another tag, then it dies
+    time.sleep(0.3)
+    os._exit(0)
+t0 = time.monotonic()
+try:
+    dist.recv(torch.zeros(2), 1, tag=9)
+    emit("recv", raised=None)
+except Exception as exc:
+    emit("recv", runtime=isinstance(exc, RuntimeError), message=str(exc),
+         seconds=time.monotonic() - t0)
+'''
+
+
+@pytest.mark.timeout(60)
+def test_recv_from_a_peer_that_dies_raises_naming_it():
+    res = run_world(2, RECV_FAIL_BODY, timeout=40, env={"TORCH_PORT": free_port()})
+    assert not res.timed_out, res.report()
+    got = res[0].one("recv")
+    assert got["runtime"] and "rank 1" in got["message"] and got["seconds"] < 3.5, got
