@@ -62,18 +62,18 @@ def recv_any():
         got = []
         for _ in range(n - 1):
             t = torch.zeros(2)
-            src = dist.recv(t)
+            src = dist.recv(t, tag=11)  # a tag of its own: a later case's sends may come first
             got.append((src, t))
         return sorted([s, show(t)] for s, t in got)
-    dist.send(torch.ones(2) * r * 10, 0)
+    dist.send(torch.ones(2) * r * 10, 0, tag=11)
 case("recv any source", recv_any)
 
 def shorter():
     if r == 0:
-        dist.send(torch.ones(2), 1)
+        dist.send(torch.ones(2), 1, tag=12)
     elif r == 1:
         t = torch.full((3,), -1.0)
-        dist.recv(t, 0)
+        dist.recv(t, 0, tag=12)
         return t
 case("recv of a shorter message", shorter)
 

@@ -225,32 +225,43 @@ class ProcessGroupCollectives(MoreOps, dist.ProcessGroup):
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor,
                       output_split_sizes: Sequence[int], input_split_sizes: Sequence[int],
                       opts: Any = None) -> _Work:
-        """all_to_all_single: rows of input go to ranks by input_split_sizes (via allgatherv)."""
+        """all_to_all_single: rows of input go to ranks by input_split_sizes (the core's
+        alltoallv; a sender and receiver that disagree on a block's size fail naming it)."""
+        from collectives import _core
         n = self._size
-        d0 = input.shape[0] if input.dim() else 1
-        sizes = list(input_split_sizes) or [d0 // n] * n
-        table = np.zeros(n * n, dtype=np.int64)
-        self._core.allgatherv(np.array(sizes, dtype=np.int64), table, [n] * n, None,
-                              self._timeout)
-        table = table.reshape(n, n)
-        dims = table.sum(axis=1)
-        row = input[0].numel() if input.dim() else 1
+        if input.dtype != output.dtype:
+            raise TypeError(f"all_to_all: output is {output.dtype} but input is {input.dtype}")
+        in_rows = self._splits(input, input_split_sizes, "input")
+        out_rows = self._splits(output, output_split_sizes, "output")
+        row_in = int(np.prod(input.shape[1:])) if input.dim() > 1 else 1
+        row_out = int(np.prod(output.shape[1:])) if output.dim() > 1 else 1
+        if row_in != row_out:
+            raise ValueError(f"all_to_all: input rows of {row_in} elements, output rows of "
+                             f"{row_out}")
         src = _Staged(input, "all_to_all input")
-        every = torch.empty((int(dims.sum()),) + tuple(input.shape[1:]), dtype=src.buf.dtype, device=src.buf.device)
-        view, dt = as_buffer(every)
-        self._core.allgatherv(src.view, view, [int(d) * row for d in dims], None,
-                              self._timeout, dt)
-        parts, base = [], 0
-        for i in range(n):
-            off = base + int(table[i, :self._rank].sum())
-            parts.append(every[off:off + int(table[i, self._rank])])
-            base += int(dims[i])
-        result = torch.cat(parts)
-        if result.numel() != output.numel():
-            raise ValueError(f"all_to_all: received {result.numel()} elements, output has "
-                             f"{output.numel()}")
-        output.detach().copy_(result.view(output.shape))
-        return _completed([output])
+        dst = _Staged(output, "all_to_all output", copy_in=False)
+        if n == 1:
+            dst.buf.copy_(src.buf.reshape(dst.buf.shape))
+        else:
+            _core.alltoallv(self._core, src.view, dst.view, [k * row_in for k in in_rows],
+                            [k * row_out for k in out_rows], None, None, self._timeout,
+                            dst.dtype)
+        dst.copy_out()
+        return _completed([output], "all_to_all")
+
+    def _splits(self, t: torch.Tensor, sizes: Sequence[int], what: str) -> list:
+        """Rows per rank along dim 0: sizes, or an even split when empty (as torch)."""
+        d0 = t.shape[0] if t.dim() else 1
+        if not len(sizes):
+            if d0 % self._size:
+                raise ValueError(f"all_to_all: {what} of {d0} rows does not split evenly over "
+                                 f"{self._size} ranks")
+            return [d0 // self._size] * self._size
+        sizes = [int(k) for k in sizes]
+        if len(sizes) != self._size or min(sizes) < 0 or sum(sizes) != d0:
+            raise ValueError(f"all_to_all: {what}_split_sizes {sizes} for {d0} rows and "
+                             f"{self._size} ranks")
+        return sizes
 
     def barrier(self, opts: Any = None) -> _Work:
         """Return once every rank has entered the barrier."""
