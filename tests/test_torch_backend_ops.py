@@ -377,3 +377,50 @@ def test_recv_from_a_peer_that_dies_raises_naming_it():
     assert not res.timed_out, res.report()
     got = res[0].one("recv")
     assert got["runtime"] and "rank 1" in got["message"] and got["seconds"] < 3.5, got
+
+
+class _Req:
+    """A stand-in for a core Request: Wait() returns once released."""
+
+    def __init__(self):
+        import threading
+        self.released = threading.Event()
+
+    def Wait(self):
+        assert self.released.wait(10), "never released"
+
+
+@pytest.mark.timeout(20)
+def test_completer_delivers_while_a_callback_waits_for_a_later_result():
+    """In-process: a .then callback that submits another request and waits for its Future
+    (what DDP's PowerSGD hook does) gets it; one completing thread running the callbacks
+    inline would wait for itself forever. stop() then joins every thread it started."""
+    import threading
+    import time
+
+    from collectives.torch._work import Completer
+    comp = Completer()
+    first, second = _Req(), _Req()
+    fut = comp.submit(first, lambda: 1, None)
+    inner_futures = []
+
+    def callback(_):
+        inner = comp.submit(second, lambda: 2, None)
+        inner_futures.append(inner)
+        second.released.set()
+        return inner.wait() + 10
+
+    chained = fut.then(callback)
+    first.released.set()
+    deadline = time.monotonic() + 8
+    while not chained.done() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if not chained.done():  # unblock the stuck callbacks so that the threads can end
+        for f in inner_futures:
+            if not f.done():
+                f.set_result(0)
+        comp.stop()
+        pytest.fail("a .then callback waiting for a later result deadlocked the completion")
+    assert chained.wait() == 12
+    comp.stop()
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("collectives-torch")]
