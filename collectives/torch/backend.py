@@ -4,9 +4,10 @@
 ``torch.distributed.init_process_group(backend="collectives")`` (rank and
 world size from the usual arguments or env) gives a process group that
 DistributedDataParallel and ordinary training code can use: all_reduce
-(sum, avg, min, max, product), broadcast, all_gather,
-all_gather_into_tensor, reduce_scatter_tensor, reduce, all_to_all_single,
-barrier.
+(sum, avg, min, max, product, band, bor, bxor), broadcast, all_gather,
+all_gather_into_tensor, reduce_scatter_tensor, reduce, all_to_all(_single),
+barrier here; send/recv, gather/scatter and the coalesced forms in
+_backend_ops.py (README: the table of what is there and what raises).
 
 The communicator: the ``collectives`` world when this process was started by
 ``collectives-run`` (or ``collectives.init()`` already ran) and the group is
@@ -14,173 +15,32 @@ that world; otherwise one built through the torch store given to the backend
 (every rank publishes its listening address there), which also serves
 sub-groups and torchrun.
 
-allreduce is non-blocking (a core request; a completion thread per group
-waits for requests in order and completes the torch Future, which is what
-DDP's reducer waits on). The other collectives run synchronously and return
-completed work; the core orders them after the queued allreduces.
+Every op has the group's timeout (init_process_group's) as its deadline.
+allreduce is non-blocking (a core request; a thread per group waits for the
+requests in order, and delivery threads complete the torch Futures that DDP's
+reducer waits on: _work.py). The other collectives run synchronously and
+return completed work; the core orders them after the queued allreduces.
 """
 from __future__ import annotations
 
 import os
-import queue
-import threading
 from datetime import timedelta
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.futures import Future
 
+from ._backend_ops import MoreOps, _reduce_op, core_op
 from ._context import as_buffer, check_tensor, wire_dtype
+from ._work import Completer, Staged as _Staged, _Work, completed as _completed
 
 __all__ = ["ProcessGroupCollectives", "register_backend", "BACKEND_NAME"]
 
 BACKEND_NAME = "collectives"
 
-_OPS = (("SUM", "sum"), ("AVG", "avg"), ("MIN", "min"), ("MAX", "max"), ("PRODUCT", "prod"))
 
-
-def _core_op(op: Any) -> str:
-    """The core's op name for a torch ReduceOp."""
-    for attr, name in _OPS:
-        if op == getattr(dist.ReduceOp, attr):
-            return name
-    raise ValueError(f"collectives backend: unsupported reduce op {op}; supported: SUM, AVG, MIN, "
-                     "MAX, PRODUCT")
-
-
-class _Work(dist._Work):
-    """A collective's completion: a torch Future, completed by the group's completion thread."""
-
-    def __init__(self, future: Future) -> None:
-        super().__init__()
-        self._future = future
-
-    def wait(self, timeout: Any = None) -> bool:
-        """Block until the collective completes; raise its error if it failed."""
-        self._future.wait()
-        return True
-
-    def is_completed(self) -> bool:
-        """True once the collective has completed."""
-        return self._future.done()
-
-    def is_success(self) -> bool:
-        """True if it completed without error."""
-        if not self._future.done():
-            return False
-        try:
-            self._future.value()
-        except Exception:
-            return False
-        return True
-
-    def exception(self) -> Any:
-        """The error, if it failed (None otherwise)."""
-        try:
-            self._future.value()
-        except Exception as exc:
-            return exc
-        return None
-
-    def get_future(self) -> Future:
-        """The Future that completes with the output tensors."""
-        return self._future
-
-    def result(self) -> list:
-        """The output tensors."""
-        return self._future.value()
-
-
-def _completed(value: Any) -> _Work:
-    fut: Future = Future()
-    fut.set_result(value)
-    return _Work(fut)
-
-
-class _Completer:
-    """One thread that waits for queued core requests in order and completes their Futures.
-
-    The thread is not a daemon: completing a torch Future releases and retakes
-    the GIL, and a daemon thread doing that while the interpreter finalizes is
-    ended by a forced unwind through torch's C++ frames, which aborts the
-    process ("terminate called without an active exception"). So stop() joins
-    it, and so does an interpreter-exit hook for groups never destroyed.
-    """
-
-    def __init__(self) -> None:
-        self._queue: "queue.Queue" = queue.Queue()
-        self._thread: Optional[threading.Thread] = None
-        self._lock = threading.Lock()
-        _at_exit(self.stop)
-
-    def submit(self, request: Any, finish: Callable[[], Any], keep: Any) -> Future:
-        """Complete a new Future with finish() once request is done."""
-        fut: Future = Future()
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="collectives-torch-pg")
-                self._thread.start()
-        self._queue.put((request, finish, keep, fut))
-        return fut
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            request, finish, keep, fut = item
-            try:
-                request.Wait()
-                value = finish()
-            except BaseException as exc:  # delivered to whoever waits on the Future
-                fut.set_exception(exc)
-            else:
-                fut.set_result(value)
-            del item, request, finish, keep, fut
-
-    def stop(self) -> None:
-        """End the thread after the queued requests (each ends within the core's timeout)."""
-        with self._lock:
-            thread, self._thread = self._thread, None
-            if thread is not None:
-                self._queue.put(None)
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
-
-
-def _at_exit(fn: Callable[[], None]) -> None:
-    """Run fn when the interpreter exits, before it joins non-daemon threads."""
-    try:
-        threading._register_atexit(fn)  # type: ignore[attr-defined]  # as concurrent.futures does
-    except RuntimeError:  # already shutting down: stop() runs from shutdown() or not at all
-        pass
-
-
-class _Staged:
-    """A tensor as the core sees it: itself when contiguous and of a core dtype, else a copy."""
-
-    def __init__(self, tensor: torch.Tensor, what: str, copy_in: bool = True) -> None:
-        check_tensor(tensor, what)
-        self.tensor = tensor
-        wdt = wire_dtype(tensor.dtype)
-        self.direct = wdt == tensor.dtype and tensor.is_contiguous()
-        if self.direct:
-            self.buf = tensor.detach()
-        else:
-            self.buf = torch.empty(tensor.shape, dtype=wdt, device=tensor.device)
-            if copy_in:
-                self.buf.copy_(tensor.detach())
-        self.view, self.dtype = as_buffer(self.buf)
-
-    def copy_out(self) -> None:
-        """Write the staged result back into the caller's tensor."""
-        if not self.direct:
-            self.tensor.detach().copy_(self.buf)
-
-
-class ProcessGroupCollectives(dist.ProcessGroup):
+class ProcessGroupCollectives(MoreOps, dist.ProcessGroup):
     """A torch.distributed process group whose collectives run in the collectives core.
 
     Args:
@@ -188,15 +48,18 @@ class ProcessGroupCollectives(dist.ProcessGroup):
         rank: this process's rank in the group.
         size: the group size.
         owns_core: close the communicator when the group shuts down.
+        timeout: every op's deadline in seconds (None: the core's, COLLECTIVES_TIMEOUT).
     """
 
-    def __init__(self, core: Any, rank: int, size: int, owns_core: bool = False) -> None:
+    def __init__(self, core: Any, rank: int, size: int, owns_core: bool = False,
+                 timeout: Optional[float] = None) -> None:
         super().__init__(rank, size)
         self._core = core
         self._rank = rank
         self._size = size
         self._owns_core = owns_core
-        self._completer = _Completer()
+        self._timeout = timeout
+        self._completer = Completer()
 
     # -- identity ----------------------------------------------------------------
     def getBackendName(self) -> str:
@@ -217,32 +80,41 @@ class ProcessGroupCollectives(dist.ProcessGroup):
     # -- allreduce -------------------------------------------------------------------
     def allreduce(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> _Work:
         """Reduce each tensor in place across ranks (non-blocking)."""
-        op = _core_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         tensors = list(tensors)
         if len(tensors) != 1:
             return self.allreduce_coalesced(tensors, opts)
+        op = core_op(_reduce_op(opts), tensors[0].dtype)
+        if op in ("BAND", "BOR", "BXOR"):
+            tensors[0].detach().copy_(self._bitwise(tensors[0], op))
+            return _completed(tensors, "allreduce")
         staged = _Staged(tensors[0], "allreduce tensor")
-        request = self._core.iallreduce(None, staged.view, op=op, dtype=staged.dtype)
+        request = self._core.iallreduce(None, staged.view, op=op, dtype=staged.dtype,
+                                        timeout=self._timeout)
 
         def finish() -> list:
             staged.copy_out()
             return tensors
 
-        return _Work(self._completer.submit(request, finish, staged))
+        return _Work(self._completer.submit(request, finish, staged), "allreduce")
 
     def allreduce_coalesced(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> _Work:
         """Reduce a list of tensors in place with one fused allreduce per dtype."""
-        op = _core_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         tensors = list(tensors)
         groups: dict = {}
         for t in tensors:
             check_tensor(t, "allreduce tensor")
+            op = core_op(_reduce_op(opts), t.dtype)
+            if op in ("BAND", "BOR", "BXOR"):
+                for u in tensors:
+                    self.allreduce([u], opts).wait()
+                return _completed(tensors, "allreduce_coalesced")
             groups.setdefault(wire_dtype(t.dtype), []).append(t)
         requests = []
         for wdt, ts in groups.items():
             flat = torch.cat([t.detach().reshape(-1).to(wdt) for t in ts])
             view, dt = as_buffer(flat)
-            requests.append((self._core.iallreduce(None, view, op=op, dtype=dt), flat, ts))
+            requests.append((self._core.iallreduce(None, view, op=op, dtype=dt,
+                                                   timeout=self._timeout), flat, ts))
         last = None
         for i, (request, flat, ts) in enumerate(requests):
             def finish(flat: torch.Tensor = flat, ts: list = ts) -> list:
@@ -252,7 +124,7 @@ class ProcessGroupCollectives(dist.ProcessGroup):
                     pos += t.numel()
                 return tensors
             last = self._completer.submit(request, finish, flat)
-        return _Work(last) if last is not None else _completed(tensors)
+        return _Work(last, "allreduce_coalesced") if last is not None else _completed(tensors)
 
     # -- synchronous collectives -------------------------------------------------------
     def broadcast(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> _Work:
@@ -261,7 +133,7 @@ class ProcessGroupCollectives(dist.ProcessGroup):
         for t in tensors:
             staged = _Staged(t, "broadcast tensor", copy_in=self._rank == root)
             if self._size > 1:
-                self._core.broadcast(staged.view, root, None, staged.dtype)
+                self._core.broadcast(staged.view, root, self._timeout, staged.dtype)
             staged.copy_out()
         return _completed(list(tensors))
 
@@ -274,8 +146,8 @@ class ProcessGroupCollectives(dist.ProcessGroup):
             raise TypeError(f"all_gather: output is {output.dtype} but input is {input.dtype}")
         src = _Staged(input, "all_gather input")
         dst = _Staged(output, "all_gather output", copy_in=False)
-        self._core.allgatherv(src.view, dst.view, [input.numel()] * self._size, None, None,
-                              dst.dtype)
+        self._core.allgatherv(src.view, dst.view, [input.numel()] * self._size, None,
+                              self._timeout, dst.dtype)
         dst.copy_out()
 
     def allgather(self, output_lists: Sequence[Sequence[torch.Tensor]],
@@ -301,14 +173,19 @@ class ProcessGroupCollectives(dist.ProcessGroup):
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
                               ) -> _Work:
         """output = this rank's block of op over every rank's input (reduce_scatter_tensor)."""
-        op = _core_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        op = core_op(_reduce_op(opts), input.dtype, "reduce_scatter")
         if input.numel() != output.numel() * self._size:
             raise ValueError(f"reduce_scatter: input has {input.numel()} elements, expected "
                              f"{self._size} x {output.numel()}")
+        if op in ("BAND", "BOR", "BXOR"):
+            whole = self._bitwise(input.reshape(-1), op)
+            block = whole[self._rank * output.numel():(self._rank + 1) * output.numel()]
+            output.detach().copy_(block.view(output.shape))
+            return _completed([output], "reduce_scatter")
         src = _Staged(input, "reduce_scatter input")
         dst = _Staged(output, "reduce_scatter output", copy_in=False)
         if self._size > 1:
-            self._core.reduce_scatter_block(src.view, dst.view, op, None, dst.dtype)
+            self._core.reduce_scatter_block(src.view, dst.view, op, self._timeout, dst.dtype)
         else:
             dst.buf.copy_(src.buf.reshape(dst.buf.shape))
         dst.copy_out()
@@ -326,51 +203,71 @@ class ProcessGroupCollectives(dist.ProcessGroup):
 
     def reduce(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> _Work:
         """Root's tensor = op over ranks; other ranks' tensors are left unchanged."""
-        op = _core_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        root = opts.rootRank if opts is not None else 0
+        root = self._root(opts, "reduce")
         for t in tensors:
+            op = core_op(_reduce_op(opts), t.dtype, "reduce")
+            if op in ("BAND", "BOR", "BXOR"):
+                result = self._bitwise(t, op)
+                if self._rank == root:
+                    t.detach().copy_(result)
+                continue
             staged = _Staged(t, "reduce tensor")
             if self._size > 1 and self._rank == root:
-                self._core.allreduce(None, staged.view, op=op, dtype=staged.dtype)
+                self._core.allreduce(None, staged.view, op=op, dtype=staged.dtype,
+                                     timeout=self._timeout)
                 staged.copy_out()
             elif self._size > 1:  # an allreduce whose result this rank drops
                 scratch = as_buffer(torch.empty_like(staged.buf))[0]
-                self._core.allreduce(staged.view, scratch, op=op, dtype=staged.dtype)
+                self._core.allreduce(staged.view, scratch, op=op, dtype=staged.dtype,
+                                     timeout=self._timeout)
         return _completed(list(tensors))
 
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor,
                       output_split_sizes: Sequence[int], input_split_sizes: Sequence[int],
                       opts: Any = None) -> _Work:
-        """all_to_all_single: rows of input go to ranks by input_split_sizes (via allgatherv)."""
+        """all_to_all_single: rows of input go to ranks by input_split_sizes (the core's
+        alltoallv; a sender and receiver that disagree on a block's size fail naming it)."""
+        from collectives import _core
         n = self._size
-        d0 = input.shape[0] if input.dim() else 1
-        sizes = list(input_split_sizes) or [d0 // n] * n
-        table = np.zeros(n * n, dtype=np.int64)
-        self._core.allgatherv(np.array(sizes, dtype=np.int64), table, [n] * n)
-        table = table.reshape(n, n)
-        dims = table.sum(axis=1)
-        row = input[0].numel() if input.dim() else 1
+        if input.dtype != output.dtype:
+            raise TypeError(f"all_to_all: output is {output.dtype} but input is {input.dtype}")
+        in_rows = self._splits(input, input_split_sizes, "input")
+        out_rows = self._splits(output, output_split_sizes, "output")
+        row_in = int(np.prod(input.shape[1:])) if input.dim() > 1 else 1
+        row_out = int(np.prod(output.shape[1:])) if output.dim() > 1 else 1
+        if row_in != row_out:
+            raise ValueError(f"all_to_all: input rows of {row_in} elements, output rows of "
+                             f"{row_out}")
         src = _Staged(input, "all_to_all input")
-        every = torch.empty((int(dims.sum()),) + tuple(input.shape[1:]), dtype=src.buf.dtype, device=src.buf.device)
-        view, dt = as_buffer(every)
-        self._core.allgatherv(src.view, view, [int(d) * row for d in dims], None, None, dt)
-        parts, base = [], 0
-        for i in range(n):
-            off = base + int(table[i, :self._rank].sum())
-            parts.append(every[off:off + int(table[i, self._rank])])
-            base += int(dims[i])
-        result = torch.cat(parts)
-        if result.numel() != output.numel():
-            raise ValueError(f"all_to_all: received {result.numel()} elements, output has "
-                             f"{output.numel()}")
-        output.detach().copy_(result.view(output.shape))
-        return _completed([output])
+        dst = _Staged(output, "all_to_all output", copy_in=False)
+        if n == 1:
+            dst.buf.copy_(src.buf.reshape(dst.buf.shape))
+        else:
+            _core.alltoallv(self._core, src.view, dst.view, [k * row_in for k in in_rows],
+                            [k * row_out for k in out_rows], None, None, self._timeout,
+                            dst.dtype)
+        dst.copy_out()
+        return _completed([output], "all_to_all")
+
+    def _splits(self, t: torch.Tensor, sizes: Sequence[int], what: str) -> list:
+        """Rows per rank along dim 0: sizes, or an even split when empty (as torch)."""
+        d0 = t.shape[0] if t.dim() else 1
+        if not len(sizes):
+            if d0 % self._size:
+                raise ValueError(f"all_to_all: {what} of {d0} rows does not split evenly over "
+                                 f"{self._size} ranks")
+            return [d0 // self._size] * self._size
+        sizes = [int(k) for k in sizes]
+        if len(sizes) != self._size or min(sizes) < 0 or sum(sizes) != d0:
+            raise ValueError(f"all_to_all: {what}_split_sizes {sizes} for {d0} rows and "
+                             f"{self._size} ranks")
+        return sizes
 
     def barrier(self, opts: Any = None) -> _Work:
         """Return once every rank has entered the barrier."""
         if self._size > 1:
-            self._core.barrier()
-        return _completed([])
+            self._core.barrier(self._timeout)
+        return _completed([], "barrier")
 
     def shutdown(self) -> None:
         """Stop the completion thread; close the communicator if this group created it."""
@@ -434,10 +331,26 @@ def _store_address(store: Any) -> tuple[Optional[str], Optional[int]]:
     return master, port
 
 
+def _op_timeout(timeout: Optional[timedelta]) -> Optional[float]:
+    """The group's deadline for each op, in seconds: init_process_group's timeout, as gloo's.
+
+    torch passes its default (30 minutes) when the script gives none; then an
+    explicit COLLECTIVES_TIMEOUT (collectives-run, tests) wins and None leaves
+    the core's default in place.
+    """
+    if timeout is None:
+        return None
+    from torch.distributed.constants import default_pg_timeout
+    if timeout == default_pg_timeout and os.environ.get("COLLECTIVES_TIMEOUT"):
+        return None
+    secs = timeout.total_seconds()
+    return secs if secs > 0 else None
+
+
 def _create(store: Any, rank: int, size: int, timeout: timedelta) -> ProcessGroupCollectives:
     """The creator torch calls for init_process_group / new_group with this backend."""
     core, owned = _communicator(store, rank, size, timeout)
-    return ProcessGroupCollectives(core, rank, size, owns_core=owned)
+    return ProcessGroupCollectives(core, rank, size, owns_core=owned, timeout=_op_timeout(timeout))
 
 
 def register_backend() -> None:

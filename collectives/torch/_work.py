@@ -1,0 +1,298 @@
+"""Completion of the torch.distributed backend's work: torch Works and Futures over core requests.
+
+A collective queued in the core (a ``Request``) is waited for by one thread
+per group, in order (the core runs the group's collectives in order, so
+waiting in order costs nothing). That thread never completes a torch Future
+itself: ``Future.set_result`` runs the ``.then`` callbacks inline, and a
+callback may issue another collective and wait for it (DDP's PowerSGD hook
+does), which only this thread could complete. So results go to delivery
+threads: one is usually enough; another starts whenever every delivery thread
+is still inside a callback, so a nested wait never waits for itself.
+
+Point-to-point requests progress only while someone waits for or tests one
+(native/coll.h), in whatever order their peers send, so they are not queued
+behind the collectives: their Work waits for its own request in the caller's
+thread.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+from datetime import timedelta
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+from torch.futures import Future
+
+from ._context import as_buffer, check_tensor, wire_dtype
+
+# Delivery threads a group may hold: one per callback nested inside another
+# that is still running; beyond this, deliveries wait for one to return.
+_MAX_DELIVERERS = 32
+
+
+def _seconds(timeout: Any) -> Optional[float]:
+    """A timeout as seconds, None for "no timeout" (None, zero: torch's kNoTimeout)."""
+    if timeout is None:
+        return None
+    secs = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+    return secs if secs > 0 else None
+
+
+class _Work(dist._Work):
+    """A collective's completion: a torch Future, completed by a delivery thread."""
+
+    def __init__(self, future: Future, what: str = "collective") -> None:
+        super().__init__()
+        self._future = future
+        self._what = what
+        done = self._done = threading.Event()
+        future.add_done_callback(lambda _f: done.set())  # no reference back to self
+
+    def wait(self, timeout: Any = None) -> bool:
+        """Block until the work completes; raise its error if it failed.
+
+        With a timeout (a timedelta or seconds; zero means none, as torch's
+        default), raise RuntimeError if it has not completed by then; the work
+        stays in flight, as on gloo.
+        """
+        secs = _seconds(timeout)
+        if secs is not None and not self._done.wait(secs):
+            raise RuntimeError(f"collectives backend: {self._what} did not complete within "
+                               f"Work.wait's timeout of {secs:g} s (it is still in flight)")
+        self._future.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        """True once the work has completed."""
+        return self._future.done()
+
+    def is_success(self) -> bool:
+        """True if it completed without error."""
+        return self._future.done() and self.exception() is None
+
+    def exception(self) -> Any:
+        """The error, if it failed (None otherwise)."""
+        try:
+            self._future.value()
+        except Exception as exc:
+            return exc
+        return None
+
+    def get_future(self) -> Future:
+        """The Future that completes with the output tensors."""
+        return self._future
+
+    def result(self) -> list:
+        """The output tensors."""
+        return self._future.value()
+
+
+def completed(value: Any, what: str = "collective") -> _Work:
+    """Work that has already completed with value."""
+    fut: Future = Future()
+    fut.set_result(value)
+    return _Work(fut, what)
+
+
+class P2PWork(_Work):
+    """A point-to-point request's Work: waiting progresses it in the waiting thread.
+
+    Args:
+        request: the core's Request.
+        finish: called once the request is done; its value completes the Future.
+        what: the op, for messages.
+        keep: objects (staged buffers) that must live until the request is done.
+    """
+
+    def __init__(self, request: Any, finish: Callable[[Any], Any], what: str,
+                 keep: Any = None) -> None:
+        super().__init__(Future(), what)
+        self._request, self._finish, self._keep = request, finish, keep
+        self._lock = threading.Lock()
+        self._source = -1
+
+    def _complete(self, block: bool, secs: Optional[float] = None) -> bool:
+        """Wait for (block) or test the request; completes the Future once it is done."""
+        with self._lock:
+            if self._future.done():
+                return True
+            try:
+                if block:
+                    self._request.Wait()
+                elif not self._request.Test():
+                    return False
+                status = self._request._status
+                self._source = status[0] if status else -1
+                value = self._finish(status)
+            except BaseException as exc:  # delivered to whoever waits on the Future
+                self._request = self._keep = None
+                self._future.set_exception(exc)
+                return True
+            self._request = self._keep = None
+        self._future.set_result(value)
+        return True
+
+    def wait(self, timeout: Any = None) -> bool:
+        """Block until the message has moved (raising its error); see _Work.wait for timeout."""
+        secs = _seconds(timeout)
+        if secs is None:
+            self._complete(True)
+        else:
+            import time
+            deadline = time.monotonic() + secs
+            while not self._complete(False):
+                if time.monotonic() >= deadline:
+                    raise RuntimeError(f"collectives backend: {self._what} did not complete "
+                                       f"within Work.wait's timeout of {secs:g} s (it is still "
+                                       "in flight)")
+                time.sleep(0.001)
+        self._future.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        """True once the message has moved (tests the request: progresses it)."""
+        return self._complete(False)
+
+    def get_future(self) -> Future:
+        """The Future; a thread waits for the request so that it completes unaided."""
+        if not self._future.done():  # not a daemon: see Completer (ends within the timeout)
+            threading.Thread(target=self._complete, args=(True,),
+                             name="collectives-torch-p2p").start()
+        return self._future
+
+    def _source_rank(self) -> int:
+        """The rank a receive from any source got its message from (torch's recv_anysource)."""
+        self.wait()
+        return self._source
+
+
+class Completer:
+    """Waits for a group's queued core requests in order; delivery threads complete the Futures.
+
+    The threads are not daemons: completing a torch Future releases and retakes
+    the GIL, and a daemon thread doing that while the interpreter finalizes is
+    ended by a forced unwind through torch's C++ frames, which aborts the
+    process ("terminate called without an active exception"). So stop() joins
+    them, and so does an interpreter-exit hook for groups never destroyed.
+    """
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._requests: collections.deque = collections.deque()
+        self._ready: collections.deque = collections.deque()  # (future, value, error)
+        self._waiter: Optional[threading.Thread] = None
+        self._waiting_in_order = False  # the waiter thread runs
+        self._deliverers: list = []
+        self._parked = 0  # delivery threads inside cv.wait()
+        self._stopping = False
+        _at_exit(self.stop)
+
+    def submit(self, request: Any, finish: Callable[[], Any], keep: Any) -> Future:
+        """A new Future, completed with finish() (or its error) once request is done."""
+        fut: Future = Future()
+        with self._cv:
+            if self._waiter is None:
+                self._stopping = False
+                self._waiting_in_order = True
+                self._waiter = threading.Thread(target=self._wait_in_order,
+                                                name="collectives-torch-pg")
+                self._waiter.start()
+            self._requests.append((request, finish, keep, fut))
+            self._cv.notify_all()
+        return fut
+
+    def _wait_in_order(self) -> None:
+        while True:
+            with self._cv:
+                while not self._requests and not self._stopping:
+                    self._cv.wait()
+                if not self._requests:
+                    self._waiting_in_order = False
+                    self._cv.notify_all()
+                    return
+                request, finish, keep, fut = self._requests.popleft()
+            try:
+                request.Wait()
+                item = (fut, finish(), None)
+            except BaseException as exc:
+                item = (fut, None, exc)
+            del request, finish, keep
+            self._deliver(item)
+            del item, fut
+
+    def _deliver(self, item: tuple) -> None:
+        """Hand a result to a parked delivery thread; start one when every thread that could
+        take it is busy (inside a callback, which may be waiting for this very result)."""
+        with self._cv:
+            self._ready.append(item)
+            if len(self._ready) > self._parked and len(self._deliverers) < _MAX_DELIVERERS:
+                thread = threading.Thread(target=self._deliver_loop,
+                                          name="collectives-torch-pg-deliver")
+                self._deliverers.append(thread)
+                thread.start()
+            else:
+                self._cv.notify()
+
+    def _deliver_loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._ready:
+                    if self._stopping and not self._waiting_in_order:
+                        return
+                    self._parked += 1
+                    self._cv.wait()
+                    self._parked -= 1
+                fut, value, exc = self._ready.popleft()
+            if exc is not None:
+                fut.set_exception(exc)  # torch runs the callbacks here
+            else:
+                fut.set_result(value)
+            del fut, value, exc
+
+    def stop(self) -> None:
+        """End the threads after the queued requests (each ends within the core's timeout)."""
+        with self._cv:
+            waiter, self._waiter = self._waiter, None
+            self._stopping = True
+            self._cv.notify_all()
+        me = threading.current_thread()
+        if waiter is not None and waiter is not me:
+            waiter.join()
+        with self._cv:
+            deliverers, self._deliverers = self._deliverers, []
+            self._cv.notify_all()
+        for thread in deliverers:
+            if thread is not me:
+                thread.join()
+
+
+def _at_exit(fn: Callable[[], None]) -> None:
+    """Run fn when the interpreter exits, before it joins non-daemon threads."""
+    try:
+        threading._register_atexit(fn)  # type: ignore[attr-defined]  # as concurrent.futures does
+    except RuntimeError:  # already shutting down: stop() runs from shutdown() or not at all
+        pass
+
+
+class Staged:
+    """A tensor as the core sees it: itself when contiguous and of a core dtype, else a copy."""
+
+    def __init__(self, tensor: torch.Tensor, what: str, copy_in: bool = True) -> None:
+        check_tensor(tensor, what)
+        self.tensor = tensor
+        wdt = wire_dtype(tensor.dtype)
+        self.direct = wdt == tensor.dtype and tensor.is_contiguous()
+        if self.direct:
+            self.buf = tensor.detach()
+        else:
+            self.buf = torch.empty(tensor.shape, dtype=wdt, device=tensor.device)
+            if copy_in:
+                self.buf.copy_(tensor.detach())
+        self.view, self.dtype = as_buffer(self.buf)
+
+    def copy_out(self) -> None:
+        """Write the staged result back into the caller's tensor."""
+        if not self.direct:
+            self.tensor.detach().copy_(self.buf)
