@@ -380,7 +380,8 @@ class Comm(_CommBase):
 
     def _explained(self, exc: CollectivesError) -> CollectivesError:
         """exc, or the same error with the cause other ranks reported appended."""
-        text = _world.explain_failure(self.rank, str(exc))
+        rank, members = _mpi_comms.world_ranks(self)
+        text = _world.explain_failure(rank, str(exc), members)
         return CollectivesError(exc.error_code, text) if text != str(exc) else exc
 
     # -- buffer collectives ----------------------------------------------

@@ -45,6 +45,8 @@ def split(comm: Any, color: int = 0, key: int = 0) -> Any:
     """Comm.Split(color, key): collective over comm; ranks with the same color form a new
     communicator ranked by key, then by rank in comm. Color MPI.UNDEFINED gives COMM_NULL."""
     core = _core_of(comm)
+    if key is None:  # the core's default (rank order) is not mpi4py's
+        raise TypeError("key must be an int, not NoneType")
     sub = _core.comm_split(core, color, key)
     if sub is None:
         return COMM_NULL
@@ -88,3 +90,12 @@ def world_rank(comm: Any, rank: Optional[int] = None) -> int:
     """The world rank of comm's rank `rank` (default: this process)."""
     core = _core_of(comm)
     return _core.comm_world_rank(core, core.rank if rank is None else rank)
+
+
+def world_ranks(comm: Any) -> tuple:
+    """(this process's world rank, the world ranks of comm's members or None for all)."""
+    core = comm._core
+    if core.closed or not isinstance(core, _core.SubCommunicator):
+        return comm.rank, None
+    return (_core.comm_world_rank(core, core.rank),
+            [_core.comm_world_rank(core, i) for i in range(core.size)])
