@@ -29,6 +29,7 @@ def exercise(name, colors, keys):
     if color == MPI.UNDEFINED:
         expect(sub is MPI.COMM_NULL and not sub, (name, "null"), repr(sub))
         w.Allreduce(np.full(4, r, np.int64), np.empty(4, np.int64))  # the members' world op
+        w.Iallreduce(np.full(6, r, np.int64), np.empty(6, np.int64)).Wait()
         w.Barrier()
         return None
     group = [i for _, i in members(colors, keys, color)]
@@ -83,6 +84,18 @@ def exercise(name, colors, keys):
             obj = sub.recv(source=MPI.ANY_SOURCE, tag=4, status=st)
             expect(obj == ("to0", group[1]) and st.Get_source() == 1, (name, "any source"),
                    f"{obj} {st.Get_source()}")
+    # non-blocking: Isend/Irecv on the sub, Iallreduce on the sub queued with one on the world
+    rb = np.empty(3, np.int64)
+    reqs = [sub.Irecv(rb, source=left, tag=11), sub.Isend(np.full(3, r, np.int64), dest=right, tag=11)]
+    MPI.Request.Waitall(reqs)
+    check((name, "Irecv"), rb, np.full(3, group[left], np.int64))
+    ys, yw = np.empty(6, np.int64), np.empty(6, np.int64)
+    q1 = sub.Iallreduce(np.full(6, r, np.int64), ys)
+    q2 = w.Iallreduce(np.full(6, r, np.int64), yw)
+    q2.Wait()
+    q1.Wait()
+    check((name, "Iallreduce sub"), ys, np.full(6, sum(group), np.int64))
+    check((name, "Iallreduce world"), yw, np.full(6, n * (n - 1) // 2, np.int64))
     # a barrier on the sub, then the world
     sub.Barrier()
     w.Barrier()
@@ -103,6 +116,16 @@ for k in range(3):
         grp = range(n) if c is w else [
             _core.comm_world_rank(c._core, i) for i in range(c.size)]
         check(("interleave", k, c.size), y, np.full(10, sum(g + 1 for g in grp), np.int64))
+
+# the same pair, tag and source on two communicators: each receive gets its own message
+dd = w.Dup()
+if n > 1 and r == 0:
+    dd.send("on dup", dest=1, tag=5)
+    w.send("on world", dest=1, tag=5)
+if n > 1 and r == 1:
+    expect(w.recv(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG) == "on world", "ctx world", "")
+    expect(dd.recv(source=0, tag=5) == "on dup", "ctx dup", "")
+dd.Free()
 
 # nested split of a split, dup, free in order
 nested = half.Split(half.rank % 2, half.rank)
