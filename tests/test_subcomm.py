@@ -269,6 +269,16 @@ for args, exc in [(("a", 0), TypeError), ((0, 1.5), TypeError), ((-5, 0), ValueE
         fail(("bad", args), f"{type(e).__name__}: {e}")
 # nothing was sent: the world's next collective still agrees
 expect(w.allreduce(r) == sum(range(w.size)), "after bad args", "")
+# COMM_SELF: split and dup locally (one rank, nothing sent)
+me = MPI.COMM_SELF.Dup()
+expect((me.rank, me.size, me.allreduce(r + 1)) == (0, 1, r + 1), "self dup", "")
+expect(MPI.COMM_SELF.Split(MPI.UNDEFINED, 0) is MPI.COMM_NULL, "self undefined", "")
+one = MPI.COMM_SELF.Split(3, 0)
+y = np.empty(4)
+one.Allreduce(np.full(4, 2.0), y)
+check("self split", y, np.full(4, 2.0))
+one.Free()
+me.Free()
 try:
     MPI.COMM_NULL.Allreduce(np.ones(1), np.empty(1))
     fail("null", "no error")

@@ -32,6 +32,7 @@
 #include "base/comm.h"
 #include "base/param.h"
 #include "base/status.h"
+#include "cuda/cuda.h"
 #include "transport/transport.h"
 
 typedef struct {
@@ -226,6 +227,7 @@ void coll_subcomm_destroy(coll_comm_t *comm) {
   free(comm->keep.edges);
   free(comm->keep.scratch);
   comm->keep.steps = comm->keep.edges = comm->keep.scratch = NULL;
+  coll_cuda_destroy(comm); /* its own stream and pools, if it ran on a GPU */
   if (!coll_subcomm_keep(comm)) free_zombie(comm);
 }
 
