@@ -11,6 +11,8 @@
  *   coll_alltoallv                     pairwise exchange (alltoall.c), host memory
  *   coll_isend / coll_irecv / coll_send / coll_recv / coll_sendrecv
  *                                      point-to-point messages with tags (p2p.c)
+ *   coll_comm_split / coll_comm_dup / coll_comm_free
+ *                                      subcommunicators over the same links (comm/subcomm.c)
  *   coll_request_status / coll_request_wait_any
  *                                      what a receive got; the first of several to finish
  *   coll_comm_last_error               text of the last failure (rank, peer, seq, values)

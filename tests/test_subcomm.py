@@ -61,6 +61,13 @@ def exercise(name, colors, keys):
     sub.Reduce(np.full(5, r + 1, np.int64), red, op=MPI.MAX, root=0)
     if me == 0:
         check((name, "Reduce"), red, np.full(5, max(group) + 1, np.int64))
+    sc = np.empty(4, np.int32)
+    sub.Scatter(np.arange(4 * m, dtype=np.int32) + 1000 * r if me == 0 else None, sc, root=0)
+    check((name, "Scatter"), sc, np.arange(4 * me, 4 * me + 4, dtype=np.int32) + 1000 * group[0])
+    rs = np.empty(3, np.float64)
+    sub.Reduce_scatter_block(np.arange(3 * m, dtype=np.float64) * (r + 1), rs)
+    check((name, "Reduce_scatter_block"), rs,
+          np.arange(3 * me, 3 * me + 3, dtype=np.float64) * sum(q + 1 for q in group))
     a2a = np.empty(m, np.int64)
     sub.Alltoall(np.arange(m, dtype=np.int64) + 100 * r, a2a)
     check((name, "Alltoall"), a2a, np.array([100 * q + me for q in group], np.int64))
