@@ -286,6 +286,19 @@ one.Allreduce(np.full(4, 2.0), y)
 check("self split", y, np.full(4, 2.0))
 one.Free()
 me.Free()
+# a receive still posted: Free is refused (it would complete on freed memory)
+d2 = w.Dup()
+req = d2.Irecv(np.empty(1, np.int64), source=0, tag=77)
+try:
+    d2.Free()
+    fail("free pending", "no error")
+except MPI.Exception as e:
+    expect("still posted" in str(e), "free pending", str(e))
+w.Barrier()
+if r == 0:
+    d2.Send(np.ones(1, np.int64), dest=0, tag=77)
+    req.Wait()
+    d2.Free()
 try:
     MPI.COMM_NULL.Allreduce(np.ones(1), np.empty(1))
     fail("null", "no error")

@@ -151,6 +151,10 @@ coll_result_t coll_p2p_divert(coll_comm_t *comm, coll_link_t *link, const uint8_
 /* Fails every pending point-to-point request (at break and destroy) and frees
  * the state (destroy). */
 void coll_p2p_fail_all(coll_comm_t *comm, coll_result_t code);
+/* Receives posted on a subcommunicator (the one whose rank map is `local`)
+ * that no message has matched yet, in its root's engine; forget: from now on
+ * their status names root ranks (the subcommunicator is being freed). */
+int coll_p2p_unmatched(coll_comm_t *root, const int *local, int forget);
 void coll_p2p_destroy(coll_comm_t *comm);
 coll_result_t coll_p2p_wait(coll_request_t *req);
 coll_result_t coll_p2p_test(coll_request_t *req, int *done);

@@ -228,6 +228,7 @@ void coll_subcomm_destroy(coll_comm_t *comm) {
   free(comm->keep.scratch);
   comm->keep.steps = comm->keep.edges = comm->keep.scratch = NULL;
   coll_cuda_destroy(comm); /* its own stream and pools, if it ran on a GPU */
+  coll_p2p_unmatched(root, comm->local, 1); /* their status must not read freed memory */
   if (!coll_subcomm_keep(comm)) free_zombie(comm);
 }
 
@@ -252,6 +253,11 @@ coll_result_t coll_comm_free(coll_comm_t *comm) {
                       "it %s alive: free them first",
                       comm->rank, comm->nchildren, comm->nchildren == 1 ? "" : "s",
                       comm->nchildren == 1 ? "is" : "are");
+  int pending = comm->root ? coll_p2p_unmatched(comm->root, comm->local, 0) : 0;
+  if (pending > 0)
+    return coll_error(comm, COLL_INVALID_USAGE,
+                      "rank %d: cannot free a communicator with %d receive%s still posted on it: "
+                      "wait for or cancel them first", comm->rank, pending, pending == 1 ? "" : "s");
   coll_comm_destroy(comm);
   return COLL_SUCCESS;
 }

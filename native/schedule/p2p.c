@@ -565,6 +565,24 @@ coll_result_t coll_p2p_quiesce(coll_comm_t *comm, double deadline) {
   return COLL_SUCCESS;
 }
 
+int coll_p2p_unmatched(coll_comm_t *root, const int *local, int forget) {
+  int n = 0;
+  pthread_mutex_lock(&root->mu);
+  struct coll_p2p *p = root->p2p;
+  for (coll_p2p_op_t *op = p ? p->posted : NULL; op; op = op->next)
+    if (op->local == local) {
+      n++;
+      if (forget) op->local = NULL;
+    }
+  for (p2p_msg_t *m = p ? p->unexp : NULL; m; m = m->next)
+    if (m->claimed && m->claimed->local == local) {
+      n++;
+      if (forget) m->claimed->local = NULL;
+    }
+  pthread_mutex_unlock(&root->mu);
+  return n;
+}
+
 int coll_p2p_pending(coll_comm_t *comm, int peer) {
   if (comm->root) {
     peer = comm->world[peer];
