@@ -218,6 +218,7 @@ try:
     fail("dead", "no error")
 except MPI.Exception as exc:
     error_record(exc, start)
+expect(w._core.broken and sub._core.broken, "broken", "world and sub both broken")
 """
 
 
@@ -231,7 +232,7 @@ def test_dead_peer_in_subgroup_named():
         # the text names the dead rank (world 2 or sub 1) and gives the numbering
         assert "subcommunicator" in msg and "world ranks 0,2,3" in msg, msg
         assert "rank 2" in msg, msg  # world numbering (the cause found in the store)
-        assert res[r].returncode == 0, res.report()
+        assert res[r].returncode == 0 and not res[r].get("fail"), res.report()
 
 
 ORDER = r"""

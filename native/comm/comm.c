@@ -125,7 +125,9 @@ const char *coll_comm_last_error(const coll_comm_t *comm) {
    * its root, which runs them. */
   return comm->root && !comm->err[0] ? comm->root->err : comm->err;
 }
-int coll_comm_is_broken(const coll_comm_t *comm) { return comm->broken; }
+int coll_comm_is_broken(const coll_comm_t *comm) {
+  return comm->broken || (comm->root && comm->root->broken); /* shared links */
+}
 
 int coll_comm_num_links(const coll_comm_t *comm) {
   int n = 0;
