@@ -26,13 +26,14 @@ from typing import Any, Callable, Optional, Sequence
 from . import _core, _missing
 from ._core import CollectivesError, CommBase as _CommBase, Request as _CoreRequest, count_of
 from ._core import _mpi_register, check_root, not_a_buffer
-from . import _world
+from . import _mpi_comms, _world
+from ._mpi_comms import COMM_NULL
 
 __all__ = [
     "COMM_WORLD", "COMM_SELF", "Comm", "Request", "Op", "Datatype", "Exception", "IN_PLACE",
     "SUM", "PROD", "MIN", "MAX", "AVG", "Wtime", "Wtick", "Get_processor_name",
     "Init", "Finalize", "Is_initialized", "Is_finalized",
-    "Status", "ANY_SOURCE", "ANY_TAG", "PROC_NULL", "UNDEFINED", "TAG_UB",
+    "Status", "ANY_SOURCE", "ANY_TAG", "PROC_NULL", "UNDEFINED", "TAG_UB", "COMM_NULL",
 ]
 
 ANY_SOURCE = _core.ANY_SOURCE  # a receive's source: any rank
@@ -379,7 +380,8 @@ class Comm(_CommBase):
 
     def _explained(self, exc: CollectivesError) -> CollectivesError:
         """exc, or the same error with the cause other ranks reported appended."""
-        text = _world.explain_failure(self.rank, str(exc))
+        rank, members = _mpi_comms.world_ranks(self)
+        text = _world.explain_failure(rank, str(exc), members)
         return CollectivesError(exc.error_code, text) if text != str(exc) else exc
 
     # -- buffer collectives ----------------------------------------------
@@ -676,8 +678,19 @@ class Comm(_CommBase):
         os._exit(errorcode)
 
     def Free(self) -> None:
-        """Close this communicator's links (the world one: see collectives.finalize)."""
-        self._core.close()
+        """Release this communicator: one from Split/Dup frees what it owns, not the links it
+        shares (refused while communicators made from it live); the world one closes its
+        links (see collectives.finalize)."""
+        _mpi_comms.free(self)
+
+    def Split(self, color: int = 0, key: int = 0) -> "Comm":
+        """Collective: ranks with the same color form a new communicator, ranked by key then
+        by rank here; color UNDEFINED gives COMM_NULL. It shares this one's links."""
+        return _mpi_comms.split(self, color, key)
+
+    def Dup(self) -> "Comm":
+        """Collective: a new communicator over the same ranks with its own context."""
+        return _mpi_comms.dup(self)
 
     def __repr__(self) -> str:
         return f"<collectives.MPI.Comm rank {self.rank} of {self.size}>"

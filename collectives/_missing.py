@@ -19,7 +19,7 @@ MPI4PY_COMM = frozenset("""
     Bsend_init Call_errhandler Cart_map Clone Compare Connect Create Create_cart
     Create_dist_graph Create_dist_graph_adjacent Create_errhandler Create_from_group
     Create_graph Create_group Create_intercomm Create_keyval Delete_attr Detach_buffer
-    Disconnect Dup Dup_with_info Exscan Exscan_init Flush_buffer Free_keyval Gather_init
+    Disconnect Dup_with_info Exscan Exscan_init Flush_buffer Free_keyval Gather_init
     Gatherv_init Get_attr Get_errhandler Get_failed Get_group Get_info Get_name Get_parent
     Get_topology Graph_map Iagree Ialltoall Ialltoallv Ialltoallw Ibsend Idup Idup_with_info
     Iexscan Iflush_buffer Igather Igatherv Improbe Iprobe Ireduce Ireduce_scatter Irsend
@@ -27,7 +27,7 @@ MPI4PY_COMM = frozenset("""
     Issend Join Mprobe Precv_init Probe Psend_init Recv_init Reduce_init Reduce_scatter
     Reduce_scatter_block_init Reduce_scatter_init Revoke Rsend Rsend_init Scan Scan_init
     Scatter_init Scatterv_init Send_init Sendrecv_replace Set_attr Set_errhandler Set_info
-    Set_name Shrink Spawn Spawn_multiple Split Split_type Ssend Ssend_init bsend exscan f2py
+    Set_name Shrink Spawn Spawn_multiple Split_type Ssend Ssend_init bsend exscan f2py
     free fromhandle fromint group handle ibsend improbe info iprobe is_inter is_intra is_topo
     issend mprobe name probe py2f reduce scan ssend toint topology
 """.split())
@@ -40,7 +40,7 @@ MPI4PY_MODULE = frozenset("""
     COMBINER_DUP COMBINER_F90_COMPLEX COMBINER_F90_INTEGER COMBINER_F90_REAL COMBINER_HINDEXED
     COMBINER_HINDEXED_BLOCK COMBINER_HVECTOR COMBINER_INDEXED COMBINER_INDEXED_BLOCK
     COMBINER_NAMED COMBINER_RESIZED COMBINER_STRUCT COMBINER_SUBARRAY COMBINER_VALUE_INDEX
-    COMBINER_VECTOR COMM_NULL COMM_TYPE_HW_GUIDED COMM_TYPE_HW_UNGUIDED
+    COMBINER_VECTOR COMM_TYPE_HW_GUIDED COMM_TYPE_HW_UNGUIDED
     COMM_TYPE_RESOURCE_GUIDED COMM_TYPE_SHARED COMPLEX COMPLEX16 COMPLEX32 COMPLEX4 COMPLEX8
     CONGRUENT COUNT CXX_BOOL CXX_DOUBLE_COMPLEX CXX_FLOAT_COMPLEX CXX_LONG_DOUBLE_COMPLEX C_BOOL
     C_COMPLEX C_DOUBLE_COMPLEX C_FLOAT_COMPLEX C_LONG_DOUBLE_COMPLEX Cartcomm Close_port

@@ -22,7 +22,7 @@ import os
 import socket
 import threading
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from . import _auth, _env, _store, config
 
@@ -408,8 +408,11 @@ _ECHOES = ("closed the connection", "connection to rank", "timed out", "is broke
 REPORT_S = 2.0
 
 
-def explain_failure(rank: int, message: str) -> str:
+def explain_failure(rank: int, message: str, peers: Optional[Sequence[int]] = None) -> str:
     """Report this rank's failure to the store and add the cause others saw.
+
+    rank is a world rank; peers (world ranks, default all) are the ranks whose reports
+    count: a subcommunicator's members.
 
     Only the first failure of the world is reported and explained; later
     calls on the broken communicator repeat the cause found then. Best
@@ -443,7 +446,7 @@ def explain_failure(rank: int, message: str) -> str:
             found = False
             while not found and time.monotonic() < deadline:
                 silent = []
-                for peer in range(state.comm.size):
+                for peer in (range(state.comm.size) if peers is None else peers):
                     if peer == rank:
                         continue
                     if not client.check([f"failed/{peer}"], timeout=left()):

@@ -11,6 +11,8 @@
  *   coll_alltoallv                     pairwise exchange (alltoall.c), host memory
  *   coll_isend / coll_irecv / coll_send / coll_recv / coll_sendrecv
  *                                      point-to-point messages with tags (p2p.c)
+ *   coll_comm_split / coll_comm_dup / coll_comm_free
+ *                                      subcommunicators over the same links (comm/subcomm.c)
  *   coll_request_status / coll_request_wait_any
  *                                      what a receive got; the first of several to finish
  *   coll_comm_last_error               text of the last failure (rank, peer, seq, values)
@@ -182,8 +184,36 @@ void coll_comm_set_job_oversubscribed(coll_comm_t *comm, int oversubscribed);
  * idles: 4 ranks on 2 cores took 25-30 % less time at 4 MiB bound round
  * robin. Best effort: a CPU the process may not use is a warning. */
 void coll_comm_bind_cpu(coll_comm_t *comm, int cpu);
-/* Stops the progress thread, closes every link and the listener, frees comm. */
+/* Stops the progress thread, closes every link and the listener, frees comm.
+ * On a subcommunicator: frees only what it owns (its rank maps), never the
+ * shared links; COLL_INVALID_USAGE from coll_comm_free while it has live
+ * subcommunicators of its own. */
 void coll_comm_destroy(coll_comm_t *comm);
+/* Subcommunicators (comm/subcomm.c), with MPI_Comm_split's semantics: a
+ * collective on `comm` (an allgather of every rank's color and key) after
+ * which ranks with the same color >= 0 form a new communicator, ranked by
+ * key, ties by their rank in comm; color COLL_UNDEFINED gives *out = NULL.
+ * The new one shares comm's links (and root's lock, queue and point-to-point
+ * engine): no socket is opened for it, a link to a peer not yet connected is
+ * opened on the root when first needed. Its context id (in every header) is
+ * derived from comm's, a per-communicator split counter and the color, the
+ * same on every member. coll_comm_dup is split(0, rank). */
+#define COLL_UNDEFINED (-32766)
+coll_result_t coll_comm_split(coll_comm_t *comm, int color, int key, double timeout,
+                              coll_comm_t **out);
+coll_result_t coll_comm_dup(coll_comm_t *comm, double timeout, coll_comm_t **out);
+/* Frees a subcommunicator (refused, COLL_INVALID_USAGE, while it has live
+ * subcommunicators) or, on a root, the same as coll_comm_destroy (refused
+ * while it has subcommunicators). */
+coll_result_t coll_comm_free(coll_comm_t *comm);
+/* comm's rank `rank` as a rank of its root (the world); the root rank r as
+ * a rank of comm, or -1 (coll_comm_local_rank). */
+int coll_comm_world_rank(const coll_comm_t *comm, int rank);
+int coll_comm_local_rank(const coll_comm_t *comm, int world_rank);
+/* The context id in comm's headers (0 on a root). */
+uint32_t coll_comm_ctx(const coll_comm_t *comm);
+int coll_comm_rank(const coll_comm_t *comm);
+int coll_comm_size(const coll_comm_t *comm);
 /* The text of the last error (empty if none). Valid until the next call. */
 const char *coll_comm_last_error(const coll_comm_t *comm);
 /* Nonzero once an error broke the communicator. */

@@ -117,8 +117,8 @@ def _corpus() -> dict:
         b"rank 0: it broke".ljust(96, b"\0") + bytes(32)
 
     def header(coll, seq, nbytes, aux, count, offset, dtype=2, flags=0):
-        return struct.pack("<IBBBBIIIIQQ", 0x4C4C4F43, 1, coll, 0, dtype, seq, nbytes, aux,
-                           flags, count, offset)
+        return struct.pack("<IBBBBIIIIQQII", 0x4C4C4F43, 2, coll, 0, dtype, seq, nbytes, aux,
+                           flags, count, offset, 0, 0)
     return {
         "store": {
             "set": _store_frame(1, [b"addr/0", b"127.0.0.1\n4242\nhost\n0,1"]),

@@ -57,10 +57,11 @@ def abort_notice(key: bytes, comm_id: bytes, frm: int, to: int, reason: bytes) -
 
 
 def wire_header(coll: int, seq: int, nbytes: int, aux: int, count: int, offset: int,
-                dtype: int = 0) -> bytes:
-    """A message header (wire.h) as a rank would send it."""
-    return struct.pack("<IBBBBIIIIQQ", 0x4C4C4F43, 1, coll, 0, dtype, seq, nbytes, aux, 0,
-                       count, offset)
+                dtype: int = 0, ctx: int = 0) -> bytes:
+    """A message header (wire.h, version 2: 48 bytes) as a rank would send it; ctx is the
+    communicator's context id (0: a world communicator)."""
+    return struct.pack("<IBBBBIIIIQQII", 0x4C4C4F43, 2, coll, 0, dtype, seq, nbytes, aux, 0,
+                       count, offset, ctx, 0)
 
 
 def _wait_json(path: str, timeout: float) -> dict:

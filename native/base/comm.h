@@ -79,6 +79,25 @@ struct coll_comm {
   struct coll_cuda *cuda; /* stream, events, pools, IPC maps (cuda.c); NULL until a GPU call */
   struct coll_p2p *p2p;   /* point-to-point state (p2p.c); NULL until the first one */
 
+  /* Subcommunicators (comm/subcomm.c). A communicator made by
+   * coll_comm_create is a root (root NULL, world/local NULL, ctx 0).
+   * A subcommunicator (coll_comm_split) owns no socket, listener or
+   * point-to-point state: it uses its root's links (peers[i].link is the
+   * root's link to world[i], fetched through the root), the root's lock,
+   * request queue and progress thread (so calls on the root and on all its
+   * subcommunicators are serialized), and the root's point-to-point engine
+   * with its own ctx on every message. A failure on either breaks the root
+   * (its links are shared), and so every communicator over it. */
+  coll_comm_t *root;
+  coll_comm_t *parent;   /* NULL for a root */
+  int *world;            /* sub: the root rank of each of its ranks */
+  int *local;            /* sub: its rank for each root rank, or -1 */
+  uint32_t ctx;          /* in every header (transport/wire.h) */
+  uint32_t nsplits;      /* splits and dups made from this communicator */
+  int nchildren;         /* live subcommunicators made from it */
+  int zombie;            /* destroyed while subcommunicators lived: everything but the
+                            struct and its lock is gone; freed with the last of them */
+
   /* Arrays kept from one call to the next (calls are serialized): a
    * schedule's steps and edges and the host executor's scratch, so that a
    * small collective does not pay for six malloc/free pairs (schedule.c). */
@@ -132,9 +151,26 @@ coll_result_t coll_p2p_divert(coll_comm_t *comm, coll_link_t *link, const uint8_
 /* Fails every pending point-to-point request (at break and destroy) and frees
  * the state (destroy). */
 void coll_p2p_fail_all(coll_comm_t *comm, coll_result_t code);
+/* Receives posted on a subcommunicator (the one whose rank map is `local`)
+ * that no message has matched yet, in its root's engine; forget: from now on
+ * their status names root ranks (the subcommunicator is being freed). */
+int coll_p2p_unmatched(coll_comm_t *root, const int *local, int forget);
 void coll_p2p_destroy(coll_comm_t *comm);
 coll_result_t coll_p2p_wait(coll_request_t *req);
 coll_result_t coll_p2p_test(coll_request_t *req, int *done);
 void coll_p2p_free(coll_request_t *req);
+
+/* The communicator holding the links, lock and queue: comm itself, or a
+ * subcommunicator's root. */
+static inline coll_comm_t *coll_comm_root(coll_comm_t *comm) { return comm->root ? comm->root : comm; }
+/* Appends to a failed subcommunicator's error text which numbering it uses
+ * (its ranks and the root ranks they are), comm/subcomm.c; no-op on a root. */
+void coll_subcomm_explain(coll_comm_t *comm);
+/* coll_comm_destroy's part for a subcommunicator. */
+void coll_subcomm_destroy(coll_comm_t *comm);
+/* At the end of destroying comm, with its links, thread and state gone:
+ * nonzero if subcommunicators made from it live, which then keep the struct
+ * (marked zombie, broken) until the last of them is destroyed. */
+int coll_subcomm_keep(coll_comm_t *comm);
 
 #endif

@@ -18,6 +18,7 @@ include "buffer.pxi"
 include "p2p.pxi"
 include "rooted.pxi"
 include "alltoall.pxi"
+include "subcomm.pxi"
 
 
 cdef class Request:
@@ -111,6 +112,8 @@ cdef class Communicator:
     cdef int _size
 
     def __cinit__(self, int rank, int size, str bind_host="", bytes comm_id=bytes(16)):
+        if size == 0 and rank == -1 and type(self) is not Communicator:
+            return  # a SubCommunicator: comm_split fills it (subcomm.pxi)
         if size < 1 or not (0 <= rank < size):
             raise ValueError(f"rank {rank} out of range for size {size}")
         if len(comm_id) != 16:

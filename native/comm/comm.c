@@ -120,8 +120,14 @@ coll_result_t coll_comm_set_peer_host(coll_comm_t *comm, int peer, const char *h
   return COLL_SUCCESS;
 }
 
-const char *coll_comm_last_error(const coll_comm_t *comm) { return comm->err; }
-int coll_comm_is_broken(const coll_comm_t *comm) { return comm->broken; }
+const char *coll_comm_last_error(const coll_comm_t *comm) {
+  /* A subcommunicator's link and point-to-point failures are recorded on
+   * its root, which runs them. */
+  return comm->root && !comm->err[0] ? comm->root->err : comm->err;
+}
+int coll_comm_is_broken(const coll_comm_t *comm) {
+  return comm->broken || (comm->root && comm->root->broken); /* shared links */
+}
 
 int coll_comm_num_links(const coll_comm_t *comm) {
   int n = 0;
@@ -130,6 +136,15 @@ int coll_comm_num_links(const coll_comm_t *comm) {
 }
 
 void coll_comm_break(coll_comm_t *comm, coll_result_t code) {
+  if (comm->root) { /* the links are the root's: break it (and so every sub over it) */
+    if (!comm->broken) {
+      comm->broken = 1;
+      comm->broken_code = code;
+      coll_subcomm_explain(comm);
+    }
+    coll_comm_break(comm->root, code);
+    return;
+  }
   if (comm->broken) return;
   comm->broken = 1;
   comm->broken_code = code;
@@ -175,12 +190,25 @@ static coll_result_t enter(coll_comm_t *comm) {
 }
 
 coll_result_t coll_comm_enter(coll_comm_t *comm) {
-  pthread_mutex_lock(&comm->mu);
-  while (comm->busy || comm->qhead) pthread_cond_wait(&comm->cv, &comm->mu);
-  comm->busy = 1;
-  pthread_mutex_unlock(&comm->mu);
+  coll_comm_t *L = coll_comm_root(comm);
+  pthread_mutex_lock(&L->mu);
+  while (L->busy || L->qhead) pthread_cond_wait(&L->cv, &L->mu);
+  L->busy = 1;
+  pthread_mutex_unlock(&L->mu);
   comm->err_set = 0;
   comm->err[0] = 0;
+  L->err_set = 0;
+  L->err[0] = 0;
+  if (L->broken && !comm->broken) {
+    comm->broken = 1;
+    comm->broken_code = L->broken_code;
+  }
+  if (L->zombie) {
+    snprintf(comm->err, sizeof comm->err,
+             "rank %d: the communicator this subcommunicator was made from is closed", comm->rank);
+    comm->err_set = 1;
+    return COLL_INVALID_USAGE;
+  }
   if (comm->broken) {
     snprintf(comm->err, sizeof comm->err,
              "rank %d: the communicator is broken by an earlier failure (%s); create a new one",
@@ -198,10 +226,13 @@ static coll_result_t leave(coll_comm_t *comm, coll_result_t res) {
 coll_result_t coll_comm_leave(coll_comm_t *comm, coll_result_t res) {
   if (res != COLL_SUCCESS && res != COLL_INVALID_ARGUMENT && res != COLL_INVALID_USAGE)
     coll_comm_break(comm, res);
-  pthread_mutex_lock(&comm->mu);
-  comm->busy = 0;
-  pthread_cond_broadcast(&comm->cv);
-  pthread_mutex_unlock(&comm->mu);
+  else if (res != COLL_SUCCESS)
+    coll_subcomm_explain(comm);
+  coll_comm_t *L = coll_comm_root(comm);
+  pthread_mutex_lock(&L->mu);
+  L->busy = 0;
+  pthread_cond_broadcast(&L->cv);
+  pthread_mutex_unlock(&L->mu);
   return res;
 }
 
@@ -422,20 +453,27 @@ static void *progress_main(void *arg) {
     comm->busy = 1;
     pthread_mutex_unlock(&comm->mu);
 
+    /* A subcommunicator's requests are queued here too (comm.h): each runs
+     * on the communicator it was made on. */
+    coll_comm_t *rc = req->comm;
     comm->err_set = 0;
     comm->err[0] = 0;
+    rc->err_set = 0;
+    rc->err[0] = 0;
     coll_result_t res;
-    if (comm->broken) {
-      snprintf(comm->err, sizeof comm->err, "rank %d: the communicator is broken by an earlier failure",
-               comm->rank);
+    if (rc->broken || comm->broken) {
+      snprintf(rc->err, sizeof rc->err, "rank %d: the communicator is broken by an earlier failure",
+               rc->rank);
       res = COLL_INVALID_USAGE;
       coll_cuda_event_destroy(req->args.ready_event);
     } else {
-      res = coll_p2p_quiesce(comm, coll_comm_deadline(comm, 0));
-      if (res == COLL_SUCCESS) res = req->run(comm, &req->args);
+      res = coll_p2p_quiesce(rc, coll_comm_deadline(rc, 0));
+      if (res == COLL_SUCCESS) res = req->run(rc, &req->args);
       /* As coll_comm_leave: errors every rank saw alike leave it usable. */
       if (res != COLL_SUCCESS && res != COLL_INVALID_ARGUMENT && res != COLL_INVALID_USAGE)
-        coll_comm_break(comm, res);
+        coll_comm_break(rc, res);
+      else if (res != COLL_SUCCESS)
+        coll_subcomm_explain(rc);
     }
 
     pthread_mutex_lock(&comm->mu);
@@ -453,11 +491,12 @@ static void *progress_main(void *arg) {
 /* Queues a collective on the progress thread (started on first use). The
  * request keeps its own copy of the arguments, counts and displacements
  * included; the buffers stay the caller's to keep alive. */
-static coll_result_t submit(coll_comm_t *comm, const coll_args_t *a, check_fn check, run_fn run,
+static coll_result_t submit(coll_comm_t *sub, const coll_args_t *a, check_fn check, run_fn run,
                             coll_request_t **out) {
   *out = NULL;
-  COLL_CHECK(check(comm, a));
-  size_t nv = a->counts ? (size_t)comm->size : 0;
+  COLL_CHECK(check(sub, a));
+  coll_comm_t *comm = coll_comm_root(sub); /* its queue and thread run the request */
+  size_t nv = a->counts ? (size_t)sub->size : 0;
   coll_request_t *req = calloc(1, sizeof *req + 2 * nv * sizeof(size_t));
   if (!req) return coll_error(comm, COLL_SYSTEM_ERROR, "out of memory");
   req->args = *a;
@@ -468,7 +507,7 @@ static coll_result_t submit(coll_comm_t *comm, const coll_args_t *a, check_fn ch
     coll_result_t res = coll_cuda_record_ready(a->device, a->stream, &req->args.ready_event);
     if (res != COLL_SUCCESS) {
       free(req);
-      return coll_error(comm, res, "rank %d: %s", comm->rank, coll_cuda_error_text());
+      return coll_error(sub, res, "rank %d: %s", sub->rank, coll_cuda_error_text());
     }
   }
   if (nv) {
@@ -489,7 +528,7 @@ static coll_result_t submit(coll_comm_t *comm, const coll_args_t *a, check_fn ch
   }
   if (comm->qtail) comm->qtail->next = req; else comm->qhead = req;
   comm->qtail = req;
-  req->comm = comm;
+  req->comm = sub;
   pthread_cond_broadcast(&comm->cv);
   pthread_mutex_unlock(&comm->mu);
   *out = req;
@@ -518,7 +557,7 @@ coll_result_t coll_ibarrier(coll_comm_t *comm, double timeout, coll_request_t **
 
 coll_result_t coll_request_wait(coll_request_t *req) {
   if (req->p2p) return coll_p2p_wait(req);
-  coll_comm_t *comm = req->comm;
+  coll_comm_t *comm = coll_comm_root(req->comm);
   pthread_mutex_lock(&comm->mu);
   while (!req->done) pthread_cond_wait(&comm->cv, &comm->mu);
   pthread_mutex_unlock(&comm->mu);
@@ -527,7 +566,7 @@ coll_result_t coll_request_wait(coll_request_t *req) {
 
 coll_result_t coll_request_test(coll_request_t *req, int *done) {
   if (req->p2p) return coll_p2p_test(req, done);
-  coll_comm_t *comm = req->comm;
+  coll_comm_t *comm = coll_comm_root(req->comm);
   pthread_mutex_lock(&comm->mu);
   *done = req->done;
   coll_result_t res = req->done ? req->result : COLL_SUCCESS;
@@ -544,6 +583,10 @@ void coll_request_free(coll_request_t *req) {
 
 void coll_comm_destroy(coll_comm_t *comm) {
   if (!comm) return;
+  if (comm->root) {
+    coll_subcomm_destroy(comm);
+    return;
+  }
   pthread_mutex_lock(&comm->mu);
   comm->stopping = 1;
   pthread_cond_broadcast(&comm->cv);
@@ -562,6 +605,7 @@ void coll_comm_destroy(coll_comm_t *comm) {
   free(comm->keep.steps);
   free(comm->keep.edges);
   free(comm->keep.scratch);
+  if (coll_subcomm_keep(comm)) return; /* its subcommunicators still point at it */
   pthread_mutex_destroy(&comm->mu);
   pthread_cond_destroy(&comm->cv);
   free(comm->peers);

@@ -97,6 +97,16 @@ cdef extern from "coll.h" nogil:
     void coll_comm_bind_cpu(coll_comm_t *comm, int cpu)
     coll_result_t coll_comm_set_peer_host(coll_comm_t *comm, int peer, const char *host_id)
     void coll_comm_destroy(coll_comm_t *comm)
+    int COLL_UNDEFINED
+    coll_result_t coll_comm_split(coll_comm_t *comm, int color, int key, double timeout,
+                                  coll_comm_t **out) nogil
+    coll_result_t coll_comm_dup(coll_comm_t *comm, double timeout, coll_comm_t **out) nogil
+    coll_result_t coll_comm_free(coll_comm_t *comm) nogil
+    int coll_comm_world_rank(const coll_comm_t *comm, int rank)
+    int coll_comm_local_rank(const coll_comm_t *comm, int world_rank)
+    unsigned int coll_comm_ctx(const coll_comm_t *comm)
+    int coll_comm_rank(const coll_comm_t *comm)
+    int coll_comm_size(const coll_comm_t *comm)
     const char *coll_comm_last_error(const coll_comm_t *comm)
     int coll_comm_is_broken(const coll_comm_t *comm)
     int coll_comm_num_links(const coll_comm_t *comm)

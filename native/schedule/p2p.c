@@ -80,8 +80,9 @@ void p2p_op_done(coll_comm_t *comm, coll_p2p_op_t *op, coll_result_t res) {
 
 /* ---- matching (under comm->mu) ---- */
 
-static int fits(const coll_p2p_op_t *op, int peer, int tag) {
-  return (op->peer == COLL_ANY_SOURCE || op->peer == peer) && (op->tag == COLL_ANY_TAG || op->tag == tag);
+static int fits(const coll_p2p_op_t *op, uint32_t ctx, int peer, int tag) {
+  return op->ctx == ctx && (op->peer == COLL_ANY_SOURCE || op->peer == peer) &&
+         (op->tag == COLL_ANY_TAG || op->tag == tag);
 }
 
 static coll_result_t check_match(coll_comm_t *comm, const coll_p2p_op_t *op, int peer, int tag,
@@ -100,16 +101,17 @@ static coll_result_t check_match(coll_comm_t *comm, const coll_p2p_op_t *op, int
 }
 
 static void set_status(coll_p2p_op_t *op, int peer, int tag, size_t count) {
-  op->status.source = peer;
+  /* peer is a root rank; a subcommunicator's status names its own rank */
+  op->status.source = op->local && peer >= 0 ? op->local[peer] : peer;
   op->status.tag = tag;
   op->status.count = count;
   op->status.nbytes = count * coll_dtype_size(op->dtype);
 }
 
-static coll_p2p_op_t *take_posted(struct coll_p2p *p, int peer, int tag) {
+static coll_p2p_op_t *take_posted(struct coll_p2p *p, uint32_t ctx, int peer, int tag) {
   coll_p2p_op_t *prev = NULL;
   for (coll_p2p_op_t *op = p->posted; op; prev = op, op = op->next) {
-    if (!fits(op, peer, tag)) continue;
+    if (!fits(op, ctx, peer, tag)) continue;
     if (prev) prev->next = op->next; else p->posted = op->next;
     if (p->posted_tail == op) p->posted_tail = prev;
     op->next = NULL;
@@ -179,9 +181,24 @@ static coll_result_t check_peer_tag(coll_comm_t *comm, const coll_args_t *a, con
   return COLL_SUCCESS;
 }
 
-coll_result_t p2p_post(coll_comm_t *comm, const coll_args_t *a, int is_send, coll_request_t **out) {
+coll_result_t p2p_post(coll_comm_t *comm, const coll_args_t *args, int is_send, coll_request_t **out) {
   *out = NULL;
-  COLL_CHECK(p2p_check_args(comm, a, is_send));
+  COLL_CHECK(p2p_check_args(comm, args, is_send));
+  /* A subcommunicator's messages go through its root's engine (base/comm.h),
+   * to root ranks, with its context id. */
+  coll_args_t ta = *args;
+  const coll_args_t *a = &ta;
+  coll_comm_t *sub = comm;
+  if (comm->root) {
+    if (ta.peer >= 0) ta.peer = comm->world[ta.peer];
+    comm = comm->root;
+    comm->err_set = 0;
+    comm->err[0] = 0;
+    sub->err[0] = 0;
+    if (sub->broken && !comm->broken)
+      return coll_error(sub, COLL_INVALID_USAGE, "rank %d: the communicator is broken by an "
+                        "earlier failure; create a new one", sub->rank);
+  }
   if (comm->broken)
     return coll_error(comm, COLL_INVALID_USAGE,
                       "rank %d: the communicator is broken by an earlier failure (%s); create a new one",
@@ -199,6 +216,8 @@ coll_result_t p2p_post(coll_comm_t *comm, const coll_args_t *a, int is_send, col
   req->p2p = op;
   op->req = req;
   op->is_send = is_send;
+  op->ctx = sub->ctx;
+  op->local = sub->local;
   op->peer = a->peer;
   op->tag = a->tag;
   op->dtype = a->dtype;
@@ -218,7 +237,7 @@ coll_result_t p2p_post(coll_comm_t *comm, const coll_args_t *a, int is_send, col
     p2p_op_done(comm, op, res);
   } else if (is_send && a->peer == comm->rank) {
     /* To itself: delivered (or set aside) now, like a message that arrived. */
-    coll_p2p_op_t *r = take_posted(p, comm->rank, a->tag);
+    coll_p2p_op_t *r = take_posted(p, op->ctx, comm->rank, a->tag);
     if (r) {
       res = check_match(comm, r, comm->rank, a->tag, a->dtype, a->count);
       if (res == COLL_SUCCESS && r->alloc && !(r->buf = malloc(nbytes + 1)))
@@ -236,7 +255,8 @@ coll_result_t p2p_post(coll_comm_t *comm, const coll_args_t *a, int is_send, col
         return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory", comm->rank);
       }
       if (nbytes) memcpy(data, a->sendbuf, nbytes);
-      *m = (p2p_msg_t){NULL, comm->rank, a->tag, a->dtype, a->count, nbytes, nbytes, data, NULL};
+      *m = (p2p_msg_t){NULL, comm->rank, a->tag, a->dtype, a->count, nbytes, nbytes, data, NULL,
+                       op->ctx};
       if (p->unexp_tail) p->unexp_tail->next = m; else p->unexp = m;
       p->unexp_tail = m;
       p->unexp_bytes += nbytes;
@@ -248,7 +268,7 @@ coll_result_t p2p_post(coll_comm_t *comm, const coll_args_t *a, int is_send, col
     pp->sq_tail = op;
   } else {
     p2p_msg_t *m = p->unexp;
-    while (m && !(fits(op, m->peer, m->tag) && !m->claimed)) m = m->next;
+    while (m && !(fits(op, m->ctx, m->peer, m->tag) && !m->claimed)) m = m->next;
     if (m && m->got == m->nbytes) {
       res = deliver_kept(comm, m, op);
       if (res != COLL_SUCCESS) { /* a mismatch: reported here, and it breaks the communicator */
@@ -291,6 +311,7 @@ coll_result_t p2p_push_sends(coll_comm_t *comm, p2p_peer_t *pp, coll_link_t *lin
       h.nbytes = (uint32_t)nbytes;
       h.aux = (uint32_t)op->tag;
       h.count = op->count;
+      h.ctx = op->ctx;
       coll_wire_encode(pp->shdr, &h);
       pp->shdr_done = pp->sdone = 0;
       pp->sending = 1;
@@ -332,8 +353,10 @@ static coll_result_t header_arrived(coll_comm_t *comm, p2p_peer_t *pp, int peer,
   }
   uint32_t seq = get32(b + 8), nb32 = get32(b + 12), tag = get32(b + 16), flags = get32(b + 20);
   uint64_t count = get64(b + 24), offset = get64(b + 32);
+  uint32_t ctx = get32(b + 40); /* any: a message for a communicator with no receive posted is kept */
   unsigned dtype = b[7];
   if (dtype >= COLL_NUM_DTYPES || b[6] != 0 || flags != 0 || offset != 0 || tag > COLL_TAG_MAX ||
+      get32(b + 44) != 0 ||
       count > MAX_BYTES / coll_dtype_size((coll_dtype_t)dtype) ||
       nb32 != (uint32_t)(count * coll_dtype_size((coll_dtype_t)dtype)))
     return coll_error(comm, COLL_REMOTE_ERROR,
@@ -349,7 +372,7 @@ static coll_result_t header_arrived(coll_comm_t *comm, p2p_peer_t *pp, int peer,
   struct coll_p2p *p = comm->p2p;
   coll_result_t res = COLL_SUCCESS;
   pthread_mutex_lock(&comm->mu);
-  coll_p2p_op_t *op = take_posted(p, peer, (int)tag);
+  coll_p2p_op_t *op = take_posted(p, ctx, peer, (int)tag);
   if (op) {
     res = check_match(comm, op, peer, (int)tag, (coll_dtype_t)dtype, (size_t)count);
     op->state = OP_MOVING;
@@ -376,7 +399,8 @@ static coll_result_t header_arrived(coll_comm_t *comm, p2p_peer_t *pp, int peer,
       free(m);
       res = coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory", comm->rank);
     } else {
-      *m = (p2p_msg_t){NULL, peer, (int)tag, (coll_dtype_t)dtype, (size_t)count, nbytes, 0, data, NULL};
+      *m = (p2p_msg_t){NULL, peer, (int)tag, (coll_dtype_t)dtype, (size_t)count, nbytes, 0, data, NULL,
+                       ctx};
       if (p->unexp_tail) p->unexp_tail->next = m; else p->unexp = m;
       p->unexp_tail = m;
       p->unexp_bytes += nbytes;
@@ -466,6 +490,7 @@ static coll_result_t link_wait(coll_comm_t *comm, coll_link_t *link, int sending
  * finishing theirs before the same collective: a ring of ranks that each
  * left a large Isend half sent would otherwise wait on one another. */
 coll_result_t coll_p2p_finish(coll_comm_t *comm, double deadline) {
+  comm = coll_comm_root(comm); /* a subcommunicator's messages are its root's */
   struct coll_p2p *p = comm->p2p;
   if (!p) return COLL_SUCCESS;
   for (;;) {
@@ -523,6 +548,7 @@ coll_result_t coll_p2p_finish(coll_comm_t *comm, double deadline) {
 }
 
 coll_result_t coll_p2p_quiesce(coll_comm_t *comm, double deadline) {
+  comm = coll_comm_root(comm); /* a subcommunicator's messages are its root's */
   (void)deadline;
   struct coll_p2p *p = comm->p2p;
   if (!p) return COLL_SUCCESS;
@@ -539,7 +565,29 @@ coll_result_t coll_p2p_quiesce(coll_comm_t *comm, double deadline) {
   return COLL_SUCCESS;
 }
 
+int coll_p2p_unmatched(coll_comm_t *root, const int *local, int forget) {
+  int n = 0;
+  pthread_mutex_lock(&root->mu);
+  struct coll_p2p *p = root->p2p;
+  for (coll_p2p_op_t *op = p ? p->posted : NULL; op; op = op->next)
+    if (op->local == local) {
+      n++;
+      if (forget) op->local = NULL;
+    }
+  for (p2p_msg_t *m = p ? p->unexp : NULL; m; m = m->next)
+    if (m->claimed && m->claimed->local == local) {
+      n++;
+      if (forget) m->claimed->local = NULL;
+    }
+  pthread_mutex_unlock(&root->mu);
+  return n;
+}
+
 int coll_p2p_pending(coll_comm_t *comm, int peer) {
+  if (comm->root) {
+    peer = comm->world[peer];
+    comm = comm->root;
+  }
   const p2p_peer_t *pp = &comm->p2p->peers[peer];
   int reading = pp->reading || pp->rhdr_got > 0 || (comm->p2p->nhalf > 0 && !pp->held);
   return (half_sent(pp) ? 1 : 0) | (reading ? 2 : 0);
@@ -547,6 +595,7 @@ int coll_p2p_pending(coll_comm_t *comm, int peer) {
 
 coll_result_t coll_p2p_drain(coll_comm_t *comm, coll_link_t *link, int sending, int *moved,
                              int *clear) {
+  comm = coll_comm_root(comm); /* link->peer is a root rank */
   struct coll_p2p *p = comm->p2p;
   p2p_peer_t *pp = &p->peers[link->peer];
   if (sending) {
@@ -572,6 +621,7 @@ coll_result_t coll_p2p_drain(coll_comm_t *comm, coll_link_t *link, int sending, 
 
 coll_result_t coll_p2p_divert(coll_comm_t *comm, coll_link_t *link, const uint8_t *hdr,
                               const void *extra, size_t nextra, double deadline) {
+  comm = coll_comm_root(comm);
   COLL_CHECK(p2p_state_get(comm));
   p2p_peer_t *pp = &comm->p2p->peers[link->peer];
   memcpy(pp->rhdr, hdr, COLL_WIRE_HDR_BYTES);

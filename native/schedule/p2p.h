@@ -18,7 +18,9 @@ typedef struct coll_p2p_op {
   coll_request_t *req;
   int is_send, state;
   int alloc;                /* receive of any size: buf is allocated at the match */
-  int peer, tag;            /* a receive's may be COLL_ANY_* */
+  int peer, tag;            /* a receive's may be COLL_ANY_*; peer is a root rank */
+  uint32_t ctx;             /* the communicator's context id (comm/subcomm.c) */
+  const int *local;         /* a subcommunicator's rank of each root rank; NULL on a root */
   coll_dtype_t dtype;
   void *buf;                /* receive */
   const void *sbuf;         /* send */
@@ -34,6 +36,7 @@ typedef struct p2p_msg {    /* arrived before its receive was posted */
   size_t count, nbytes, got;
   unsigned char *data;
   coll_p2p_op_t *claimed;   /* a receive posted while the payload was still arriving */
+  uint32_t ctx;             /* the context id in its header */
 } p2p_msg_t;
 
 enum { HELD_NO = 0, HELD_COLLECTIVE = 1, HELD_FULL = 2 };

@@ -32,6 +32,7 @@ void coll_sched_init(coll_sched_t *s, coll_comm_t *comm, coll_kind_t kind, const
   s->hdr.redop = reducing ? (uint8_t)args->op : 0;
   s->hdr.dtype = (uint8_t)args->dtype;
   s->hdr.seq = comm->seq++;
+  s->hdr.ctx = comm->ctx;
   s->hdr.aux = aux;
   s->hdr.count = args->count;
   s->elem = coll_dtype_size(args->dtype);
@@ -245,7 +246,7 @@ static void complete(exec_t *x, int id) {
 
 static coll_result_t progress_send(exec_t *x, peer_state_t *ps, int *moved) {
   coll_sched_t *s = x->s;
-  if (s->comm->p2p) { /* a point-to-point message half sent on this link goes first */
+  if (coll_comm_root(s->comm)->p2p) { /* a point-to-point message half sent on this link goes first */
     int clear = 1;
     COLL_CHECK(coll_p2p_drain(s->comm, ps->link, 1, moved, &clear));
     if (!clear) return COLL_SUCCESS;
@@ -344,7 +345,7 @@ static void recv_finish(exec_t *x, peer_state_t *ps, int id) {
 static coll_result_t progress_recv(exec_t *x, peer_state_t *ps, int *moved) {
   coll_sched_t *s = x->s;
   coll_comm_t *comm = s->comm;
-  if (comm->p2p && ps->rhdr_got == 0 && ps->rdone == 0 && ps->fill == 0) {
+  if (coll_comm_root(comm)->p2p && ps->rhdr_got == 0 && ps->rdone == 0 && ps->fill == 0) {
     /* Between two of our messages on this link: one half received is read
      * to its end first (and others that came, while a send is stuck). */
     int clear = 1;
@@ -600,7 +601,7 @@ coll_result_t coll_sched_run(coll_sched_t *s, double deadline) {
       peer_state_t *p = &ps[i];
       int sending = head_ready(s, p->sq, p->nsq, p->sh);
       int receiving = head_ready(s, p->rq, p->nrq, p->rh);
-      if (comm->p2p) { /* a point-to-point message half done on this link moves on */
+      if (coll_comm_root(comm)->p2p) { /* a point-to-point message half done on this link moves on */
         int pend = coll_p2p_pending(comm, p->peer);
         sending |= pend & 1;
         receiving |= pend >> 1;

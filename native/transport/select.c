@@ -242,6 +242,11 @@ int coll_links_all_shm(coll_comm_t *comm) {
 
 coll_result_t coll_link_get(coll_comm_t *comm, int peer, double deadline, coll_link_t **out) {
   coll_peer_t *p = &comm->peers[peer];
+  if (comm->root) { /* a subcommunicator's links are its root's (comm/subcomm.c) */
+    if (!p->link) COLL_CHECK(coll_link_get(comm->root, comm->world[peer], deadline, &p->link));
+    *out = p->link;
+    return COLL_SUCCESS;
+  }
   if (!p->link) {
     if (!coll_transport_tcp.can_connect(comm, peer))
       return coll_error(comm, COLL_INVALID_USAGE, "rank %d: no address for rank %d", comm->rank, peer);
@@ -253,6 +258,7 @@ coll_result_t coll_link_get(coll_comm_t *comm, int peer, double deadline, coll_l
 }
 
 void coll_links_close_all(coll_comm_t *comm) {
+  if (comm->root) return; /* not its own: the root closes them */
   for (int i = 0; i < comm->size; i++) {
     coll_peer_t *p = &comm->peers[i];
     if (p->dialing) {

@@ -2,7 +2,7 @@
  * wire.h -- the fixed header in front of every message, and the hello that
  * opens every link.
  *
- * Message header, 40 bytes, little-endian, checked field by field on receipt
+ * Message header, 48 bytes, little-endian, checked field by field on receipt
  * against what the receiver expects (so ranks that disagree fail, naming both
  * values, instead of hanging or reducing garbage):
  *
@@ -23,6 +23,11 @@
  *                         device bytes it is about
  *        24  u64 count    elements of the whole collective (as the sender sees it)
  *        32  u64 offset   byte offset of this payload in the collective's buffer
+ *        40  u32 ctx      the communicator's context id: 0 for a communicator made by
+ *                         coll_comm_create, derived at split for a subcommunicator
+ *                         (comm/subcomm.c), which shares its parent's links; a
+ *                         message is only ever matched by the communicator it names
+ *        44  u32 reserved 0
  *
  * Link opening, authenticated with the job's link key K (auth.h), in three
  * steps on the new connection (transport/select.c, transport/tcp.c):
@@ -60,8 +65,8 @@
 
 #define COLL_WIRE_MAGIC 0x4c4c4f43u  /* "COLL" */
 #define COLL_HELLO_MAGIC 0x49484c43u /* "CLHI" */
-#define COLL_WIRE_VERSION 1
-#define COLL_WIRE_HDR_BYTES 40
+#define COLL_WIRE_VERSION 2
+#define COLL_WIRE_HDR_BYTES 48
 #define COLL_OPENING_VERSION 2
 #define COLL_HELLO_BYTES 32
 #define COLL_NONCE_BYTES 16
@@ -93,6 +98,7 @@ typedef struct {
   uint8_t coll, redop, dtype;
   uint32_t seq, nbytes, aux, flags;
   uint64_t count, offset;
+  uint32_t ctx;
 } coll_wire_hdr_t;
 
 const char *coll_kind_name(int kind);
