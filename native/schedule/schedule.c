@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "base/comm.h"
+#include "base/log.h"
 #include "base/status.h"
 #include "transport/transport.h"
 
@@ -621,6 +622,8 @@ coll_result_t coll_sched_run(coll_sched_t *s, double deadline) {
     for (int i = 0; i < nps; i++)
       if ((ps[i].peer > comm->rank) == (pass == 0))
         COLL_CHECK_GOTO(coll_link_get(comm, ps[i].peer, deadline, &ps[i].link), res, out);
+  COLL_INFO(COLL_LOG_COLL, "rank %d: %s #%u, %d steps over %d links", comm->rank,
+            coll_kind_name(s->hdr.coll), s->hdr.seq, n, nps);
 
   double idle_since = 0;
   long preempted0 = -2; /* the thread's preemptions when this wait began (keep_spinning) */
