@@ -75,32 +75,3 @@ def test_a_zero_spin_still_sleeps_at_once():
                                             "COLLECTIVES_SPIN_US": "0"}, timeout=80).assert_ok()
     got = res.ranks[0].one("switches")
     assert got["sleeps"] >= got["calls"] // 2, got
-
-
-# One allreduce of 1 MiB float32; the COLL log names how many steps its schedule ran.
-STEPS_BODY = r"""
-from collectives import MPI
-comm = MPI.COMM_WORLD
-x = np.full(1 << 18, comm.rank + 1, np.float32)
-comm.Allreduce(MPI.IN_PLACE, x, algorithm=sys.argv[1])
-check(dict(algorithm=sys.argv[1]), x, np.full_like(x, 3))
-"""
-
-
-@pytest.mark.timeout(90)
-@pytest.mark.parametrize("algorithm,env,steps", [
-    ("butterfly", {"COLLECTIVES_TRANSPORT": "tcp"}, 16),  # 512 KiB halves in 4 segments
-    ("ring", {"COLLECTIVES_TRANSPORT": "tcp"}, 16),       # 512 KiB chunks in 4 segments
-    ("butterfly", {"COLLECTIVES_TRANSPORT": "tcp", "COLLECTIVES_SEGMENT_BYTES": "512K"}, 4),
-    ("butterfly", {}, 4),                                 # shared memory: as before
-])
-def test_mid_size_allreduce_over_tcp_is_pipelined(algorithm, env, steps):
-    """A 1 MiB allreduce at 2 ranks over TCP cuts each rank's 512 KiB half into 4 segments
-    (each phase: 4 sends and 4 receives; before, 1 and 1: no pipelining at all at that
-    size); a segment size the user sets wins, and shared memory keeps its segments."""
-    res = run_world(2, STEPS_BODY, args=[algorithm], timeout=80,
-                    env={**env, "COLLECTIVES_DEBUG": "INFO",
-                         "COLLECTIVES_DEBUG_SUBSYS": "COLL"}).assert_ok()
-    for rr in res.ranks:
-        runs = [line for line in rr.stderr.splitlines() if "allreduce #" in line and "steps" in line]
-        assert runs and runs[-1].split(", ")[-1].startswith(f"{steps} steps over 1 links"), rr.stderr

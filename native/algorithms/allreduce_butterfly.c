@@ -43,7 +43,7 @@
  * every segment runs after `dep`. */
 static int segmented(coll_sched_t *s, int send, int peer, char *dst, const char *src, size_t off,
                      size_t len, int dep) {
-  int nseg = coll_sched_nseg_pipe(s, len), last = -1;
+  int nseg = coll_sched_nseg(s, len), last = -1;
   for (int j = 0; j < nseg; j++) {
     size_t o, l;
     coll_sched_seg(s, len, nseg, j, &o, &l);

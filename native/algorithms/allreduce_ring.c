@@ -51,7 +51,7 @@ coll_result_t coll_allreduce_ring(coll_sched_t *s, const coll_args_t *a) {
   /* Segments per chunk, the same for every chunk so that "segment j of the
    * previous step" is well defined; chunks differ by at most one element. */
   size_t chunk0 = (a->count / (size_t)n + (a->count % (size_t)n ? 1 : 0)) * elem;
-  int nseg = coll_sched_nseg_pipe(s, chunk0);
+  int nseg = coll_sched_nseg(s, chunk0);
   /* last[j]: the step that last wrote segment j of the chunk we forward next */
   int *last = malloc((size_t)nseg * sizeof(int));
   if (!last) return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory", r);

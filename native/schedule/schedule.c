@@ -44,7 +44,6 @@ void coll_sched_init(coll_sched_t *s, coll_comm_t *comm, coll_kind_t kind, const
   size_t seg = args->segment_bytes ? args->segment_bytes : coll_comm_segment_bytes(comm);
   seg -= seg % s->elem;
   s->segment_bytes = seg ? seg : s->elem;
-  s->seg_auto = !args->segment_bytes && !comm->segment_bytes;
   /* Reuse the arrays the communicator kept from its last schedule. */
   s->steps = comm->keep.steps;
   s->cap = comm->keep.cap;
@@ -163,24 +162,6 @@ int coll_sched_recv_copy_send(coll_sched_t *s, int from, int to, void *dst, size
 int coll_sched_nseg(const coll_sched_t *s, size_t n) {
   size_t k = (n + s->segment_bytes - 1) / s->segment_bytes;
   return k ? (int)k : 1;
-}
-
-/* A 1 MiB allreduce at 2 ranks over TCP moved each 512 KiB half as one segment:
- * one sendmsg of 512 KiB each way, the peer's half reduced out of the socket,
- * then the other exchange, and back to back it took 480-580 us where 128 KiB
- * segments took 255-265 us (calls that did not sleep; loopback, 2-vCPU VM),
- * against OpenMPI's 330-400 us (128 KiB fragments). 4 segments of at least
- * 128 KiB: a 256 KiB half stays whole, 4 MiB+ keep the automatic segment. The
- * count depends on n and job-wide facts only, so every rank cuts alike. */
-#define COLL_TCP_PIPE_SEGS 4
-#define COLL_TCP_PIPE_MIN_BYTES ((size_t)128 << 10)
-
-int coll_sched_nseg_pipe(const coll_sched_t *s, size_t n) {
-  int k = coll_sched_nseg(s, n);
-  if (!s->seg_auto || k >= COLL_TCP_PIPE_SEGS || coll_links_all_shm(s->comm)) return k;
-  size_t most = n / COLL_TCP_PIPE_MIN_BYTES; /* segments of at least the minimum */
-  if (most > COLL_TCP_PIPE_SEGS) most = COLL_TCP_PIPE_SEGS;
-  return (int)most > k ? (int)most : k;
 }
 
 void coll_sched_seg(const coll_sched_t *s, size_t n, int nseg, int i, size_t *off, size_t *len) {

@@ -57,7 +57,6 @@ typedef struct {
   int (*edges)[2];         /* (pred, succ) */
   int nedges, ecap;
   int oom;
-  int seg_auto;            /* segment_bytes is the automatic one (no caller's, no user's) */
 } coll_sched_t;
 
 /* Starts a schedule for one collective call; takes the next sequence number. */
@@ -81,10 +80,6 @@ int coll_sched_recv_copy_send(coll_sched_t *s, int from, int to, void *dst, size
 
 /* Number of pipelining segments for a region of n bytes (at least 1). */
 int coll_sched_nseg(const coll_sched_t *s, size_t n);
-/* The same for the allreduce pipelines (ring chunks, butterfly halves): over TCP
- * with the automatic segment size, a region is cut into at least
- * COLL_TCP_PIPE_SEGS segments of no less than COLL_TCP_PIPE_MIN_BYTES each. */
-int coll_sched_nseg_pipe(const coll_sched_t *s, size_t n);
 /* Byte range of segment i of nseg over a region of n bytes, cut on element
  * boundaries. */
 void coll_sched_seg(const coll_sched_t *s, size_t n, int nseg, int i, size_t *off, size_t *len);
