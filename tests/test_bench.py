@@ -621,3 +621,81 @@ def test_one_number_format_across_tables(capsys: pytest.CaptureFixture) -> None:
     assert table[0][11] == busbw and table[0][9] == "123.5", table  # the nccl-tests table
     assert table[1][1] == busbw and table[1][2] == f"{rows[1].busbw:.3f}", table  # comparison
     assert "collectives-auto 123.5  gloo 246.9" in out
+
+
+def test_b2b_loops_time_calls_without_barriers_between_them() -> None:
+    """--b2b N: after each iteration's barrier-per-call turns, each implementation (in the
+    same order) runs one barrier then N calls with nothing between them; the loop's rows
+    are separate (mode back-to-back), each time the loop's over N."""
+    be = _RecordingBackend()
+    rows, notes = bench.sweep(be, "allreduce", ["ring", "tree"], "float32", "sum", [64],
+                              iters=2, warmup=1, check=False, progress=False, b2b=3)
+    timed = (["|", "ring", "|", "tree"], ["|", "tree", "|", "ring"])  # turn_orders(2)
+    loops = (["|"] + ["ring"] * 3 + ["|"] + ["tree"] * 3,
+             ["|"] + ["tree"] * 3 + ["|"] + ["ring"] * 3)
+    one_placement = ["ring", "tree"] + timed[0] + loops[0] + timed[1] + loops[1]
+    assert be.log == one_placement * 2
+    assert notes == [] and len(rows) == 8
+    modes = Counter((r.impl, r.mode) for r in rows)
+    assert modes == {("rec-ring", "barrier"): 2, ("rec-tree", "barrier"): 2,
+                     ("rec-ring", "back-to-back"): 2, ("rec-tree", "back-to-back"): 2}
+    assert all(r.time_us > 0 and r.algbw == pytest.approx(64 / r.time_us / 1e3) for r in rows)
+    # the tables: each implementation's back-to-back table right after its barrier one
+    from io import StringIO
+    text = StringIO()
+    bench.print_table(rows, text)
+    heads = [line for line in text.getvalue().splitlines() if line.startswith("# allreduce: ")]
+    assert [h.split(",")[0] + (" b2b" if "back-to-back" in h else "") for h in heads] == \
+        ["# allreduce: rec-ring", "# allreduce: rec-ring b2b", "# allreduce: rec-tree",
+         "# allreduce: rec-tree b2b"], heads
+    # --tune reads the barrier-per-call rows only
+    mk = lambda algo, t, mode: bench.Row("allreduce", f"collectives-{algo}", 4, 64, 16, "float32",
+                                         "sum", -1, t, 1.0, 1.0, None, False, "h", mode)
+    assert bench.tune_table([mk("ring", 1.5, "barrier"), mk("tree", 2, "barrier"),
+                             mk("tree", 0.1, "back-to-back")]) == [(4, 18446744073709551615, "ring")]
+    with pytest.raises(SystemExit):
+        bench.main(["allreduce", "--b2b", "-1"])
+
+
+@pytest.mark.timeout(150)
+def test_b2b_mode_times_ours_and_the_peers_alike(tmp_path: Path) -> None:
+    """End to end over TCP at 2 ranks: every job (our algorithms, auto alone, OpenMPI or
+    gloo) gives a back-to-back row beside each barrier-per-call row, the out-of-place
+    loops' last results are checked, and a second comparison gives the back-to-back
+    ratios. Asserts the structure and sanity of the output, never speed."""
+    peer = next((p for p in ("mpi", "gloo") if not _bench_peers.missing(p)), None)
+    if peer is None:
+        pytest.skip("neither mpi4py+mpirun nor torch is installed")
+    out = tmp_path / "rows.json"
+    res = _run(["allreduce", "-np", "2", "-b", "64K", "-e", "256K", "-f", "4", "--iters", "2",
+                "--warmup", "1", "--b2b", "4", "--algo", "ring,auto", "--compare", peer,
+                "--check", "--json", out], extra_env={"COLLECTIVES_TRANSPORT": "tcp"},
+               timeout=140)
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = json.loads(out.read_text())
+    impls = ["collectives-ring", "collectives-auto", "collectives-auto-alone", peer]
+    for impl in impls:
+        for mode in ("barrier", "back-to-back"):
+            mine = [r for r in rows if r["impl"] == impl and r["mode"] == mode]
+            timed = [r for r in mine if r["time_us"] is not None]
+            assert sorted((r["size"], r["inplace"]) for r in mine) == \
+                [(65536, False), (65536, True), (262144, False), (262144, True)], (impl, mode)
+            assert len(timed) == (2 if peer == "gloo" and impl == "gloo" else 4), (impl, mode)
+            for r in timed:
+                assert r["time_us"] > 0
+                assert r["busbw"] == pytest.approx(r["size"] / r["time_us"] / 1e3, rel=1e-6)
+                # in place, a sum loop leaves n^k times the input: not checked (N/A)
+                want = 0 if mode == "barrier" or not r["inplace"] else None
+                assert r["wrong"] == want, r
+    heads = [line for line in res.stdout.splitlines() if line.startswith("# allreduce: ")]
+    assert len(heads) == 8 and sum("back-to-back (no barrier between calls)" in h
+                                   for h in heads) == 4, heads
+    assert "# Wrong values total   : 0 OK" in res.stdout
+    at = res.stdout.index("# Comparison, back-to-back calls: in-place busbw")
+    assert res.stdout.index("# Comparison: in-place busbw") < at
+    ratios = [line.split()[-1] for line in res.stdout[at:].splitlines()
+              if re.match(r"\s+(65536|262144)\s", line)]
+    assert len(ratios) == 2 and all(float(x[:-1]) > 0 for x in ratios), res.stdout[at:]
+    measured = [line for line in res.stdout.splitlines()
+                if line.startswith("# measured ") and " back-to-back: " in line]
+    assert len(measured) == 2 * len(impls), measured  # live rows as they come, both sizes

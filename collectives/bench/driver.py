@@ -99,6 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", type=int, default=1,
                    help="driver mode: run the whole sweep (ours and each --compare peer, taking "
                         "turns size by size) N times and report each row's median time over the runs")
+    p.add_argument("--b2b", type=int, default=0, metavar="N",
+                   help="also time each size back to back: per iteration a loop of N calls "
+                        "with no barrier between them, timed as a whole and divided by N "
+                        "(per rank the median loop, then the slowest rank's), as a training "
+                        "loop issues its allreduces; shown in a table of its own after each "
+                        "barrier-per-call table and, with --compare, in a comparison of its "
+                        "own (0: off)")
     p.add_argument("--check", "-c", action="store_true",
                    help="verify every result exactly; exit non-zero if any value is wrong")
     p.add_argument("--compare", default="",
@@ -138,6 +145,8 @@ def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error("--iters must be >= 1, --warmup and --turn-iters >= 0")
     if args.runs < 1:
         p.error("--runs must be >= 1")
+    if args.b2b < 0:
+        p.error("--b2b must be >= 0")
     try:
         args.sizes = sweep_sizes(args.minbytes, args.maxbytes, args.stepfactor)
     except ValueError as exc:
@@ -150,7 +159,7 @@ def worker_args(args: argparse.Namespace, algos: Optional[Sequence[str]] = None)
     out = [args.coll, "--algo", ",".join(algos or args.algos), "--dtype", args.dtype, "--op", args.op,
            "--root", str(args.root), "-b", str(args.minbytes), "-e", str(args.maxbytes),
            "-f", str(args.stepfactor), "--iters", str(args.iters), "--warmup", str(args.warmup),
-           "--turn-iters", str(args.turn_iters), "--device", args.device]
+           "--turn-iters", str(args.turn_iters), "--device", args.device, "--b2b", str(args.b2b)]
     return out + (["--check"] if args.check else [])
 
 
@@ -187,7 +196,7 @@ def run_worker(args: argparse.Namespace, backend: Backend) -> int:
         rows, notes = sweep(backend, args.coll, args.algos, args.dtype, args.op, args.sizes,
                             args.iters, args.warmup, args.check, args.root,
                             progress=True if args.progress else None, device=device, gate=gate,
-                            turn_iters=args.turn_iters, on_rows=live)
+                            turn_iters=args.turn_iters, on_rows=live, b2b=args.b2b)
     finally:
         if gate is not None:
             gate.close()

@@ -18,11 +18,13 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["ALONE", "Row", "bus_factor", "median_rows", "print_table", "run_ratios",
+__all__ = ["ALONE", "BARRIER", "BACK_TO_BACK", "Row", "bus_factor", "median_rows", "print_table", "run_ratios",
            "print_comparison", "write_csv", "write_json", "write_plot", "tune_table",
            "write_tune_file", "ROW_TAG", "live_lines", "row_message", "LiveRows"]
 
 ALONE = "collectives-auto-alone"  # auto timed in a job of its own (driver mode, --compare)
+# A row's timing (Row.mode): each call after a barrier, or loops of calls back to back (--b2b).
+BARRIER, BACK_TO_BACK = "barrier", "back-to-back"
 _ALL_BYTES = 18446744073709551615  # "every size" in a tune file (SIZE_MAX)
 ROW_TAG = "@@collectives-bench-row"  # a worker's stderr line: one size's rows, measured
 # The one number format of every table: times in us to 0.1, bandwidths in GB/s to 0.001.
@@ -40,7 +42,10 @@ def bus_factor(coll: str, nranks: int) -> float:
 
 @dataclass
 class Row:
-    """One measured (implementation, size, placement); time_us None = not supported."""
+    """One measured (implementation, size, placement, timing mode); time_us None = not
+    supported. mode BARRIER: the slowest rank's time of a call made after a barrier, median
+    over the iterations; BACK_TO_BACK: per rank the median over the loops of a loop's time
+    over its calls (no barrier between them), then the slowest rank's."""
 
     coll: str
     impl: str
@@ -56,15 +61,16 @@ class Row:
     wrong: Optional[int]
     inplace: bool
     host: str
+    mode: str = BARRIER
 
 
 def median_rows(runs: Sequence[Sequence[Row]]) -> list[Row]:
     """One row per (implementation, size, placement): the median time over the runs that
     measured it (bandwidths follow from it), the most wrong values any run saw."""
-    groups: dict[tuple[str, int, bool], list[Row]] = {}
+    groups: dict[tuple[str, int, bool, str], list[Row]] = {}
     for run in runs:
         for r in run:
-            groups.setdefault((r.impl, r.size, r.inplace), []).append(r)
+            groups.setdefault((r.impl, r.size, r.inplace, r.mode), []).append(r)
     out = []
     for same in groups.values():
         row = replace(same[0])
@@ -87,15 +93,20 @@ def _num(value: Optional[float], fmt: str) -> str:
 
 
 def print_table(rows: Sequence[Row], out: Any = None) -> None:
-    """Print one nccl-tests table per implementation, each ending with its average busbw."""
+    """Print one nccl-tests table per implementation and timing mode (an implementation's
+    back-to-back table right after its barrier-per-call one), each ending with its average
+    busbw."""
     out = out or sys.stdout
-    by_impl: dict[str, list[Row]] = {}
-    for row in rows:
-        by_impl.setdefault(row.impl, []).append(row)
-    for impl, group in by_impl.items():
+    by_impl: dict[tuple[str, str], list[Row]] = {}
+    for row in sorted(rows, key=lambda r: r.mode != BARRIER):  # stable: impls keep their order
+        by_impl.setdefault((row.impl, row.mode), []).append(row)
+    order = list(dict.fromkeys(r.impl for r in rows))
+    for (impl, mode), group in sorted(by_impl.items(), key=lambda kv: (order.index(kv[0][0]),
+                                                                      kv[0][1] != BARRIER)):
         first = group[0]
+        timing = f", {mode} (no barrier between calls)" if mode == BACK_TO_BACK else ""
         print(f"#\n# {first.coll}: {impl}, {first.nranks} ranks on {first.host}, dtype {first.dtype}, "
-              f"op {first.op}", file=out)
+              f"op {first.op}{timing}", file=out)
         print("#" + " " * 54 + "out-of-place" + " " * 24 + "in-place", file=out)
         head = ("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong",
                 "time", "algbw", "busbw", "#wrong")
@@ -125,14 +136,16 @@ def print_table(rows: Sequence[Row], out: Any = None) -> None:
                           "N/A" if row.wrong is None else str(row.wrong)]
             print("".join(f"{c:>{w}}" for c, w in zip(cells, widths)), file=out)
         avg = f"{format(sum(busbws) / len(busbws), BW_FMT)} GB/s" if busbws else "N/A"
-        print(f"# Avg bus bandwidth    : {avg} ({impl})", file=out)
+        print(f"# Avg bus bandwidth    : {avg} ({impl}{', ' + mode if mode == BACK_TO_BACK else ''})", file=out)
 
 
-def run_ratios(runs: Sequence[Sequence[Row]], ours: str, peer: str, size: int) -> list[float]:
-    """ours / peer in-place speed (their time over ours) in each run that timed both."""
+def run_ratios(runs: Sequence[Sequence[Row]], ours: str, peer: str, size: int,
+               mode: str = BARRIER) -> list[float]:
+    """ours / peer in-place speed (their time over ours) in each run that timed both, in
+    timing mode `mode`."""
     out = []
     for run in runs:
-        cell = {r.impl: r for r in run if r.size == size and r.inplace}
+        cell = {r.impl: r for r in run if r.size == size and r.inplace and r.mode == mode}
         a, b = cell.get(ours), cell.get(peer)
         if a and b and a.time_us and b.time_us:
             out.append(b.time_us / a.time_us)
@@ -142,8 +155,16 @@ def run_ratios(runs: Sequence[Sequence[Row]], ours: str, peer: str, size: int) -
 def print_comparison(rows: Sequence[Row], out: Any = None,
                      runs: Sequence[Sequence[Row]] = ()) -> None:
     """Per size, every implementation's in-place busbw and the ratios ours / each peer;
-    with several runs, also each ratio's lowest and highest over the runs."""
-    out = out or sys.stdout
+    with several runs, also each ratio's lowest and highest over the runs. One comparison
+    per timing mode measured (barrier per call, then back-to-back)."""
+    for mode in (BARRIER, BACK_TO_BACK):
+        some = [r for r in rows if r.mode == mode]
+        if some:
+            _print_comparison(some, out or sys.stdout, runs, mode)
+
+
+def _print_comparison(rows: Sequence[Row], out: Any, runs: Sequence[Sequence[Row]],
+                      mode: str) -> None:
     impls = list(dict.fromkeys(r.impl for r in rows))
     ours = [i for i in impls if i.startswith("collectives")]
     peers = [i for i in impls if not i.startswith("collectives")]
@@ -158,7 +179,8 @@ def print_comparison(rows: Sequence[Row], out: Any = None,
     if spread:
         cols += [f"{short[ref]}/{p} in runs" for p in peers]
     widths = [max(10, len(c) + 2) for c in cols]
-    print(f"#\n# Comparison: in-place busbw (GB/s), {rows[0].coll} on {rows[0].nranks} ranks; "
+    timing = ", back-to-back calls" if mode == BACK_TO_BACK else ""
+    print(f"#\n# Comparison{timing}: in-place busbw (GB/s), {rows[0].coll} on {rows[0].nranks} ranks; "
           f"ratio = {ref} / peer (>1: ours faster)"
           + (f"; 'in runs': the lowest and highest ratio of the {len(runs)} runs" if spread else ""),
           file=out)
@@ -172,7 +194,7 @@ def print_comparison(rows: Sequence[Row], out: Any = None,
             ok = base and theirs and base.busbw and theirs.busbw
             text.append(f"{base.busbw / theirs.busbw:.2f}x" if ok else "-")
         for p in peers if spread else ():
-            each = run_ratios(runs, ref, p, size)
+            each = run_ratios(runs, ref, p, size, mode)
             text.append(f"{min(each):.2f}-{max(each):.2f}x" if each else "-")
         print(f"{size:>11}" + "".join(f"{t:>{w}}" for t, w in zip(text, widths)), file=out)
     small = sizes[0]
@@ -184,8 +206,8 @@ def print_comparison(rows: Sequence[Row], out: Any = None,
 def live_lines(rows: Sequence[Row], label: str = "") -> list[str]:
     """A size's rows as soon as they are measured (the tables follow at the end): per
     implementation, out-of-place and in-place time and busbw, as in the tables."""
-    impls = list(dict.fromkeys(r.impl for r in rows))
-    return [_live_line([r for r in rows if r.impl == impl], label) for impl in impls]
+    impls = list(dict.fromkeys((r.impl, r.mode) for r in rows))
+    return [_live_line([r for r in rows if (r.impl, r.mode) == key], label) for key in impls]
 
 
 def _live_line(rows: Sequence[Row], label: str) -> str:
@@ -200,7 +222,8 @@ def _live_line(rows: Sequence[Row], label: str) -> str:
         cells.append(f"{where} {format(row.time_us, TIME_FMT)} us "
                      f"busbw {_num(row.busbw, BW_FMT)} GB/s{wrong}")
     run = f" ({label})" if label else ""
-    return f"# measured {first.impl}{run} {first.size} B: " + ", ".join(cells)
+    mode = f" {first.mode}" if first.mode != BARRIER else ""
+    return f"# measured {first.impl}{run} {first.size} B{mode}: " + ", ".join(cells)
 
 
 def row_message(rows: Sequence[Row]) -> str:
@@ -276,12 +299,13 @@ def write_plot(rows: Sequence[Row], path: str) -> None:
         raise SystemExit("collectives-bench: --plot needs matplotlib "
                          "(pip install 'collectives[bench]' or pip install matplotlib)") from None
     fig, ax = plt.subplots(figsize=(8, 5))
-    for impl in dict.fromkeys(r.impl for r in rows):
-        pts = [(r.size, r.busbw) for r in rows if r.impl == impl and r.busbw is not None
-               and (r.inplace or impl.startswith("collectives"))]
+    for impl, mode in dict.fromkeys((r.impl, r.mode) for r in rows):
+        pts = [(r.size, r.busbw) for r in rows if (r.impl, r.mode) == (impl, mode)
+               and r.busbw is not None and (r.inplace or impl.startswith("collectives"))]
         pts = sorted({s: b for s, b in pts}.items())  # one point a size (in-place wins)
         if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
+                    label=impl if mode == BARRIER else f"{impl} ({mode})")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("bus bandwidth (GB/s)")
@@ -306,7 +330,7 @@ def tune_table(rows: Sequence[Row]) -> list[tuple[int, int, str]]:
     best: dict[int, tuple[float, str]] = {}
     per: dict[tuple[int, str], list[float]] = {}
     for r in rows:
-        if not r.impl.startswith("collectives-") or r.time_us is None:
+        if not r.impl.startswith("collectives-") or r.time_us is None or r.mode != BARRIER:
             continue
         algo = r.impl.split("-", 1)[1]
         if not algo.startswith("auto"):  # auto and auto-alone run one of the others

@@ -5,7 +5,11 @@ sweep over sizes and algorithms with its progress lines.
 Each size (from -b to -e, times -f each step) is timed out-of-place and
 in-place: warm-up calls, then ``--iters`` calls each after a barrier; the
 time of an iteration is that of the slowest rank, and the reported time is
-the median over the iterations. The command line and the driver that starts
+the median over the iterations. With ``b2b`` (``--b2b N``) each iteration also
+times a loop of N calls back to back, with no barrier between them, as a
+training loop issues them (and OSU's and nccl-tests' loops time them): a
+loop's time over N per rank, the median over the iterations per rank, the
+slowest rank's median reported, in rows of their own (mode BACK_TO_BACK). The command line and the driver that starts
 the workers are in collectives.bench.driver.
 """
 from __future__ import annotations
@@ -16,12 +20,12 @@ import os
 import socket
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from .rows import Row, bus_factor
+from .rows import BACK_TO_BACK, Row, bus_factor
 from .turns import turn_orders, turn_rounds
 
 COLLS = ("allreduce", "allgather", "broadcast", "reduce_scatter")
@@ -346,7 +350,8 @@ def sweep(backend: Backend, coll: str, algos: Sequence[str], dtype: str, op: str
           device: Optional[int] = None,
           gate: Optional[Callable[[int], None]] = None,
           turn_iters: int = 0,
-          on_rows: Optional[Callable[[list[Row]], None]] = None) -> tuple[list[Row], list[str]]:
+          on_rows: Optional[Callable[[list[Row]], None]] = None,
+          b2b: int = 0) -> tuple[list[Row], list[str]]:
     """Measure every (size, placement, implementation); collective on all ranks.
 
     Per size and placement, every implementation is warmed up, then their
@@ -357,7 +362,10 @@ def sweep(backend: Backend, coll: str, algos: Sequence[str], dtype: str, op: str
     ``turn_iters``, len(turn_rounds(iters, turn_iters, size)) turns of that
     many timed iterations each (steps numbered from 0 across the sweep).
     ``on_rows(rows)``, on rank 0, gets a size's rows (every implementation,
-    both placements) as soon as they are measured.
+    both placements) as soon as they are measured. ``b2b`` > 0: each timed
+    iteration of each implementation also times a loop of b2b calls without
+    a barrier between them (after the barrier-per-call turns of that
+    iteration, in the same orders), into rows of mode BACK_TO_BACK.
 
     Returns:
         (rows, notes): rows in (impl, size, inplace) order; notes name
@@ -365,14 +373,14 @@ def sweep(backend: Backend, coll: str, algos: Sequence[str], dtype: str, op: str
         the collectives run on GPU copies of the buffers.
     """
     impls = backend.impls(algos)
-    rows: dict[tuple[str, int, bool], Row] = {}
+    rows: dict[tuple, Row] = {}
     notes: list[str] = []
     show = backend.rank == 0 and (progress if progress is not None else sys.stderr.isatty())
     tagged = bool(progress) and not sys.stderr.isatty()
     plan = _SweepPlan(backend, coll, impls, dtype, op, iters, warmup, check, root,
                       host or socket.gethostname(), device,
                       (len(sizes) * 2 * len(impls)) if show else 0, tagged,
-                      on_rows if backend.rank == 0 else None)
+                      on_rows if backend.rank == 0 else None, b2b=b2b)
     step = 0
     for nbytes in sizes:
         timed: dict[bool, _Timed] = {}
@@ -387,7 +395,8 @@ def sweep(backend: Backend, coll: str, algos: Sequence[str], dtype: str, op: str
     if show:
         _progress(plan.total, plan.total, "", tagged)
     order = {impl: i for i, (impl, _) in enumerate(impls)}
-    out = sorted(rows.values(), key=lambda x: (order[x.impl], x.size, x.inplace))
+    out = sorted(rows.values(), key=lambda x: (order[x.impl], x.mode == BACK_TO_BACK, x.size,
+                                               x.inplace))
     return out, notes
 
 
@@ -410,6 +419,7 @@ class _SweepPlan:
     total: int
     tagged: bool
     on_rows: Optional[Callable[[list], None]] = None
+    b2b: int = 0  # calls a back-to-back loop times (0: none)
     done: int = 0
 
 
@@ -421,6 +431,8 @@ class _Timed:
     impls: list
     rows: list
     times: np.ndarray  # (implementation, iteration), seconds on this rank
+    loops: list  # rows of the back-to-back loops (empty without --b2b)
+    loop_times: np.ndarray  # (implementation, iteration): a loop's seconds per call, this rank
 
 
 def _sweep_size(plan: _SweepPlan, nbytes: int, rows: dict, notes: list, timed: dict,
@@ -462,6 +474,9 @@ def _sweep_size(plan: _SweepPlan, nbytes: int, rows: dict, notes: list, timed: d
                 rows[(impl, size, inplace)] = Row(coll, impl, n, size, count, plan.dtype, plan.op,
                                                   row_root, None, None, None, None, inplace,
                                                   plan.host)
+                if plan.b2b:
+                    rows[(impl, size, inplace, BACK_TO_BACK)] = replace(
+                        rows[(impl, size, inplace)], mode=BACK_TO_BACK)
             fn, result, error = _warm_case(backend, coll, algo, plan.op, send, recv, root, refill,
                                            dev, warmup)
             if error and t is not None:  # it ran in the first turn
@@ -473,9 +488,15 @@ def _sweep_size(plan: _SweepPlan, nbytes: int, rows: dict, notes: list, timed: d
                 cases.append((fn, result))
                 live.append((impl, algo))
         if t is None:
+            loops = [rows[(impl, size, inplace, BACK_TO_BACK)] for impl, _ in live] if plan.b2b \
+                else []
             t = timed[inplace] = _Timed(live, [rows[(impl, size, inplace)] for impl, _ in live],
+                                        np.zeros((len(live), plan.iters)), loops,
                                         np.zeros((len(live), plan.iters)))
         orders = turn_orders(len(cases))
+        # A loop's last result is checked where repeating the call leaves it as one call
+        # does (out of place, or an idempotent case); else its #wrong stays N/A.
+        same = send is not None or coll in ("broadcast", "allgather") or plan.op in ("min", "max")
         for i in range(first, first + n_iters):
             for k in orders[i % len(orders)]:
                 fn = cases[k][0]
@@ -483,15 +504,22 @@ def _sweep_size(plan: _SweepPlan, nbytes: int, rows: dict, notes: list, timed: d
                 t0 = time.perf_counter()
                 fn()
                 t.times[k, i] = time.perf_counter() - t0
+            if t.loops:  # iteration i's back-to-back loops, right after its single calls
+                _time_loops(plan, cases, orders[i % len(orders)], t.loop_times, i, refill, dev,
+                            want if same else None, t.loops)
         if not last:
             continue
         if cases:
             backend.allreduce_f64(t.times, "max")
+        if cases and t.loops:
+            # Per rank the median loop, then the slowest rank's (not the median of the
+            # per-loop maxima: without a barrier the ranks' loops need not line up).
+            per_rank = np.median(t.loop_times, axis=1)
+            backend.allreduce_f64(per_rank, "max")
+            for row, sec in zip(t.loops, per_rank):
+                _fill_row(row, coll, size, n, float(sec))
         for (fn, result), row, times in zip(cases, t.rows, t.times):
-            med = float(np.median(times))
-            row.time_us = med * 1e6
-            row.algbw = size / med / 1e9
-            row.busbw = row.algbw * bus_factor(coll, n)
+            _fill_row(row, coll, size, n, float(np.median(times)))
             if plan.check:
                 refill()
                 if dev is not None:
@@ -504,5 +532,39 @@ def _sweep_size(plan: _SweepPlan, nbytes: int, rows: dict, notes: list, timed: d
                 backend.allreduce_f64(bad, "sum")
                 row.wrong = int(bad[0])
     if last and plan.on_rows is not None:
-        plan.on_rows([rows[(impl, size, p)] for impl, _ in plan.impls for p in (False, True)
-                      if (impl, size, p) in rows])
+        plan.on_rows([rows[key] for impl, _ in plan.impls for p in (False, True)
+                      for key in ((impl, size, p), (impl, size, p, BACK_TO_BACK)) if key in rows])
+
+
+def _fill_row(row: Row, coll: str, size: int, n: int, seconds: float) -> None:
+    """A row's time, algbw and busbw from its time of one call."""
+    row.time_us = seconds * 1e6
+    row.algbw = size / seconds / 1e9
+    row.busbw = row.algbw * bus_factor(coll, n)
+
+
+def _time_loops(plan: _SweepPlan, cases: list, order: list, loop_times: np.ndarray, i: int,
+                refill: Callable[[], None], dev: Optional[DeviceCase],
+                want: Optional[np.ndarray], loops: list) -> None:
+    """Iteration i of the back-to-back loops: per implementation (in `order`, the
+    iteration's order of turn_orders, as its barrier-per-call calls), refill the input, a
+    barrier, then plan.b2b calls with nothing between them; loop_times[k, i] is that loop's
+    time over plan.b2b on this rank. With `want` (--check, the size's last turn), the
+    result after the last iteration's loop is compared with it, the count of wrong
+    elements over all ranks going to loops[k].wrong."""
+    for k in order:
+        fn = cases[k][0]
+        refill()  # in place the loop sums into its own input: start each loop alike
+        if dev is not None:
+            dev.refill()
+        plan.backend.barrier()
+        t0 = time.perf_counter()
+        for _ in range(plan.b2b):
+            fn()
+        loop_times[k, i] = (time.perf_counter() - t0) / plan.b2b
+        if want is not None and i == plan.iters - 1:
+            if dev is not None:
+                dev.fetch()
+            bad = np.array([float(np.count_nonzero(cases[k][1] != want))])
+            plan.backend.allreduce_f64(bad, "sum")
+            loops[k].wrong = int(bad[0])

@@ -55,8 +55,8 @@ static const coll_param_decl_t params[COLL_NUM_PARAMS] = {
                               "power-of-two bytes, 64K to 1G"},
     [COLL_PARAM_SPIN_US] = {"COLLECTIVES_SPIN_US", "auto",
                             "microseconds a waiting rank keeps checking before it sleeps in poll() "
-                            "(auto: 100); it yields its core between checks when the host runs more "
-                            "ranks than cores", "microseconds >= 0, or auto"},
+                            "(auto: 100), up to 10 times as long while the host's cores are idle; it "
+                            "yields its core between checks when the host runs more ranks than cores", "microseconds >= 0, or auto"},
     [COLL_PARAM_BIND] = {"COLLECTIVES_BIND", "auto",
                          "pin each rank to one CPU of its affinity mask, local rank i to the i-th: "
                          "auto when the host runs more ranks than CPUs, core always, none never",

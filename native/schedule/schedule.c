@@ -17,8 +17,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "base/comm.h"
+#include "base/log.h"
 #include "base/status.h"
 #include "transport/transport.h"
 
@@ -476,6 +480,62 @@ static coll_result_t timeout_error(coll_sched_t *s, peer_state_t *ps, int nps, d
                     comm->rank, coll_kind_name(s->hdr.coll), s->hdr.seq, coll_now() - start, who);
 }
 
+/* A waiting rank checks for comm->spin, then on for up to COLL_SPIN_IDLE_FACTOR
+ * times as long while the host's cores are not wanted elsewhere: when its spin
+ * runs out, no more threads are runnable on the host than it has CPUs
+ * (/proc/loadavg), and from then on the scheduler has not taken its core for
+ * another thread (an involuntary context switch); else it sleeps in poll() as
+ * before. A rank that sleeps pays a wake-up when the data comes: on a 2-vCPU VM
+ * about 200 us, more than a 256 KiB call takes, and back-to-back calls at
+ * 256 KiB-1 MiB over TCP slept about once a call (a rank that slept woke late,
+ * so its peer out-waited its spin in the next call, and so on), where OpenMPI,
+ * which never sleeps, did not. Spinning on longer while other processes queue
+ * for the cores took their time and the peer's: 1 MiB calls 4x slower at a
+ * load of 12 on 2 CPUs, hence the load check. */
+#define COLL_SPIN_IDLE_FACTOR 10
+
+/* Whether no more threads are runnable on the host than it has CPUs online
+ * (the 4th field of /proc/loadavg, "runnable/total", counts this one). */
+static int cores_idle(void) {
+  static long ncpu = 0;
+  if (ncpu == 0) ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  char buf[128];
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return 0;
+  buf[n] = 0;
+  double a, b, c;
+  long running = 0;
+  if (sscanf(buf, "%lf %lf %lf %ld/", &a, &b, &c, &running) != 4) return 0;
+  return running > 0 && running <= ncpu;
+}
+
+/* Involuntary context switches of the calling thread so far (-1: unknown). */
+static long preemptions(void) {
+#ifdef RUSAGE_THREAD
+  struct rusage ru;
+  if (getrusage(RUSAGE_THREAD, &ru) == 0) return ru.ru_nivcsw;
+#endif
+  return -1;
+}
+
+/* Whether a rank idle since idle_since (now: coll_now()) keeps checking rather
+ * than sleeping; *preempted0 holds the thread's preemptions when the wait
+ * outlasted comm->spin (-2: not yet; read then, so a short wait costs no
+ * system call; -1: sleep, the cores are busy or the count is unknown). */
+static int keep_spinning(const coll_comm_t *comm, double idle_since, double now, long *preempted0) {
+  double idle = now - idle_since;
+  if (idle < comm->spin) return 1;
+  if (comm->oversubscribed || idle >= comm->spin * COLL_SPIN_IDLE_FACTOR) return 0;
+  if (*preempted0 == -2) { /* the spin just ran out: look at the host once */
+    *preempted0 = cores_idle() ? preemptions() : -1;
+    return *preempted0 >= 0;
+  }
+  return *preempted0 >= 0 && preemptions() == *preempted0;
+}
+
 coll_result_t coll_sched_run(coll_sched_t *s, double deadline) {
   coll_comm_t *comm = s->comm;
   coll_result_t res = COLL_SUCCESS;
@@ -544,8 +604,11 @@ coll_result_t coll_sched_run(coll_sched_t *s, double deadline) {
     for (int i = 0; i < nps; i++)
       if ((ps[i].peer > comm->rank) == (pass == 0))
         COLL_CHECK_GOTO(coll_link_get(comm, ps[i].peer, deadline, &ps[i].link), res, out);
+  COLL_INFO(COLL_LOG_COLL, "rank %d: %s #%u, %d steps over %d links", comm->rank,
+            coll_kind_name(s->hdr.coll), s->hdr.seq, n, nps);
 
   double idle_since = 0;
+  long preempted0 = -2; /* the thread's preemptions when this wait began (keep_spinning) */
   int sockets_idle = 0; /* the last zero-timeout poll found no socket ready */
   while (x.remaining > 0) {
     int moved = 0;
@@ -569,11 +632,12 @@ coll_result_t coll_sched_run(coll_sched_t *s, double deadline) {
     sockets_idle = 0;
     if (moved || x.remaining == 0) {
       idle_since = 0;
+      preempted0 = -2;
       continue;
     }
-    /* A short bounded spin before sleeping, when the host has a core per
-     * rank (comm->spin is 0 otherwise): a wake-up from poll() costs more
-     * than a small message takes to arrive. The spin polls readiness with a
+    /* A short bounded spin before sleeping, longer while the core is not
+     * contended (keep_spinning): a wake-up from poll() costs more than a
+     * small message takes to arrive. The spin polls readiness with a
      * zero timeout rather than retrying reads: a reader hammering a socket
      * with readv() holds its lock against the kernel delivering into it,
      * which stalled large loopback transfers by tens of milliseconds. */
@@ -581,7 +645,7 @@ coll_result_t coll_sched_run(coll_sched_t *s, double deadline) {
     if (comm->spin > 0) {
       double now = coll_now();
       if (idle_since == 0) idle_since = now;
-      spinning = now - idle_since < comm->spin;
+      spinning = keep_spinning(comm, idle_since, now, &preempted0);
     }
     if (spinning) {
       /* Links in shared memory are watched by rereading the ring (cheap, and
