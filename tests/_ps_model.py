@@ -47,3 +47,16 @@ def sgd_reference(steps: int, lr: float, momentum: float, weight_decay: float) -
         buf = g if buf is None else momentum * buf + g
         p = p - lr * buf
     return p
+
+
+def replay(steps, lr: float, momentum: float, nworkers: int) -> np.ndarray:
+    """SGD (torch's formula) where step k applies the mean gradient of the workers listed in
+    steps[k] (a server's reports), each on its rows w::nworkers of batch k, at step k's params."""
+    p = initial().astype(np.float32)
+    buf = None
+    for k, contributors in enumerate(steps):
+        g = np.mean([grad(p, k, slice(w, None, nworkers)) for w in contributors],
+                    axis=0).astype(np.float32)
+        buf = g if buf is None else np.float32(momentum) * buf + g
+        p = p - np.float32(lr) * buf
+    return p
