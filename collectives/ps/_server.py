@@ -249,7 +249,10 @@ class Server:
         core = self.links[w]
         from .._core import p2p_recv, p2p_send
 
-        cap = W.HEADER_BYTES + 4 * self.size
+        # Room for a whole shard of 8-byte elements: a shard pushed as float64 (or other
+        # wrong sizes up to that) gets an ERROR reply that says so. A larger message is
+        # refused by the core, which ends this worker's link: only a hostile peer sends one.
+        cap = W.HEADER_BYTES + 8 * self.size + W.ERROR_TEXT_BYTES
         buf = np.empty(cap, dtype=np.uint8)
         try:
             while True:
