@@ -666,6 +666,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--start-timeout", type=_seconds, default=None,
                    help="seconds for ranks to start and meet at the store (sets "
                         "COLLECTIVES_START_TIMEOUT and ssh's ConnectTimeout)")
+    p.add_argument("--servers", type=int, default=None, metavar="S",
+                   help="collectives.ps: the last S ranks are parameter servers, the others "
+                        "workers (sets COLLECTIVES_PS_SERVERS)")
     p.add_argument("-x", dest="exports", action="append", default=[], metavar="VAR[=VALUE]",
                    help="export VAR (from here, or with VALUE) to every rank; repeatable")
     p.add_argument("--kill-grace", type=float, default=DEFAULT_GRACE_S,
@@ -728,6 +731,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         exports["COLLECTIVES_IFNAME"] = args.ifname
     if args.timeout is not None:
         exports["COLLECTIVES_TIMEOUT"] = f"{args.timeout:g}"
+    if args.servers is not None:
+        if not 1 <= args.servers < np:
+            parser.error(f"--servers {args.servers}: need 1 <= servers < -np ({np}), "
+                         f"leaving at least one worker")
+        exports["COLLECTIVES_PS_SERVERS"] = str(args.servers)
     ssh_options: list[str] = []
     if args.start_timeout is not None:
         exports["COLLECTIVES_START_TIMEOUT"] = f"{args.start_timeout:g}"

@@ -148,3 +148,63 @@ def test_ssp_never_lets_a_worker_run_more_than_s_ahead():
         gaps.append(clocks[w] - min(clocks[x] for x in clocks if clocks[x] < 12 or x == w))
         clocks[w] += 1
     assert max(gaps) > 2, gaps
+
+
+LAUNCHED = """
+import sys
+sys.path.insert(0, TESTS)
+import numpy as np, collectives.ps as ps
+import _ps_model as M
+role = ps.init()  # the number of servers comes from COLLECTIVES_PS_SERVERS
+if role.is_server:
+    reps = ps.serve(M.SHAPES, ps.SGD(lr=0.05), "sync")
+    print("server", role.index, "steps", len(reps), flush=True)
+else:
+    w = ps.worker(M.SHAPES)
+    flat = w.start(M.initial() if role.index == 0 else None)
+    for k in range(5):
+        flat = w.push_pull(M.grad(flat, k, slice(role.index, None, role.num_workers)))
+    print("worker", role.index, "of", role.num_workers, "done", flush=True)
+    w.finish()
+"""
+
+
+@pytest.mark.timeout(60)
+def test_launcher_servers_flag(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import RUN_CWD, TESTS, _LIVE, _kill, base_env
+
+    script = tmp_path / "train.py"
+    script.write_text(LAUNCHED.replace("TESTS", repr(str(TESTS))))
+    cmd = [sys.executable, "-m", "collectives.run", "-np", "4", "--servers", "2",
+           sys.executable, str(script)]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         env=base_env({"COLLECTIVES_TIMEOUT": "30"}), cwd=str(RUN_CWD),
+                         start_new_session=True)
+    _LIVE.add(p)
+    try:
+        out, _ = p.communicate(timeout=45)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+        _kill(p)
+    text = out.decode()
+    assert p.returncode == 0, text
+    for line in ("[0]<stdout>:worker 0 of 2 done", "[1]<stdout>:worker 1 of 2 done",
+                 "[2]<stdout>:server 0 steps 5", "[3]<stdout>:server 1 steps 5"):
+        assert line in text, text
+    bad = subprocess.run(cmd[:5] + ["--servers", "4"] + cmd[7:], capture_output=True, text=True,
+                         env=base_env(), cwd=str(RUN_CWD), timeout=30)
+    assert bad.returncode == 2 and "--servers 4: need 1 <= servers < -np (4)" in bad.stderr
+
+
+def test_init_refuses_a_world_without_workers():
+    res = run_world(2, "import collectives.ps as ps\n"
+                       "try:\n    ps.init(num_servers=2)\n"
+                       "except ValueError as e:\n    emit('err', text=str(e))\n", timeout=30)
+    res.assert_ok()
+    assert all("2 servers in a world of 2 ranks" in res[r].one("err")["text"] for r in (0, 1))
