@@ -151,7 +151,7 @@ def test_ssp_never_lets_a_worker_run_more_than_s_ahead():
 
 
 LAUNCHED = """
-import sys
+import os, signal, sys
 sys.path.insert(0, TESTS)
 import numpy as np, collectives.ps as ps
 import _ps_model as M
@@ -163,6 +163,8 @@ else:
     w = ps.worker(M.SHAPES)
     flat = w.start(M.initial() if role.index == 0 else None)
     for k in range(5):
+        if k == 2 and role.index == int(os.environ.get("PS_DIE", "-1")):
+            os.kill(os.getpid(), signal.SIGKILL)
         flat = w.push_pull(M.grad(flat, k, slice(role.index, None, role.num_workers)))
     print("worker", role.index, "of", role.num_workers, "done", flush=True)
     w.finish()
@@ -196,6 +198,24 @@ def test_launcher_servers_flag(tmp_path):
     assert p.returncode == 0, text
     for line in ("[0]<stdout>:worker 0 of 2 done", "[1]<stdout>:worker 1 of 2 done",
                  "[2]<stdout>:server 0 steps 5", "[3]<stdout>:server 1 steps 5"):
+        assert line in text, text
+    # A worker that dies stops no one under --servers: the servers drop it, the job goes on
+    # and ends with the dead worker's code.
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         env=base_env({"COLLECTIVES_TIMEOUT": "30", "PS_DIE": "1"}),
+                         cwd=str(RUN_CWD), start_new_session=True)
+    _LIVE.add(p)
+    try:
+        out, _ = p.communicate(timeout=45)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+        _kill(p)
+    text = out.decode()
+    assert p.returncode == 128 + 9, text
+    for line in ("[0]<stdout>:worker 0 of 2 done", "[2]<stdout>:server 0 steps 5",
+                 "[3]<stdout>:server 1 steps 5", "rank 1 was killed by signal 9 (SIGKILL); "
+                 "the job goes on without it"):
         assert line in text, text
     bad = subprocess.run(cmd[:5] + ["--servers", "4"] + cmd[7:], capture_output=True, text=True,
                          env=base_env(), cwd=str(RUN_CWD), timeout=30)
