@@ -118,3 +118,26 @@ def test_bad_shard_size_or_dtype_is_an_error_on_the_sender_never_a_corrupted_par
     want = M.initial() - np.float32(0.5) * np.float32(2.0)  # only the one good push applied
     np.testing.assert_allclose(res[0].one("worker")["params"], want, atol=1e-6)
     assert res[1].one("server")["version"] == 1
+
+
+NO_INIT = """
+import os, signal
+if role.is_server:
+    ps.serve(M.SHAPES, ps.SGD(lr=0.05), "sync")
+else:
+    w = ps.worker(M.SHAPES)
+    if role.index == 0:
+        os.kill(os.getpid(), signal.SIGKILL)  # before sending the initial values
+    try:
+        w.start(None)
+    except ps.PSError as exc:
+        emit("error", text=str(exc))
+"""
+
+
+@pytest.mark.timeout(60)
+def test_workers_fail_at_once_when_worker_0_dies_before_sending_the_initial_model():
+    res = _run(3, 1, NO_INIT, env={"COLLECTIVES_TIMEOUT": "30"})
+    assert not res.timed_out and res.elapsed < 20, res.report()
+    assert "worker 0 left before sending the initial parameters" in res[1].one("error")["text"]
+    assert res[2].returncode == 0, res.report()

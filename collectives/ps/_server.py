@@ -190,8 +190,6 @@ class Server:
                 if step in self.by_step:
                     self.by_step[step].dropped.append(w)
                 return
-            if w in self.contributors:
-                raise ValueError(f"worker {w} pushed twice for step {step}")
             if self.contributors:
                 self.acc += g
             else:
@@ -285,13 +283,18 @@ class Server:
                             self.snapshot = self._snapshot()
                             self.cv.notify_all()
                         continue  # worker 0 pulls next; a loaded checkpoint wins over INIT
-                    while not self.initialized:
+                    while not self.initialized and 0 in self.live:
                         self._wait()
-                    if kind == W.PUSH:
-                        if step > self.version or step < 0:
+                    if not self.initialized:
+                        reply = W.error_message(
+                            f"parameter server {self.shard}: worker 0 left before sending the "
+                            f"initial parameters (Worker.start)", self.shard, self.layout.hash)
+                    elif kind == W.PUSH:
+                        if step > self.version or step < 0 or (
+                                self.mode == "sync" and w in self.contributors):
                             reply = W.error_message(
                                 f"parameter server {self.shard}: worker {w} pushed a gradient "
-                                f"of version {step}, the shard is at {self.version}",
+                                f"of version {step} (again?), the shard is at {self.version}",
                                 self.shard, self.layout.hash)
                         else:
                             g = buf[W.HEADER_BYTES:count].view(W.DTYPES[dtype])
