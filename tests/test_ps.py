@@ -228,3 +228,30 @@ def test_init_refuses_a_world_without_workers():
                        "except ValueError as e:\n    emit('err', text=str(e))\n", timeout=30)
     res.assert_ok()
     assert all("2 servers in a world of 2 ranks" in res[r].one("err")["text"] for r in (0, 1))
+
+
+@pytest.mark.timeout(60)
+def test_roles_from_the_environment_under_torchrun_variables():
+    from conftest import free_port
+
+    port = free_port()
+    torchrun = lambda rank, n: {"RANK": rank, "WORLD_SIZE": n, "LOCAL_RANK": rank,  # noqa: E731
+                                "LOCAL_WORLD_SIZE": n, "MASTER_ADDR": "127.0.0.1",
+                                "MASTER_PORT": port}
+    body = """
+import collectives.ps as ps
+role = ps.init()
+emit("role", server=role.is_server, index=role.index, servers=role.server_ranks)
+if role.is_server:
+    ps.serve([(4,)], ps.Adam(lr=0.1), "async")
+else:
+    w = ps.worker([(4,)])
+    w.start(np.ones(4, np.float32))
+    w.push_pull(np.ones(4, np.float32))
+    w.finish()
+"""
+    res = run_world(3, body, rank_env=torchrun, env={"COLLECTIVES_PS_SERVERS": "1"},
+                    timeout=40).assert_ok()
+    roles = [(res[r].one("role")["server"], res[r].one("role")["index"]) for r in range(3)]
+    assert roles == [(False, 0), (False, 1), (True, 0)]
+    assert res[0].one("role")["servers"] == [2]

@@ -86,3 +86,41 @@ def test_torch_async_fp16_with_server_checkpoint(tmp_path):
     # fp16-compressed async training moved the model, and stayed finite
     end = np.concatenate(second[0].one("final")["params"])
     assert np.isfinite(end).all() and not np.allclose(end, saved)
+
+
+@pytest.mark.parametrize("make", [
+    lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01),
+    lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.5, dampening=0.3),
+    lambda p: torch.optim.SGD(p, lr=0.1),
+    lambda p: torch.optim.Adam(p, lr=0.01, betas=(0.8, 0.99), weight_decay=0.1),
+    lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1),
+])
+def test_server_optimizers_match_torch(make):
+    """The server's numpy update (on a flat shard) equals the torch optimizer's, step by step."""
+    from collectives.ps.torch import server_optimizer
+
+    g = torch.Generator().manual_seed(3)
+    p = torch.randn(257, generator=g, requires_grad=True)
+    opt = make([p])
+    mine = server_optimizer(opt)
+    flat = p.detach().numpy().copy()
+    for _ in range(6):
+        grad = torch.randn(257, generator=g)
+        p.grad = grad.clone()
+        opt.step()
+        mine.apply(flat, grad.numpy().copy())
+        np.testing.assert_allclose(flat, p.detach().numpy(), atol=1e-6, rtol=1e-5)
+
+
+def test_unsupported_optimizers_are_refused():
+    from collectives.ps.torch import server_optimizer
+
+    p = [torch.zeros(3, requires_grad=True)]
+    with pytest.raises(ValueError, match="SGD, Adam and AdamW"):
+        server_optimizer(torch.optim.RMSprop(p))
+    with pytest.raises(ValueError, match="amsgrad"):
+        server_optimizer(torch.optim.Adam(p, amsgrad=True))
+    q = [torch.zeros(2, requires_grad=True)]
+    with pytest.raises(ValueError, match="param_groups"):
+        server_optimizer(torch.optim.SGD([{"params": p, "lr": 0.1}, {"params": q, "lr": 0.2}],
+                                         lr=0.1))
