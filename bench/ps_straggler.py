@@ -12,7 +12,9 @@ sleeps --compute seconds (the forward/backward of a large model, emulated so
 that the few cores of a test host do not decide the result), and the last
 worker sleeps --slow times that (the straggler; 3: a worker 3x slower), every step
 (--pattern constant) or all at once every 10th step (--pattern bursts: a
-worker paused now and then, as by SIGSTOP or preemption; as slow on average).
+worker paused now and then; as slow on average), or by SIGSTOP/SIGCONT from
+a helper process (--pattern sigstop: stopped (slow-1) x 0.5 s after every
+0.5 s of running).
 
 Methods: allreduce (collectives.torch.DistributedOptimizer, sync), ps-sync,
 ps-backup (sync, 1 backup worker), async, ssp (staleness 2): the four PS
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -79,6 +82,14 @@ def run(args: argparse.Namespace) -> None:
     xte, yte = teacher_data(2048, seed=10_000)
     g = torch.Generator().manual_seed(args.seed * 1000 + index)
     straggler = index == nworkers - 1
+    pauser = None
+    if straggler and args.pattern == "sigstop":
+        # A helper stops this process for (slow - 1) * 0.5 s after every 0.5 s it runs:
+        # as slow on average as the other patterns, but frozen, mid-step, as by preemption.
+        run_s, stop_s = 0.5, 0.5 * (args.slow - 1)
+        me = os.getpid()
+        pauser = subprocess.Popen(["sh", "-c", f"while :; do sleep {run_s}; kill -STOP {me}; "
+                                               f"sleep {stop_s}; kill -CONT {me}; done"])
     steps, times, t_target, evals = [], [], None, 0.0
     start = time.perf_counter()
     for k in range(args.steps):
@@ -89,7 +100,7 @@ def run(args: argparse.Namespace) -> None:
         F.cross_entropy(model(x), y).backward()
         # constant: the straggler is --slow times slower every step; bursts: as slow on
         # average, but all of it at once every 10th step (a paused or preempted worker)
-        if not straggler:
+        if not straggler or args.pattern == "sigstop":
             time.sleep(args.compute)
         elif args.pattern == "constant":
             time.sleep(args.compute * args.slow)
@@ -105,6 +116,10 @@ def run(args: argparse.Namespace) -> None:
             steps.append((k + 1, round(acc, 4), round(time.perf_counter() - start - evals, 3)))
             if t_target is None and acc >= args.target:
                 t_target = time.perf_counter() - start - evals
+    if pauser is not None:
+        pauser.kill()
+        pauser.wait()
+        os.kill(os.getpid(), signal.SIGCONT)
     if args.method != "allreduce":
         opt.finish()
     if index == 0:
@@ -145,7 +160,8 @@ def table(args: argparse.Namespace) -> None:
                   f"{recs[0]['t_target']}, final {recs[0]['final']}", file=sys.stderr, flush=True)
     print(f"# {args.workers} workers ({args.servers} servers for PS), MLP 32-{args.hidden}-"
           f"{args.hidden}-10, batch {args.batch_size}/worker, {args.steps} steps, compute "
-          f"{args.compute * 1e3:g} ms/step, straggler x{args.slow:g} ({args.pattern}), target acc {args.target}, "
+          f"{args.compute * 1e3:g} ms/step, straggler x{args.slow:g} ({args.pattern}), "
+          f"target acc {args.target}, "
           f"{args.seeds} seeds (mean)")
     print("| method | step ms (worker 0) | s to target | final acc | vs allreduce to target |")
     print("|---|---|---|---|---|")
@@ -181,7 +197,7 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--compute", type=float, default=0.02, help="seconds slept per step")
     p.add_argument("--slow", type=float, default=3.0, help="the straggler's factor")
-    p.add_argument("--pattern", choices=["constant", "bursts"], default="constant")
+    p.add_argument("--pattern", choices=["constant", "bursts", "sigstop"], default="constant")
     p.add_argument("--target", type=float, default=0.68)
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--run-timeout", type=float, default=300)

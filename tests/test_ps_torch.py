@@ -33,7 +33,8 @@ else:
 
 
 def _body(seed, opt, mode, comp, ckpt, steps):
-    return (BODY.replace("SEED", str(seed)).replace("OPT", opt).replace("MODE", repr(mode)).replace("COMP", repr(comp))
+    return (BODY.replace("SEED", str(seed)).replace("OPT", opt).replace("MODE", repr(mode))
+            .replace("COMP", repr(comp))
             .replace("CKPT", repr(ckpt)).replace("STEPS", str(steps)))
 
 

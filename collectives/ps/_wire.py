@@ -89,7 +89,8 @@ def header(buf: np.ndarray, count: int) -> tuple:
     """(kind, step, shard, worker, nbytes, dtype, layout) of a received message of count bytes;
     ValueError if it is shorter than a header, has a foreign magic or a length that disagrees."""
     if count < HEADER_BYTES:
-        raise ValueError(f"a message of {count} bytes is shorter than the {HEADER_BYTES}-byte header")
+        raise ValueError(f"a message of {count} bytes is shorter than the {HEADER_BYTES}-byte "
+                         f"header")
     words = buf[:HEADER_BYTES].view("<i8")
     if int(words[0]) != MAGIC:
         raise ValueError(f"bad magic {int(words[0]):#x} (not a parameter-server message of "

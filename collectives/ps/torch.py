@@ -116,7 +116,8 @@ class Optimizer:
         def on_step(r: StepReport) -> None:
             if self.on_step is not None:
                 self.on_step(r)
-            if self.checkpoint and self.checkpoint_every and (r.step + 1) % self.checkpoint_every == 0:
+            every = self.checkpoint_every
+            if self.checkpoint and every and (r.step + 1) % every == 0:
                 holder[0].save(f"{self.checkpoint}.shard{self.role.index}.npz")
 
         self.reports = serve(self.params, self.update, self.mode,
