@@ -255,3 +255,17 @@ else:
     roles = [(res[r].one("role")["server"], res[r].one("role")["index"]) for r in range(3)]
     assert roles == [(False, 0), (False, 1), (True, 0)]
     assert res[0].one("role")["servers"] == [2]
+
+
+def test_server_keeps_a_bounded_number_of_reports():
+    """A long job's reports stay bounded (the newest kept); no ranks needed: no link is used."""
+    import collectives.ps as ps
+
+    srv = ps.Server({0: None}, ps.Layout([(3,)], 1), 0, ps.SGD(lr=1.0), "async", keep_reports=4)
+    srv.set_params(np.zeros(3, np.float32))
+    with srv.cv:
+        for k in range(10):
+            srv._push(0, k, np.ones(3, np.float32))
+    assert [r.step for r in srv.reports] == [6, 7, 8, 9] and sorted(srv.by_step) == [6, 7, 8, 9]
+    np.testing.assert_array_equal(srv.params, -10 * np.ones(3, np.float32))
+    assert srv.snapshot[64:].view("<f4").tolist() == [-10.0] * 3

@@ -23,6 +23,7 @@ a worker leaving normally. serve() returns when every worker has left.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import sys
 import threading
@@ -78,12 +79,14 @@ class Server:
         staleness: ssp: how many steps a worker may run ahead of the slowest.
         on_step: called with each StepReport (under the shard's lock: keep it short).
         timeout: seconds a handler waits for its worker's next message (None: COLLECTIVES_TIMEOUT).
+        keep_reports: how many of the latest StepReports to keep (a long job's memory stays
+            bounded; on_step sees every one).
     """
 
     def __init__(self, links: dict, layout: W.Layout, shard: int, optimizer, mode: str = "sync",
                  backup_workers: int = 0, staleness: int = 0,
                  on_step: Optional[Callable[[StepReport], None]] = None,
-                 timeout: Optional[float] = None) -> None:
+                 timeout: Optional[float] = None, keep_reports: int = 100_000) -> None:
         if mode not in MODES:
             raise ValueError(f"mode {mode!r} is not one of {', '.join(MODES)}")
         n = len(links)
@@ -109,7 +112,7 @@ class Server:
         self.acc = np.zeros(self.size, dtype=np.float32)
         self.contributors: list = []
         self.pending_ahead: list = []
-        self.reports: list = []
+        self.reports: collections.deque = collections.deque(maxlen=max(1, keep_reports))
         self.by_step: dict = {}
         self.stopping = False
         self.snapshot = self._snapshot()
@@ -159,6 +162,8 @@ class Server:
                        ahead=list(ahead), time=time.monotonic() - self.t0)
         self.reports.append(r)
         self.by_step[r.step] = r
+        if len(self.by_step) > self.reports.maxlen:
+            del self.by_step[next(iter(self.by_step))]  # the oldest
         if self.on_step is not None:
             self.on_step(r)
 
@@ -309,7 +314,8 @@ class Server:
             self._leave(w, str(exc))
 
     def serve(self) -> list:
-        """Answer every worker until all have finished or failed; returns the StepReports."""
+        """Answer every worker until all have finished or failed; returns the StepReports
+        (the latest keep_reports of them)."""
         self.stopping = False
         threads = [threading.Thread(target=self._handle, args=(w,), daemon=True,
                                     name=f"ps-server{self.shard}-worker{w}") for w in self.links]
@@ -320,7 +326,7 @@ class Server:
                 t.join()
         finally:
             self.stopping = True
-        return self.reports
+        return list(self.reports)
 
 
 DTYPES_SIZE = {code: dt.itemsize for code, dt in W.DTYPES.items()}
