@@ -53,15 +53,22 @@ def open_pairs(rank: int, size: int, peers: list, am_server: bool, timeout: floa
             _world.exchange_addresses(core, SERVER if am_server else WORKER, 2, advertise,
                                       lambda k, v, p=prefix: client.set(p + k, v),
                                       lambda k, p=prefix: get(p + k))
-        client.set(f"ps/ready/{rank}", b"")
         deadline = time.monotonic() + timeout
-        keys = [f"ps/ready/{r}" for r in range(size)]
-        while not client.check(keys):
-            if time.monotonic() > deadline:
-                missing = [r for r in range(size) if not client.check([f"ps/ready/{r}"])]
-                raise TimeoutError(f"rank {rank}: ranks {missing} did not set up the parameter "
-                                   f"server within {timeout:g} s")
-            time.sleep(0.01)
+        # Two rounds: every rank has made its pairs ("ready"), and every rank has seen that
+        # ("seen"). Rank 0, which hosts the store, leaves only after the second, so no rank
+        # is still reading the store when rank 0 goes on (and may exit, or die).
+        stages = ("ready", "seen") if rank == 0 else ("ready",)
+        client.set(f"ps/ready/{rank}", b"")
+        for stage in stages:
+            keys = [f"ps/{stage}/{r}" for r in range(size)]
+            while not client.check(keys):
+                if time.monotonic() > deadline:
+                    missing = [r for r in range(size) if not client.check([f"ps/{stage}/{r}"])]
+                    raise TimeoutError(f"rank {rank}: ranks {missing} did not set up the "
+                                       f"parameter server within {timeout:g} s")
+                time.sleep(0.01)
+            if stage == "ready":
+                client.set(f"ps/seen/{rank}", b"")
     except BaseException:
         for core in comms.values():
             core.close()
