@@ -61,7 +61,8 @@ def run(args: argparse.Namespace) -> None:
     h = args.hidden
     model = nn.Sequential(nn.Linear(32, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU(),
                           nn.Linear(h, 10))
-    base = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    lr = args.lr * (args.async_lr_scale if args.method in ("async", "ssp") else 1.0)
+    base = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     if args.method == "allreduce":
         import collectives.torch as hvd
 
@@ -136,7 +137,8 @@ def table(args: argparse.Namespace) -> None:
     passthrough = ["--steps", str(args.steps), "--hidden", str(args.hidden), "--lr", str(args.lr),
                    "--compute", str(args.compute), "--slow", str(args.slow), "--target",
                    str(args.target), "--eval-every", str(args.eval_every), "--batch-size",
-                   str(args.batch_size), "--pattern", args.pattern]
+                   str(args.batch_size), "--pattern", args.pattern, "--async-lr-scale",
+                   str(args.async_lr_scale)]
     for seed in range(args.seeds):
         for method in args.methods.split(","):
             np_, extra = (args.workers, []) if method == "allreduce" else \
@@ -161,7 +163,7 @@ def table(args: argparse.Namespace) -> None:
     print(f"# {args.workers} workers ({args.servers} servers for PS), MLP 32-{args.hidden}-"
           f"{args.hidden}-10, batch {args.batch_size}/worker, {args.steps} steps, compute "
           f"{args.compute * 1e3:g} ms/step, straggler x{args.slow:g} ({args.pattern}), "
-          f"target acc {args.target}, "
+          f"target acc {args.target}, async/ssp lr x{args.async_lr_scale:g}, "
           f"{args.seeds} seeds (mean)")
     print("| method | step ms (worker 0) | s to target | final acc | vs allreduce to target |")
     print("|---|---|---|---|---|")
@@ -195,6 +197,9 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--async-lr-scale", type=float, default=1.0,
+                   help="async/ssp apply each worker's gradient alone: their lr is lr x this "
+                        "(1/workers keeps the step of a round of updates that of sync)")
     p.add_argument("--compute", type=float, default=0.02, help="seconds slept per step")
     p.add_argument("--slow", type=float, default=3.0, help="the straggler's factor")
     p.add_argument("--pattern", choices=["constant", "bursts", "sigstop"], default="constant")
