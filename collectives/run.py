@@ -504,7 +504,7 @@ def _describe(code: int) -> str:
 
 
 def launch(ranks: Sequence[RankCommand], grace: float = DEFAULT_GRACE_S,
-           verbose: bool = False) -> int:
+           verbose: bool = False, tolerate: Sequence[int] = ()) -> int:
     """Run the ranks to completion and return the job's exit code.
 
     0 when every rank exits 0; otherwise the code of the first rank to fail
@@ -512,6 +512,10 @@ def launch(ranks: Sequence[RankCommand], grace: float = DEFAULT_GRACE_S,
     each rank's process group, SIGKILL after ``grace`` seconds. SIGINT and
     SIGTERM received by the launcher are forwarded the same way (a second
     SIGINT kills at once). No process is left running on any path.
+
+    A rank in ``tolerate`` (the workers of a parameter-server job, which the
+    servers drop and go on without) that fails stops no one: it is reported
+    at once and its code is the job's if nothing else fails.
     """
     procs: list[subprocess.Popen] = []
     sel = selectors.DefaultSelector()
@@ -540,6 +544,7 @@ def launch(ranks: Sequence[RankCommand], grace: float = DEFAULT_GRACE_S,
     if threading.current_thread() is threading.main_thread():  # else: cannot catch
         old_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     first_failure: Optional[tuple[int, int, int]] = None  # rank, code, others stopped
+    tolerated: Optional[tuple[int, int]] = None  # rank, code
     try:
         for rc in ranks:
             env = dict(os.environ)
@@ -586,7 +591,11 @@ def launch(ranks: Sequence[RankCommand], grace: float = DEFAULT_GRACE_S,
                     continue
                 del alive[rank]
                 _unwatch(sel, exits.pop(rank, None))
-                if code != 0 and first_failure is None and not state["signal"]:
+                if code != 0 and rank in tolerate and first_failure is None:
+                    print(f"collectives-run: rank {rank} {_describe(code)}; the job goes on "
+                          f"without it (a parameter-server worker)", file=sys.stderr, flush=True)
+                    tolerated = tolerated or (rank, code)
+                elif code != 0 and first_failure is None and not state["signal"]:
                     first_failure = (rank, code, len(alive))
                     stop_all(signal.SIGTERM)
             if state["kill_at"] is not None and time.monotonic() >= state["kill_at"]:
@@ -630,6 +639,8 @@ def launch(ranks: Sequence[RankCommand], grace: float = DEFAULT_GRACE_S,
         print(f"collectives-run: received {name}; stopped {len(procs)} ranks",
               file=sys.stderr, flush=True)
         return 128 + state["signal"]
+    if tolerated is not None:
+        return 128 - tolerated[1] if tolerated[1] < 0 else tolerated[1]
     return 0
 
 
@@ -666,6 +677,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--start-timeout", type=_seconds, default=None,
                    help="seconds for ranks to start and meet at the store (sets "
                         "COLLECTIVES_START_TIMEOUT and ssh's ConnectTimeout)")
+    p.add_argument("--servers", type=int, default=None, metavar="S",
+                   help="collectives.ps: the last S ranks are parameter servers, the others "
+                        "workers (sets COLLECTIVES_PS_SERVERS)")
     p.add_argument("-x", dest="exports", action="append", default=[], metavar="VAR[=VALUE]",
                    help="export VAR (from here, or with VALUE) to every rank; repeatable")
     p.add_argument("--kill-grace", type=float, default=DEFAULT_GRACE_S,
@@ -728,6 +742,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         exports["COLLECTIVES_IFNAME"] = args.ifname
     if args.timeout is not None:
         exports["COLLECTIVES_TIMEOUT"] = f"{args.timeout:g}"
+    if args.servers is not None:
+        if not 1 <= args.servers < np:
+            parser.error(f"--servers {args.servers}: need 1 <= servers < -np ({np}), "
+                         f"leaving at least one worker")
+        exports["COLLECTIVES_PS_SERVERS"] = str(args.servers)
     ssh_options: list[str] = []
     if args.start_timeout is not None:
         exports["COLLECTIVES_START_TIMEOUT"] = f"{args.start_timeout:g}"
@@ -749,7 +768,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     try:
-        return launch(ranks, grace=args.kill_grace, verbose=args.verbose)
+        workers = range(np - args.servers) if args.servers is not None else ()
+        return launch(ranks, grace=args.kill_grace, verbose=args.verbose, tolerate=workers)
     except OSError as exc:  # e.g. the command does not exist
         print(f"collectives-run: cannot start {command[0]!r}: {exc}", file=sys.stderr)
         return 127

@@ -12,13 +12,15 @@ MODULES = ["collectives", "collectives.MPI", "collectives._core", "collectives.r
            "collectives.bench.rows", "collectives.bench.turns", "collectives.bench.peers",
            "collectives.bench.sweep",
            "collectives.config",
-           "collectives._world", "collectives._objects"]
+           "collectives._world", "collectives._objects",
+           "collectives.ps", "collectives.ps._wire", "collectives.ps._optim",
+           "collectives.ps._server", "collectives.ps._client", "collectives.ps._links"]
 # Adapters: checked where their framework is installed.
 ADAPTERS = {"collectives.jax": "jax", "collectives.torch": "torch",
             "collectives.torch.mpi_ops": "torch", "collectives.torch.functions": "torch",
             "collectives.torch.optimizer": "torch", "collectives.torch.compression": "torch",
             "collectives.torch.backend": "torch", "collectives.torch.dgc": "torch",
-            "collectives.torch.sparse_ops": "torch"}
+            "collectives.torch.sparse_ops": "torch", "collectives.ps.torch": "torch"}
 
 
 def _defined_here(mod, obj):

@@ -105,6 +105,9 @@ static const coll_param_decl_t params[COLL_NUM_PARAMS] = {
                                      "point-to-point messages that arrive before their receive "
                                      "is posted are kept up to this many bytes in all; later "
                                      "ones wait in the link", "bytes > 0"},
+    [COLL_PARAM_PS_SERVERS] = {"COLLECTIVES_PS_SERVERS", "",
+                               "collectives.ps: how many ranks (the last ones) are parameter "
+                               "servers (set by collectives-run --servers)", "integer >= 1"},
 };
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
