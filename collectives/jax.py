@@ -41,6 +41,18 @@ Native side
     ``XlaRuntimeError`` carrying the core's message (rank, peer, values); the
     process is never aborted.
 
+No copy of a kept input (issue 21)
+    ``allreduce`` (and ``broadcast``, ``recv``, ``sendrecv`` for their
+    templates) aliases its output to its input only where that input is an
+    intermediate or a donated argument: XLA then reduces in place. For an
+    argument the caller keeps (``jax.jit(f)(x)`` without ``donate_argnums``)
+    an alias would make XLA copy ``x`` into a fresh buffer first; instead the
+    custom call gets its own output, which the core's out-of-place allreduce
+    writes directly (it reads ``x`` once and never copies it), with huge
+    pages requested for that fresh output (its page faults cost more than
+    the reduction). These primitives are lowered inline (not as cached
+    per-primitive functions) so that the check sees each call's own operand.
+
 Building the handler
     The package build has no jax, so the handler is compiled on first use
     (the first collective called, not the import) with the system C++
@@ -106,6 +118,8 @@ from jax.interpreters import ad, batching, mlir
 from jax._src import core as _jax_core
 from jax._src import dispatch as _jax_dispatch
 from jax._src import effects as _jax_effects
+
+from ._jax_alias import caller_keeps as _caller_keeps
 
 __all__ = ["allreduce", "allgather", "broadcast", "barrier", "CollectiveEffect",
            "send", "recv", "sendrecv", "gather", "scatter", "reduce", "alltoall"]
@@ -295,8 +309,9 @@ def _lowering(target: str, aliases: Optional[dict] = None):
         call_ctx = ctx.replace(avals_in=[*ctx.avals_in, tok], avals_out=[*ctx.avals_out, tok])
         attrs = {k: (np.int64(v) if k in ("comm", "api", "size") else np.int32(v))
                  for k, v in params.items()}
+        kept = {i: o for i, o in (aliases or {}).items() if not _caller_keeps(operands[i])}
         lower = jax.ffi.ffi_lowering(target, has_side_effect=True,
-                                     operand_output_aliases=aliases)
+                                     operand_output_aliases=kept or None)
         *results, token = lower(call_ctx, *operands, token, **attrs)
         ctx.set_tokens_out(ctx.tokens_in.update_tokens(mlir.TokenSet({_effect: token})))
         return results
@@ -328,14 +343,24 @@ def _define(name: str, target: str, abstract, aliases=None, multiple_results=Fal
     prim.multiple_results = multiple_results
     prim.def_impl(_eager_impl(prim))
     prim.def_effectful_abstract_eval(lambda *a, **p: (abstract(*a, **p), {_effect}))
-    mlir.register_lowering(prim, _lowering(target, aliases), platform="cpu")
+    if aliases:
+        # Lowered inline (not as a cached function shared by every call site),
+        # so that _caller_keeps sees this call's own operands.
+        try:
+            mlir.register_lowering(prim, _lowering(target, aliases), platform="cpu",
+                                   cacheable=False)
+        except TypeError:  # a JAX without the flag: its lowering is inline already
+            mlir.register_lowering(prim, _lowering(target, aliases), platform="cpu")
+    else:
+        mlir.register_lowering(prim, _lowering(target, aliases), platform="cpu")
     for gpu in ("cuda", "rocm"):
         mlir.register_lowering(prim, _gpu_lowering, platform=gpu)
     return prim
 
 
-# allreduce and broadcast alias their output to their input: the core works in
-# place, and XLA adds a copy only when the input stays live (not donated).
+# allreduce and broadcast alias their output to their input (the core works in
+# place) unless the input is an argument the caller keeps (_caller_keeps):
+# then the handler writes a fresh output instead of XLA copying the input.
 allreduce_p = _define("collectives_allreduce", "collectives_allreduce",
                       lambda x, **_: jax.core.ShapedArray(x.shape, x.dtype), aliases={0: 0})
 allgather_p = _define("collectives_allgather", "collectives_allgather",
