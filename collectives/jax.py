@@ -112,13 +112,13 @@ import jax.numpy as jnp
 from jax.extend.core import Effect, Primitive
 from jax.interpreters import ad, batching, mlir
 
-# JAX has no public way to declare an ordered effect, name the token aval or
-# reset a runtime token; these three private modules are the only ones this
-# file touches.
+# JAX has no public way to declare an ordered effect or name the token aval;
+# these two private modules are the only ones this file touches (and
+# _jax_tokens.py, JAX's runtime tokens).
 from jax._src import core as _jax_core
-from jax._src import dispatch as _jax_dispatch
 from jax._src import effects as _jax_effects
 
+from . import _jax_tokens
 from ._jax_alias import caller_keeps as _caller_keeps
 
 __all__ = ["allreduce", "allgather", "broadcast", "barrier", "CollectiveEffect",
@@ -150,41 +150,7 @@ _jax_effects.custom_derivatives_allowed_effects.add_type(CollectiveEffect)
 _jax_effects.remat_allowed_effects.add_type(CollectiveEffect)
 
 
-def _failed(token: Any) -> bool:
-    """Whether a finished program left this runtime token in error (never blocks)."""
-    buf = getattr(token, "_buf", None)
-    if buf is None or not buf.is_ready():
-        return False
-    try:
-        buf.block_until_ready()
-    except Exception:
-        return True
-    return False
-
-
-def _fresh_token_after_failure(original):
-    """JAX hands the token a program returned to the next program with an ordered
-    effect. When a collective failed, that token holds the error, and the next
-    program fails with the old error before its collective runs; but only where
-    the token was already resolved, so one rank skipped a collective that the
-    others ran (seen: 'collectives called in a different order'). A failed
-    collective's error reaches the caller through its outputs; the next program
-    starts from a fresh token, runs its collective and reports its own outcome,
-    the same on every rank (an agreed error leaves the communicator usable; a
-    broken one fails every later call naming the cause)."""
-
-    def get_token_input(self, eff, devices):
-        if isinstance(eff, CollectiveEffect) and _failed(self.current_tokens.get(eff)):
-            del self.current_tokens[eff]
-        return original(self, eff, devices)
-
-    get_token_input.__wrapped__ = original
-    return get_token_input
-
-
-if not hasattr(_jax_dispatch.RuntimeTokenSet.get_token_input, "__wrapped__"):
-    _jax_dispatch.RuntimeTokenSet.get_token_input = _fresh_token_after_failure(
-        _jax_dispatch.RuntimeTokenSet.get_token_input)
+_jax_tokens.fresh_token_after_failure(CollectiveEffect)
 
 
 # ------------------------------------------------------- building the handler
