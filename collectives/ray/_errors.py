@@ -73,6 +73,7 @@ def describe_failure(exc: BaseException, limit: int = 2000) -> str:
         text = f"{type(cause).__name__}: {cause}"
     else:
         text = f"{type(exc).__name__}: {exc}"
+        limit = min(limit, 600)  # Ray's account of a death runs long; its start says it
     text = " ".join(text.split())
     return text if len(text) <= limit else text[:limit] + "..."
 

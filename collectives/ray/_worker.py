@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Optional
 
-__all__ = ["RayContext", "context", "Worker"]
+__all__ = ["RayContext", "context", "Worker", "RemoteError"]
 
 # What the executor sets in an actor before the world forms; cleared between worlds so
 # that nothing of the last one (its store, its rank) leaks into the next.
@@ -80,6 +80,25 @@ def _close_world() -> None:
         collectives.finalize()
     except Exception:
         pass
+
+
+class RemoteError(RuntimeError):
+    """A worker's exception that cannot travel to the driver as itself (it does not
+    pickle, or unpickles as something else): its type's name and its message."""
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """exc if the driver can rebuild it from a pickle, else a RemoteError saying it (the
+    core's CollectivesError, among others, carries more than its message)."""
+    import pickle
+
+    try:
+        back = pickle.loads(pickle.dumps(exc))
+        if type(back) is type(exc) and str(back) == str(exc):
+            return exc
+    except Exception:  # noqa: BLE001 (any failure to round-trip)
+        pass
+    return RemoteError(f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}")
 
 
 class Worker:
@@ -144,11 +163,14 @@ class Worker:
     def _guard(self, fn: Callable[..., Any], args: Any, kwargs: dict) -> Any:
         try:
             return fn(*args, **kwargs)
-        except BaseException:
+        except BaseException as exc:
             # Close this rank's links at once: a peer waiting on it in a collective then
             # fails naming it now, not at its timeout (as collectives-run stops a job).
             _close_world()
-            raise
+            out = _portable(exc)
+            if out is exc:
+                raise
+            raise out from None
 
     def leave(self) -> None:
         """Close the world communicator and its store (before the actor goes)."""
