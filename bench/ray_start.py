@@ -58,8 +58,13 @@ def main() -> None:
 
     import ray
 
+    import ray_train
+    from ray import cloudpickle
+
     from collectives.ray import RayExecutor
     from ray_train import train
+
+    cloudpickle.register_pickle_by_value(ray_train)  # the actors need not import it
 
     t0 = time.perf_counter()
     ray.init(num_cpus=max(os.cpu_count() or 1, args.np + 1), include_dashboard=False,

@@ -1,9 +1,10 @@
 """collectives.ray on a local Ray cluster: worlds of Ray actors, failures named, elastic
 re-forms, and Ray Train over the "collectives" torch.distributed backend.
 
-One Ray cluster for the module (ray.init(num_cpus=4): the workers are real processes,
-talking over real sockets); every executor is shut down in the test that made it, and
-ray.shutdown() ends the cluster's processes.
+One Ray cluster for the module: two Ray nodes (raylets) of 2 CPUs on this machine, so
+placement across nodes is real though the nodes share the host. The workers are real
+processes talking over real sockets; every executor is shut down in the test that made
+it, and the cluster's shutdown ends its processes.
 """
 from __future__ import annotations
 
@@ -32,19 +33,25 @@ OP_TIMEOUT = 60.0
 
 @pytest.fixture(scope="module")
 def cluster():
+    """Two Ray nodes of 2 CPUs each on this machine (ray.cluster_utils.Cluster: a raylet
+    per node), so that placement across nodes and local ranks are exercised."""
     from ray import cloudpickle
+    from ray.cluster_utils import Cluster
 
     # Functions of this module travel by value: the actors need not import it.
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     path = os.pathsep.join(package_path() + [str(TESTS)] +
                            [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": path,
-                                       "COLLECTIVES_TIMEOUT": f"{OP_TIMEOUT:g}"}})
+    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
     try:
-        yield
+        nodes.add_node(num_cpus=2)
+        ray.init(address=nodes.address, log_to_driver=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": path,
+                                           "COLLECTIVES_TIMEOUT": f"{OP_TIMEOUT:g}"}})
+        yield nodes
     finally:
         ray.shutdown()
+        nodes.shutdown()
         cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
@@ -96,9 +103,13 @@ def test_workers_allreduce_exact_sums(cluster, n):
         ex.start(executable_cls=Counter, executable_args=[10])
         results = ex.run(_allreduce_rank_sum)
         expected = (n * np.arange(1000) + n * (n - 1) / 2).tolist()
-        assert [r[:4] for r in results] == [(r, n, r, 1) for r in range(n)]  # one node
-        assert all(r[4] == expected for r in results)
         info = ex.worker_info()
+        nodes = [w["node_id"] for w in info]
+        # A node's workers take consecutive ranks, numbered 0.. on it.
+        assert nodes == sorted(nodes, key=nodes.index)
+        local = [nodes[:r].count(nodes[r]) for r in range(n)]
+        assert [r[:4] for r in results] == [(r, n, local[r], 1) for r in range(n)]
+        assert all(r[4] == expected for r in results)
         assert len({w["actor_id"] for w in info}) == n and len({w["pid"] for w in info}) == n
         # The executable keeps its state between calls; torch's Horovod API finds the world.
         assert ex.execute(lambda c: c.bump()) == [(r, 11.0 * n) for r in range(n)]
@@ -125,9 +136,22 @@ def test_bad_arguments_raise_before_any_actor_starts():
         RayExecutor(settings(), num_workers=2, min_workers=2)
 
 
+def test_num_hosts_spreads_the_workers_over_nodes(cluster):
+    ex = RayExecutor(settings(), num_hosts=2, num_workers_per_host=2)
+    try:
+        ex.start()
+        info = ex.worker_info()
+        assert info[0]["node_id"] == info[1]["node_id"] != info[2]["node_id"] == info[3]["node_id"]
+        results = ex.run(_allreduce_rank_sum)
+        assert [r[:3] for r in results] == [(0, 4, 0), (1, 4, 1), (2, 4, 0), (3, 4, 1)]
+        assert all(r[4] == (4 * np.arange(1000) + 6).tolist() for r in results)
+    finally:
+        ex.shutdown()
+
+
 def test_unplaceable_job_times_out_naming_the_resources(cluster):
-    # Two nodes strictly apart, on a one-node cluster: Ray can never place it.
-    ex = RayExecutor(settings(placement_group_timeout_s=2), num_hosts=2, num_workers_per_host=1)
+    # Three nodes strictly apart, on a two-node cluster: Ray can never place it.
+    ex = RayExecutor(settings(placement_group_timeout_s=2), num_hosts=3, num_workers_per_host=1)
     t0 = time.monotonic()
     with pytest.raises(TimeoutError, match="STRICT_SPREAD"):
         ex.start()

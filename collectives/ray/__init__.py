@@ -18,6 +18,6 @@ from __future__ import annotations
 
 from ._errors import WorkerError
 from ._executor import RayExecutor, Settings
-from ._worker import RayContext, context
+from ._worker import RayContext, RemoteError, context
 
-__all__ = ["RayExecutor", "Settings", "WorkerError", "RayContext", "context"]
+__all__ = ["RayExecutor", "Settings", "WorkerError", "RemoteError", "RayContext", "context"]
