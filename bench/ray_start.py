@@ -1,6 +1,7 @@
 """Ray against collectives-run: the cost of starting a world, and the step time of one training.
 
     PYTHONPATH=$PWD python bench/ray_start.py [--np 4] [--repeat 5] [--steps 60]
+    PYTHONPATH=$PWD python bench/ray_start.py --elastic [--np 4] [--repeat 3]
 
 Interleaved, `repeat` times each, on a local Ray cluster started once here:
 
@@ -38,6 +39,32 @@ def _barrier():
     return MPI.COMM_WORLD.size
 
 
+def _elastic_steps(steps: int, kill_at: int):
+    """Allreduce steps; the last rank of the first world exits at step kill_at. Rank 0
+    returns the seconds from the kill to the new world's first step."""
+    import numpy as np
+
+    import collectives.ray
+    from collectives import MPI
+
+    ctx = collectives.ray.context()
+    comm = MPI.COMM_WORLD
+    start = comm.bcast(ctx.state.get("step", 0), root=0)
+    resumed = None
+    x = np.ones(1 << 17)
+    for step in range(start, steps):
+        if ctx.world == 1 and ctx.rank == comm.size - 1 and step == kill_at:
+            with open(os.environ["RAY_START_KILL_FILE"], "w") as fh:
+                fh.write(repr(time.time()))
+            os._exit(1)
+        comm.Allreduce(x.copy(), x)
+        x[:] = 1
+        if resumed is None and ctx.world > 1:
+            resumed = time.time()
+        ctx.state["step"] = step + 1
+    return resumed, comm.size
+
+
 def _run_launcher(np_: int, args: list) -> tuple:
     t0 = time.perf_counter()
     out = subprocess.run([sys.executable, "-m", "collectives.run", "-np", str(np_)] + args,
@@ -54,6 +81,9 @@ def main() -> None:
     parser.add_argument("--np", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--elastic", action="store_true",
+                        help="instead: kill the last of np workers of an elastic job "
+                             "(min_workers=np-1) mid-run; the time until all train again")
     args = parser.parse_args()
 
     import ray
@@ -71,6 +101,24 @@ def main() -> None:
              log_to_driver=False)
     print(f"ray.init (once): {time.perf_counter() - t0:.2f} s", flush=True)
     settings = RayExecutor.create_settings(timeout_s=120)
+    if args.elastic:
+        import tempfile
+
+        kill_file = os.path.join(tempfile.mkdtemp(), "killed")
+        for i in range(args.repeat):
+            ex = RayExecutor(settings, min_workers=args.np - 1, max_workers=args.np)
+            ex.start(extra_env_vars={"RAY_START_KILL_FILE": kill_file})
+            try:
+                out = ex.run(_elastic_steps, args=[args.steps, args.steps // 2])
+            finally:
+                ex.shutdown()
+            with open(kill_file) as fh:
+                killed = float(fh.read())
+            print(f"elastic round {i}: {args.np} workers, one killed: training resumed on "
+                  f"{out[0][1]} ({ex.resets} re-form) after {out[0][0] - killed:.2f} s",
+                  flush=True)
+        ray.shutdown()
+        return
     start_run, start_ray, first_ray = [], [], []
     step_run, step_ray = [], []
     for i in range(args.repeat):
