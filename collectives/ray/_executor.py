@@ -362,16 +362,20 @@ class RayExecutor:
         keep = [r for r in range(len(self.workers)) if r not in set(dead)]
         actors = [self.workers[r] for r in keep]
         where = [self._where[r] for r in keep]
-        fresh = self._new_actors(self.num_workers - len(actors))
-        wait = min(self.elastic_timeout, self.settings.placement_group_timeout_s)
-        new_where = self._describe(fresh, wait)
-        fresh, new_where = self._ready(fresh, new_where, max(0, self.min_workers - len(actors)))
+        fresh: List[Any] = []
         try:
+            fresh = self._new_actors(self.num_workers - len(actors))
+            wait = min(self.elastic_timeout, self.settings.placement_group_timeout_s)
+            new_where = self._describe(fresh, wait)
+            fresh, new_where = self._ready(fresh, new_where,
+                                           max(0, self.min_workers - len(actors)))
             self._form(actors + fresh, where + new_where)
-        except WorkerError as err:
-            # The world could not form again: the job ends, as a static one would.
+        except BaseException:
+            # Too few workers, or the world could not form again: the job ends, as a
+            # static one would, and no actor is left behind.
+            self.workers = actors + fresh
             self.shutdown()
-            raise err
+            raise
 
     def run(self, fn: Callable[..., Any], args: Optional[Sequence] = None,
             kwargs: Optional[Dict] = None) -> List[Any]:
