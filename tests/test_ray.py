@@ -254,9 +254,9 @@ def test_worker_killed_by_ray_is_named(cluster):
         ex.shutdown()
 
 
-def _elastic_train(steps):
-    """Sum-of-ranks 'training' that commits its step to the actor's state; rank 2 of the
-    first world dies after committing step 3."""
+def _elastic_train(steps, victim=2):
+    """Sum-of-ranks 'training' that commits its step to the actor's state; rank `victim`
+    of the first world dies after committing step 3."""
     from collectives import MPI
 
     ctx = cray.context()
@@ -265,7 +265,7 @@ def _elastic_train(steps):
     start = comm.bcast(ctx.state.get("step", 0), root=0)
     total = comm.bcast(ctx.state.get("total", 0.0), root=0)
     for step in range(start, steps):
-        if ctx.world == 1 and ctx.rank == 2 and step == 3:
+        if ctx.world == 1 and ctx.rank == victim and step == 3:
             os._exit(1)
         x = np.array([1.0])
         comm.Allreduce(x.copy(), x)
@@ -293,6 +293,36 @@ def test_elastic_job_replaces_a_lost_worker_and_goes_on(cluster):
         assert all(r[5] == 3.0 * 8 for r in results), results
     finally:
         ex.shutdown()
+
+
+def test_elastic_job_goes_on_with_fewer_when_no_replacement_can_be_placed(cluster):
+    @ray.remote(num_cpus=2)
+    class Blocker:
+        def ping(self):
+            return True
+
+    # Replacements get elastic_timeout to start; the one that never gets CPUs is dropped.
+    ex = RayExecutor(settings(), min_workers=2, max_workers=3, elastic_timeout=10)
+    blocker = None
+    try:
+        ex.start()
+        nodes = [w["node_id"] for w in ex.worker_info()]
+        # The worker alone on its node: when it dies, its node has both CPUs free, and a
+        # 2-CPU actor already waiting takes them before the replacement can.
+        victim = next(r for r in range(3) if nodes.count(nodes[r]) == 1)
+        blocker = Blocker.remote()
+        ready, _ = ray.wait([blocker.ping.remote()], timeout=1)
+        assert not ready  # it cannot be placed while the three workers run
+        results = ex.run(_elastic_train, args=[8, victim])
+        assert ex.resets == 1 and len(ex.workers) == 2
+        assert [r[:4] for r in results] == [(2, 0, 2, False), (2, 1, 2, False)]
+        assert {r[4] for r in results} == {3}
+        # 3 steps at size 3, then 5 at size 2.
+        assert all(r[5] == 3.0 * 3 + 2.0 * 5 for r in results), results
+    finally:
+        ex.shutdown()
+        if blocker is not None:
+            ray.kill(blocker)
 
 
 def test_elastic_job_past_its_reset_limit_fails_naming_the_lost_rank(cluster):
