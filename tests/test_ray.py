@@ -134,6 +134,8 @@ def test_bad_arguments_raise_before_any_actor_starts():
         RayExecutor(settings(), min_workers=3, max_workers=2)
     with pytest.raises(ValueError, match="not both"):
         RayExecutor(settings(), num_workers=2, min_workers=2)
+    with pytest.raises(TypeError, match="callable"):
+        RayExecutor(settings(), num_workers=2).run("train")
 
 
 def test_num_hosts_spreads_the_workers_over_nodes(cluster):

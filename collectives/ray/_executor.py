@@ -331,6 +331,8 @@ class RayExecutor:
         raise err from failed[culprit]
 
     def _call(self, method: str, *args: Any) -> List[Any]:
+        if not callable(args[0]):
+            raise TypeError(f"{method}() needs a callable, got {type(args[0]).__name__}")
         if not self.workers:
             raise RuntimeError("this RayExecutor is not started (start() it; a static job "
                                "that failed is shut down)")
