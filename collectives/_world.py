@@ -350,7 +350,11 @@ def init(timeout: Optional[float], wrap: Callable):
         if _state is not None:
             return _state.comm
         from ._core import Communicator
+        from . import _elastic
 
+        if _elastic.is_elastic():  # collectives-run --elastic: its driver names the members
+            _state = _elastic.init_world(float(timeout) if timeout else _default_timeout(), wrap)
+            return _state.comm
         info = _env.detect()
         config.check_env()  # every COLLECTIVES_* tunable, before any connection
         if info.size > 1:
