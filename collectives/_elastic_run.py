@@ -226,8 +226,9 @@ class ElasticDriver:
             self._say(f"started worker {nw.ident} on {host} in place of worker {w.ident} "
                       f"({self.restarts_left} restarts left)")
         if len(self.workers) < self.min_np:
-            self._say(f"{len(self.workers)} workers left, fewer than --min-np {self.min_np}: "
-                      f"stopping the job")
+            n = len(self.workers)
+            self._say(f"{n} worker{'' if n == 1 else 's'} left, fewer than --min-np "
+                      f"{self.min_np}: stopping the job")
             self.failure = 128 - code if code < 0 else (code or 1)
             self._stop_all(signal.SIGTERM)
             return

@@ -10,7 +10,8 @@ parameters).
 Knobs (environment): TOTAL_STEPS, COMMIT_EVERY, KILL_AT ("<worker id>:<step>": that
 worker SIGKILLs itself before the step), STEP_SLEEP (seconds per step), OUT_DIR (rank 0
 saves each commit as <step>.pt there), START_FROM (a commit file to start from: the
-reference run), UNTIL_SIZE (go on past TOTAL_STEPS until the world has this size),
+reference run), UNTIL_SIZE (go on past TOTAL_STEPS until the world has this size, then
+EXTRA_STEPS more),
 HOSTS_FILE + ADD_HOST_AT ("<step>:<line>": rank 0 appends the line at that step).
 """
 import json
@@ -22,11 +23,13 @@ import time
 import torch
 
 import collectives.torch as hvd
+from _elastic_data import batch
 
 TOTAL = int(os.environ.get("TOTAL_STEPS", "30"))
 EVERY = int(os.environ.get("COMMIT_EVERY", "5"))
 SLEEP = float(os.environ.get("STEP_SLEEP", "0"))
 UNTIL_SIZE = int(os.environ.get("UNTIL_SIZE", "0"))
+EXTRA = int(os.environ.get("EXTRA_STEPS", "5"))
 OUT_DIR = os.environ.get("OUT_DIR", "")
 WID = os.environ.get("COLLECTIVES_ELASTIC_ID", "-")
 kill_id, _, kill_step = os.environ.get("KILL_AT", "-:-1").partition(":")
@@ -34,15 +37,8 @@ add_step, _, add_line = os.environ.get("ADD_HOST_AT", "-1:").partition(":")
 
 
 def event(kind, **fields):
-    fields.update(ev=kind, id=WID, t=time.time())
+    fields.update(ev=kind, id=WID, pid=os.getpid(), t=time.time())
     print(json.dumps(fields), flush=True)
-
-
-def batch(step, rank, size):
-    g = torch.Generator().manual_seed(step * 10007 + rank * 101 + size)
-    x = torch.randn(8, 4, generator=g, dtype=torch.float64)
-    y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]], dtype=torch.float64) + rank - size
-    return x, y
 
 
 hvd.init()
@@ -62,7 +58,9 @@ state = hvd.elastic.TorchState(model, opt, step=step0)
 def train(state):
     event("start", step=state.step, rank=hvd.rank(), size=hvd.size())
     first = True
-    while state.step < TOTAL or (UNTIL_SIZE and hvd.size() != UNTIL_SIZE):
+    # at the size wanted, a few more steps (the same bound on every rank: state.step is synced)
+    end = max(TOTAL, state.step + EXTRA) if UNTIL_SIZE == hvd.size() else TOTAL
+    while state.step < end or (UNTIL_SIZE and hvd.size() != UNTIL_SIZE):
         if state.step > 50 * TOTAL:
             sys.exit("UNTIL_SIZE never reached")
         if WID == kill_id and state.step == int(kill_step):
