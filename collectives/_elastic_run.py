@@ -107,6 +107,7 @@ class ElasticDriver:
         self.updates = 0
         self.next_id = 0
         self.finished = False
+        self.dismissed: set = set()  # ids stopped by the driver once training was over
         self.failure: Optional[int] = None  # the job's exit code once it failed
         self.sel = selectors.DefaultSelector()
         self.pump = _OutputPump(self.sel)
@@ -199,10 +200,13 @@ class ElasticDriver:
         _unwatch(self.sel, w.pidfd)
         if self.failure is not None or self.signal:
             return
+        if w.ident in self.dismissed:
+            return
         if code == 0:
             if not self.finished:
                 self._say(f"worker {w.ident} finished; waiting for the others")
-            self.finished = True
+                self.finished = True
+                self._dismiss_newcomers()
             return
         if self.finished:
             self._say(f"worker {w.ident} {_describe(code)} after training finished")
@@ -235,6 +239,28 @@ class ElasticDriver:
         if was_member:  # the survivors (and any new worker already waiting) re-form
             ready = [str(i) for i, x in self.workers.items() if not x.member and self._ready(x)]
             self._publish([m for m in self.members if int(m) in self.workers] + ready)
+
+    def _formed(self) -> list:
+        """The ids of the newest generation every member joined (the world that trained)."""
+        for g in range(self.gen, 0, -1):
+            try:
+                _, ids, _ = _elastic.parse_members(self.client.get(f"elastic/members/{g}",
+                                                                   timeout=1.0))
+                if self.client.check([f"g{g}/joined/{r}" for r in range(len(ids))]):
+                    return ids
+            except (OSError, TimeoutError, ConnectionError, ValueError):
+                return []
+        return []
+
+    def _dismiss_newcomers(self) -> None:
+        """Training is over: stop the workers that never trained (still waiting to join)."""
+        formed = set(self._formed())
+        for w in self.workers.values():
+            if str(w.ident) not in formed:
+                self._say(f"training is over: stopping worker {w.ident}, which never joined")
+                self.dismissed.add(w.ident)
+                _close_stdin(w.proc)
+                _signal_group(w.proc, signal.SIGTERM)
 
     def _can_restart(self) -> bool:
         return (self.restarts_left > 0 and not self.finished and len(self.workers) < self.max_np

@@ -41,9 +41,10 @@ import torch
 import collectives
 
 from .. import _elastic
+from .._core import CollectivesError
 from ._context import HOLDER
 from .basics import init, rank, shutdown
-from .exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from .exceptions import HostsUpdatedInterrupt
 from .functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
 
 __all__ = ["State", "ObjectState", "TorchState", "run"]
@@ -196,6 +197,13 @@ class TorchState(ObjectState):
             handlers[name].value = value
         object.__setattr__(self, name, value)
 
+    def reset(self) -> None:
+        """After re-forming: a DistributedOptimizer forgets the step the failure cut short."""
+        for handler in self._handlers.values():
+            forget = getattr(handler.value, "_reset_step", None)
+            if callable(forget):
+                forget()
+
     def save(self) -> None:
         """Copy the model/optimizer state dicts and the attributes."""
         for handler in self._handlers.values():
@@ -247,7 +255,7 @@ def run(func: Callable) -> Callable:
                     state.sync()
                     state.save()  # a failure before the first commit rolls back to this
                 return func(state, *args, **kwargs)
-            except HorovodInternalError:
+            except CollectivesError:  # HorovodInternalError is one: any failed collective
                 state.restore()
                 skip_sync = False
             except HostsUpdatedInterrupt as exc:
