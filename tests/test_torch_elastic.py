@@ -206,3 +206,42 @@ def test_discovery_script_adding_a_host_raises_hosts_updated_and_grows_the_world
     assert not job.of("start", size=2)[2:], why  # no failure, no rollback
     assert job.of("first_step", id="2", size=3), why
     _final_params(job, 3)
+
+
+def test_replacement_arriving_after_training_ended_is_stopped_and_the_job_succeeds():
+    """Training ends before the replacement is ready: it is stopped, the job exits 0."""
+    job = launch(["--elastic", "-np", "3", "--min-np", "2", "--max-np", "3",
+                  "--max-restarts", "1"], {"KILL_AT": "2:6", "TOTAL_STEPS": 12})
+    why = job.tail()
+    assert job.rc == 0, why
+    assert "started worker 3 on localhost in place of worker 2" in job.text, why
+    assert "stopping worker 3, which never joined" in job.text, why
+    _final_params(job, 2)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["-np", "4", "--min-np", "5"], "--elastic needs 1 <= --min-np (5) <= -np (4)"),
+    (["-np", "4", "--max-np", "3"], "--elastic needs 1 <= --min-np (4) <= -np (4) <= --max-np (3)"),
+    (["-np", "2", "--max-restarts", "-1"], "--max-restarts must be >= 0"),
+    (["-np", "2", "--servers", "1"], "--elastic and --servers cannot be combined"),
+    (["-np", "3", "-H", "localhost:2"], "-np 3 is more than the 2 slots on the hosts"),
+])
+def test_bad_elastic_options_are_refused_before_anything_starts(args, message, capsys):
+    from collectives import run
+
+    with pytest.raises(SystemExit) as info:
+        run.main(["--elastic", *args, "sh", "-c", "touch should-not-exist"])
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not os.path.exists("should-not-exist")
+
+
+def test_discovery_script_listing_no_hosts_is_an_error(tmp_path):
+    from collectives import run
+
+    script = tmp_path / "none.sh"
+    script.write_text("#!/bin/sh\nexit 0\n")
+    script.chmod(0o755)
+    rc = run.main(["--elastic", "-np", "1", "--host-discovery-script", str(script),
+                   "sh", "-c", "exit 3"])
+    assert rc == 2
