@@ -35,6 +35,7 @@ __all__ = ["ID_VAR", "is_elastic", "worker_id", "Generation", "current", "init_w
 
 ID_VAR = "COLLECTIVES_ELASTIC_ID"
 POLL_S = 0.005
+MAX_UPDATES_READ = 64
 
 _announced = False
 _current: Optional["Generation"] = None
@@ -214,6 +215,7 @@ def host_updates(since: int) -> tuple:
         return since, False
     inner = state.client.inner
     count = inner.add("elastic/updates", 0)
+    # the last few updates decide (a count from the store is bounded before use)
     kinds = [inner.get(f"elastic/update/{n}", timeout=5.0).decode()
-             for n in range(since + 1, count + 1)]
+             for n in range(max(since + 1, count - MAX_UPDATES_READ + 1), count + 1)]
     return count, bool(kinds) and all(k == "removed" for k in kinds)

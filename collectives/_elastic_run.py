@@ -39,6 +39,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from typing import Optional
 
@@ -107,6 +108,9 @@ class ElasticDriver:
         self.updates = 0
         self.next_id = 0
         self.finished = False
+        self.stopping = threading.Event()
+        self.lock = threading.Lock()
+        self.discovered: Optional[list] = None  # the discovery thread's latest answer
         self.dismissed: set = set()  # ids stopped by the driver once training was over
         self.failure: Optional[int] = None  # the job's exit code once it failed
         self.sel = selectors.DefaultSelector()
@@ -278,16 +282,32 @@ class ElasticDriver:
             self._publish([m for m in self.members if int(m) in self.workers] + ready,
                           update="added")
 
-    def _discover(self) -> None:
+    def _run_discovery(self) -> Optional[list]:
+        """The hosts the discovery script lists now; None (said why) if it failed."""
         try:
             out = subprocess.run([self.discovery], capture_output=True, timeout=DISCOVERY_TIMEOUT_S,
                                  check=True).stdout[:MAX_DISCOVERY_OUTPUT].decode()
             lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
-            hosts = parse_hosts(",".join(lines)) if lines else []
+            return parse_hosts(",".join(lines)) if lines else []
         except (OSError, subprocess.SubprocessError, ValueError, UnicodeDecodeError) as exc:
             self._say(f"host discovery script {self.discovery!r} failed ({exc}); "
                       f"keeping the hosts known")
-            return
+            return None
+
+    def _discovery_loop(self) -> None:
+        """Thread: run the script every interval (it may be slow: the main loop must keep
+        draining the workers' output meanwhile) and leave its answer for the main loop."""
+        while not self.stopping.wait(self.discovery_interval):
+            hosts = self._run_discovery()
+            if hosts is not None:
+                with self.lock:
+                    self.discovered = hosts
+
+    def _discover(self, hosts: Optional[list] = None) -> None:
+        if hosts is None:
+            hosts = self._run_discovery()
+            if hosts is None:
+                return
         if hosts == self.hosts:
             return
         gone = {h for h, _ in self.hosts} - {h for h, _ in hosts}
@@ -322,7 +342,9 @@ class ElasticDriver:
             self._stop_all(signal.SIGKILL if not first and signum == signal.SIGINT else signum)
 
         old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        next_discovery = time.monotonic() + self.discovery_interval
+        if self.discovery:
+            threading.Thread(target=self._discovery_loop, name="host-discovery",
+                             daemon=True).start()
         try:
             first = [self._spawn(h) for h in self._slots_free()[: self.np]]
             self._publish([str(w.ident) for w in first])
@@ -340,9 +362,10 @@ class ElasticDriver:
                         self._on_exit(w, code)
                 if self.failure is None and not self.signal:
                     self._admit_ready()
-                    if self.discovery and time.monotonic() >= next_discovery:
-                        self._discover()
-                        next_discovery = time.monotonic() + self.discovery_interval
+                    with self.lock:
+                        hosts, self.discovered = self.discovered, None
+                    if hosts is not None:
+                        self._discover(hosts)
                 if self.kill_at is not None and time.monotonic() >= self.kill_at:
                     self._stop_all(signal.SIGKILL)
                     self.kill_at = float("inf")
@@ -354,6 +377,7 @@ class ElasticDriver:
                         self.pump.close_all()
                         break
         finally:
+            self.stopping.set()
             for proc in self.procs:
                 _close_stdin(proc)
                 if proc.poll() is None:
