@@ -58,9 +58,11 @@ def _alive(pid):
         return False
 
 
-def launch(args, env, timeout=110):
-    """collectives-run with args + the toy training; returns a Job once every process ended."""
-    cmd = [sys.executable, "-m", "collectives.run", *args, sys.executable, TRAIN]
+def launch(args, env, timeout=110, script=TRAIN, script_args=()):
+    """collectives-run with args + the toy training (or script); returns a Job once every
+    process ended (on a timeout the launcher is told to stop its workers first)."""
+    cmd = [sys.executable, "-m", "collectives.run", *args, sys.executable, str(script),
+           *script_args]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          stdin=subprocess.DEVNULL, env=base_env(env), cwd=str(RUN_CWD),
                          start_new_session=True)
@@ -245,3 +247,17 @@ def test_discovery_script_listing_no_hosts_is_an_error(tmp_path):
     rc = run.main(["--elastic", "-np", "1", "--host-discovery-script", str(script),
                    "sh", "-c", "exit 3"])
     assert rc == 2
+
+
+def test_example_with_distributed_optimizer_survives_a_killed_worker():
+    """examples/pytorch_elastic.py (DistributedOptimizer, reset callback) loses worker 2."""
+    from conftest import REPO
+
+    job = launch(["--elastic", "-np", "3", "--min-np", "2", "--max-np", "3"], {},
+                 script=REPO / "examples" / "pytorch_elastic.py",
+                 script_args=["--epochs", "2", "--batches", "10", "--kill-at", "2:12"])
+    text = job.text
+    assert job.rc == 0, text[-6000:]
+    assert "worker 2: killing myself at step 12" in text, text[-6000:]
+    assert "world re-formed: 2 workers, resuming at epoch 1 batch 0" in text, text[-6000:]
+    assert "done: " in text and "2 workers at the end" in text, text[-6000:]
