@@ -7,7 +7,7 @@ JSON line on stdout: start (each call of the training function: step, rank, size
 first_step (when its first step has completed), kill, hosts_updated, done (the final
 parameters).
 
-Knobs (environment): TOTAL_STEPS, COMMIT_EVERY, KILL_AT ("<worker id>:<step>": that
+Knobs (environment): TOTAL_STEPS, COMMIT_EVERY, KILL_AT ("<worker id>:<step>[,...]": that
 worker SIGKILLs itself before the step), STEP_SLEEP (seconds per step), OUT_DIR (rank 0
 saves each commit as <step>.pt there), START_FROM (a commit file to start from: the
 reference run), UNTIL_SIZE (go on past TOTAL_STEPS until the world has this size, then
@@ -32,7 +32,7 @@ UNTIL_SIZE = int(os.environ.get("UNTIL_SIZE", "0"))
 EXTRA = int(os.environ.get("EXTRA_STEPS", "5"))
 OUT_DIR = os.environ.get("OUT_DIR", "")
 WID = os.environ.get("COLLECTIVES_ELASTIC_ID", "-")
-kill_id, _, kill_step = os.environ.get("KILL_AT", "-:-1").partition(":")
+KILLS = {tuple(item.split(":")) for item in os.environ.get("KILL_AT", "").split(",") if item}
 add_step, _, add_line = os.environ.get("ADD_HOST_AT", "-1:").partition(":")
 
 
@@ -63,7 +63,7 @@ def train(state):
     while state.step < end or (UNTIL_SIZE and hvd.size() != UNTIL_SIZE):
         if state.step > 50 * TOTAL:
             sys.exit("UNTIL_SIZE never reached")
-        if WID == kill_id and state.step == int(kill_step):
+        if (WID, str(state.step)) in KILLS:
             event("kill", step=state.step, rank=hvd.rank())
             os.kill(os.getpid(), signal.SIGKILL)
         if hvd.rank() == 0 and state.step == int(add_step):
