@@ -15,7 +15,7 @@ world. All keys are the driver's except the ones a worker writes:
     g<g>/addr/<rank> ...     generation g's own rendezvous and failure reports
                              (collectives/_world.py), under the prefix g<g>/
 
-A worker's init (:func:`init_world`) waits for the newest generation that
+A worker's init (:func:`rendezvous`) waits for the newest generation that
 lists it, publishes its address under that generation's prefix and reads its
 peers'. If the driver publishes a newer generation meanwhile (a peer died, or
 joined), the worker drops the half-made world and joins the newer one. Keys
@@ -30,7 +30,7 @@ from typing import Callable, Optional
 
 from . import _auth, _env, _store, config
 
-__all__ = ["ID_VAR", "is_elastic", "worker_id", "Generation", "current", "init_world",
+__all__ = ["ID_VAR", "is_elastic", "worker_id", "Generation", "current", "rendezvous",
            "host_updates", "PrefixedClient", "parse_members", "format_members"]
 
 ID_VAR = "COLLECTIVES_ELASTIC_ID"
@@ -65,7 +65,9 @@ def parse_members(raw: bytes) -> tuple:
 class Generation:
     """The generation of the world this worker is in: number, rank, size, members."""
 
-    def __init__(self, number: int, rank: int, ids: list, updates: int) -> None:
+    def __init__(self, number: int, rank: int, ids: list, updates: int,
+                 client: "_store.StoreClient") -> None:
+        self.client = client  # the store's (closed with the world)
         self.number = number
         self.rank = rank
         self.ids = ids
@@ -130,15 +132,20 @@ def _store_addr() -> tuple:
     return _env.parse_addr(text)
 
 
-def init_world(timeout: float, wrap: Callable):
-    """Join the newest generation that lists this worker; return the world (a _world._World).
+def rendezvous(timeout: float, exchange: Callable, place: Callable) -> tuple:
+    """Join the newest generation that lists this worker.
 
     Waits (up to ``timeout`` seconds) for the driver to list this worker in a
     generation newer than the last one it was in; a new worker waits there
-    until the running ones reach their next commit.
+    until the running ones reach their next commit. ``exchange`` and ``place``
+    are collectives._world's exchange_addresses and local_place (which calls
+    this: the world module sits above this one).
+
+    Returns:
+        (core, client, local_rank, local_size, host_cpus) as _world's own
+        rendezvous: the native communicator and the generation's store client.
     """
     global _announced, _current
-    from . import _world
     from ._core import Communicator
 
     config.check_env()
@@ -158,12 +165,12 @@ def init_world(timeout: float, wrap: Callable):
                 updates, ids, comm_id = parse_members(client.get(f"elastic/members/{g}"))
                 if ident in ids:
                     try:
-                        world = _form(client, g, ids.index(ident), ids, comm_id, deadline,
-                                      host, port, secret, Communicator, wrap, _world)
+                        formed = _form(client, g, ids.index(ident), ids, comm_id, deadline,
+                                       host, port, secret, Communicator, exchange, place)
                     except _Superseded:
                         continue
-                    _current = Generation(g, ids.index(ident), ids, updates)
-                    return world
+                    _current = Generation(g, ids.index(ident), ids, updates, client)
+                    return formed
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"elastic worker {ident}: no generation of the world listed "
                                    f"it within {timeout:g} s (the launcher stopped admitting "
@@ -175,7 +182,7 @@ def init_world(timeout: float, wrap: Callable):
 
 
 def _form(client, g: int, rank: int, ids: list, comm_id: bytes, deadline: float,
-          host: str, port: int, secret: bytes, Communicator, wrap, _world):
+          host: str, port: int, secret: bytes, Communicator, exchange, place) -> tuple:
     size = len(ids)
     scoped = PrefixedClient(client, f"g{g}/")
     advertise = _env.advertise_address(host, port)
@@ -194,26 +201,21 @@ def _form(client, g: int, rank: int, ids: list, comm_id: bytes, deadline: float,
                 time.sleep(POLL_S)
             return scoped.get(key)
 
-        hosts, host_cpus = _world.exchange_addresses(core, rank, size, advertise, scoped.set, get)
+        hosts, host_cpus = exchange(core, rank, size, advertise, scoped.set, get)
         scoped.set(f"joined/{rank}", b"")
     except BaseException:
         core.close()
         raise
-    local_rank, local_size = _world.local_place(hosts, rank)
-    _world.apply_host_policy(core, local_rank, local_size, host_cpus)
-    comm = wrap(core, local_rank, local_size)
-    return _world._World(comm, core, None, scoped)
+    local_rank, local_size = place(hosts, rank)
+    return core, scoped, local_rank, local_size, host_cpus
 
 
 def host_updates(since: int) -> tuple:
     """(count, removed_only): the host updates announced so far, and whether every one
     after `since` removed hosts (Horovod's skip_sync). Reads the store of the world."""
-    from . import _world
-
-    state = _world._state
-    if state is None or not isinstance(state.client, PrefixedClient):
+    if _current is None:
         return since, False
-    inner = state.client.inner
+    inner = _current.client
     count = inner.add("elastic/updates", 0)
     # the last few updates decide (a count from the store is bounded before use)
     kinds = [inner.get(f"elastic/update/{n}", timeout=5.0).decode()

@@ -26,8 +26,14 @@ them. Then:
 - Once a worker exits 0, training is over: no one else is started, and the
   job ends when every worker has exited (0 if none failed after that).
 
-Output lines are prefixed ``[w<id>]`` by worker id (ids are stable; ranks
+Output lines are prefixed ``[<id>]`` by worker id (ids are stable; ranks
 change with each generation).
+
+The processes are started, watched, stopped and their output forwarded by the
+plumbing of ``collectives.run`` (``_OutputPump``, ``_signal_group``,
+``remote_script``, ...), which this module gets as ``tools``: ``collectives.run``
+(the CLI) sits above this module and passes itself in, so the modules do not
+import each other.
 """
 from __future__ import annotations
 
@@ -41,13 +47,10 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Optional
+from typing import Any, Optional
 
 from . import _auth, _elastic, _store
 from ._env import format_addr
-from .run import (DEFAULT_GRACE_S, _close_stdin, _describe, _OutputPump, _signal_group,
-                  _threads_per_rank, _unwatch, _watch_exit, free_port, is_local_host,
-                  parse_hosts, remote_script)
 
 __all__ = ["add_arguments", "ElasticDriver", "run_elastic"]
 
@@ -85,11 +88,12 @@ class _Worker:
 class ElasticDriver:
     """Runs one elastic job (see the module docstring); :meth:`run` returns its exit code."""
 
-    def __init__(self, command: list, hosts: list, np: int, min_np: int, max_np: int,
-                 max_restarts: int, exports: dict, secret: Optional[str],
+    def __init__(self, tools: Any, command: list, hosts: list, np: int, min_np: int,
+                 max_np: int, max_restarts: int, exports: dict, secret: Optional[str],
                  discovery: Optional[str] = None, discovery_interval: float = 1.0,
-                 grace: float = DEFAULT_GRACE_S, verbose: bool = False,
+                 grace: float = 5.0, verbose: bool = False,
                  ssh_options: tuple = ()) -> None:
+        self.tools = tools
         self.command = command
         self.hosts = list(hosts)
         self.np, self.min_np, self.max_np = np, min_np, max_np
@@ -114,7 +118,7 @@ class ElasticDriver:
         self.dismissed: set = set()  # ids stopped by the driver once training was over
         self.failure: Optional[int] = None  # the job's exit code once it failed
         self.sel = selectors.DefaultSelector()
-        self.pump = _OutputPump(self.sel)
+        self.pump = self.tools._OutputPump(self.sel)
         self.procs: list = []
         self.signal = 0
         self.kill_at: Optional[float] = None
@@ -141,10 +145,10 @@ class ElasticDriver:
         env.update({_elastic.ID_VAR: str(ident), "COLLECTIVES_STORE_ADDR": self.store_addr})
         per_host = sum(s for h, s in self.hosts if h == host) or 1
         if per_host > 1 and "OMP_NUM_THREADS" not in env and \
-                not (is_local_host(host) and "OMP_NUM_THREADS" in os.environ):
-            env["OMP_NUM_THREADS"] = str(_threads_per_rank(host, per_host))
+                not (self.tools.is_local_host(host) and "OMP_NUM_THREADS" in os.environ):
+            env["OMP_NUM_THREADS"] = str(self.tools._threads_per_rank(host, per_host))
         stdin_data = b""
-        if is_local_host(host):
+        if self.tools.is_local_host(host):
             argv = list(self.command)
             if self.secret is not None:
                 env[_auth.SECRET_VAR] = self.secret
@@ -152,7 +156,7 @@ class ElasticDriver:
             full_env.update(env)
             stdin = subprocess.DEVNULL
         else:
-            script = remote_script(os.getcwd(), env, self.command, self.grace,
+            script = self.tools.remote_script(os.getcwd(), env, self.command, self.grace,
                                    secret_on_stdin=self.secret is not None)
             argv = ["ssh", "-o", "BatchMode=yes", *self.ssh_options, host.strip("[]"),
                     "sh -c " + shlex.quote(script)]
@@ -173,7 +177,7 @@ class ElasticDriver:
         self.procs.append(proc)
         self.pump.add(ident, "stdout", proc.stdout)
         self.pump.add(ident, "stderr", proc.stderr)
-        worker = _Worker(ident, host, proc, _watch_exit(self.sel, proc, ident))
+        worker = _Worker(ident, host, proc, self.tools._watch_exit(self.sel, proc, ident))
         self.workers[ident] = worker
         return worker
 
@@ -193,15 +197,15 @@ class ElasticDriver:
 
     def _stop_all(self, sig: int) -> None:
         for w in self.workers.values():
-            _close_stdin(w.proc)
-            _signal_group(w.proc, sig)
+            self.tools._close_stdin(w.proc)
+            self.tools._signal_group(w.proc, sig)
         if sig != signal.SIGKILL and self.kill_at is None:
             self.kill_at = time.monotonic() + self.grace
 
     # ------------------------------------------------------------ decisions
     def _on_exit(self, w: _Worker, code: int) -> None:
         del self.workers[w.ident]
-        _unwatch(self.sel, w.pidfd)
+        self.tools._unwatch(self.sel, w.pidfd)
         if self.failure is not None or self.signal:
             return
         if w.ident in self.dismissed:
@@ -213,17 +217,17 @@ class ElasticDriver:
                 self._dismiss_newcomers()
             return
         if self.finished:
-            self._say(f"worker {w.ident} {_describe(code)} after training finished")
+            self._say(f"worker {w.ident} {self.tools._describe(code)} after training finished")
             self.failure = 128 - code if code < 0 else code
             self._stop_all(signal.SIGTERM)
             return
         was_member = str(w.ident) in self.members
-        self._say(f"worker {w.ident} {_describe(code)}")
+        self._say(f"worker {w.ident} {self.tools._describe(code)}")
         if was_member:
             rank = self.members.index(str(w.ident))
             try:  # the survivors' failure reports then name it at once
                 self.client.set(f"g{self.gen}/failed/{rank}",
-                                f"worker {w.ident} (rank {rank}) {_describe(code)} "
+                                f"worker {w.ident} (rank {rank}) {self.tools._describe(code)} "
                                 f"(collectives-run --elastic)".encode(), timeout=2.0)
             except (OSError, TimeoutError, ConnectionError):
                 pass
@@ -263,8 +267,8 @@ class ElasticDriver:
             if str(w.ident) not in formed:
                 self._say(f"training is over: stopping worker {w.ident}, which never joined")
                 self.dismissed.add(w.ident)
-                _close_stdin(w.proc)
-                _signal_group(w.proc, signal.SIGTERM)
+                self.tools._close_stdin(w.proc)
+                self.tools._signal_group(w.proc, signal.SIGTERM)
 
     def _can_restart(self) -> bool:
         return (self.restarts_left > 0 and not self.finished and len(self.workers) < self.max_np
@@ -288,7 +292,7 @@ class ElasticDriver:
             out = subprocess.run([self.discovery], capture_output=True, timeout=DISCOVERY_TIMEOUT_S,
                                  check=True).stdout[:MAX_DISCOVERY_OUTPUT].decode()
             lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
-            return parse_hosts(",".join(lines)) if lines else []
+            return self.tools.parse_hosts(",".join(lines)) if lines else []
         except (OSError, subprocess.SubprocessError, ValueError, UnicodeDecodeError) as exc:
             self._say(f"host discovery script {self.discovery!r} failed ({exc}); "
                       f"keeping the hosts known")
@@ -316,8 +320,8 @@ class ElasticDriver:
         for w in list(self.workers.values()):
             if w.host in gone:
                 self._say(f"host {w.host} is gone: stopping worker {w.ident}")
-                _close_stdin(w.proc)
-                _signal_group(w.proc, signal.SIGTERM)
+                self.tools._close_stdin(w.proc)
+                self.tools._signal_group(w.proc, signal.SIGTERM)
         if not self.finished:
             for host in self._slots_free()[: max(0, self.max_np - len(self.workers))]:
                 nw = self._spawn(host)
@@ -328,9 +332,9 @@ class ElasticDriver:
         """Start the store and the workers, run the job to its end, return its exit code."""
         if self.discovery:
             self._discover_initial()
-        local = all(is_local_host(h) for h, _ in self.hosts)
+        local = all(self.tools.is_local_host(h) for h, _ in self.hosts)
         host = "127.0.0.1" if local else socket.gethostname()
-        port = free_port()
+        port = self.tools.free_port()
         self.store_addr = format_addr(host, port)
         secret = self.secret.encode() if self.secret is not None else _auth.job_secret()
         self.server = _store.StoreServer(host, port, secret=secret)
@@ -379,19 +383,19 @@ class ElasticDriver:
         finally:
             self.stopping.set()
             for proc in self.procs:
-                _close_stdin(proc)
+                self.tools._close_stdin(proc)
                 if proc.poll() is None:
-                    _signal_group(proc, signal.SIGKILL)
+                    self.tools._signal_group(proc, signal.SIGKILL)
             for proc in self.procs:
                 try:
                     proc.wait(timeout=10)
                 except subprocess.TimeoutExpired:
                     pass
-                _signal_group(proc, signal.SIGKILL)
+                self.tools._signal_group(proc, signal.SIGKILL)
             if self.pump.open:
                 self.pump.close_all()
             for w in self.workers.values():
-                _unwatch(self.sel, w.pidfd)
+                self.tools._unwatch(self.sel, w.pidfd)
             self.sel.close()
             self.client.close()
             self.server.close()
@@ -413,9 +417,11 @@ class ElasticDriver:
             raise ValueError(f"the host discovery script {self.discovery!r} lists no hosts")
 
 
-def run_elastic(args: argparse.Namespace, parser: argparse.ArgumentParser, command: list,
-                hosts: list, exports: dict, ssh_options: list, secret: Optional[str]) -> int:
-    """collectives-run --elastic: check the options and run an :class:`ElasticDriver`."""
+def run_elastic(tools: Any, args: argparse.Namespace, parser: argparse.ArgumentParser,
+                command: list, hosts: list, exports: dict, ssh_options: list,
+                secret: Optional[str]) -> int:
+    """collectives-run --elastic: check the options and run an :class:`ElasticDriver`
+    (tools: the collectives.run module, see the module docstring)."""
     if args.servers is not None:
         parser.error("--elastic and --servers cannot be combined")
     max_np = args.max_np if args.max_np is not None else (args.np or sum(s for _, s in hosts))
@@ -434,7 +440,7 @@ def run_elastic(args: argparse.Namespace, parser: argparse.ArgumentParser, comma
         hosts = [("localhost", max_np)]
     if args.host_discovery_script is None and np > sum(s for _, s in hosts):
         parser.error(f"-np {np} is more than the {sum(s for _, s in hosts)} slots on the hosts")
-    driver = ElasticDriver(command, hosts, np, min_np, max_np, args.max_restarts, exports, secret,
+    driver = ElasticDriver(tools, command, hosts, np, min_np, max_np, args.max_restarts, exports, secret,
                            discovery=args.host_discovery_script,
                            discovery_interval=args.discovery_interval, grace=args.kill_grace,
                            verbose=args.verbose, ssh_options=tuple(ssh_options))

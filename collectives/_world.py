@@ -353,7 +353,10 @@ def init(timeout: Optional[float], wrap: Callable):
         from . import _elastic
 
         if _elastic.is_elastic():  # collectives-run --elastic: its driver names the members
-            _state = _elastic.init_world(float(timeout) if timeout else _default_timeout(), wrap)
+            core, client, local_rank, local_size, host_cpus = _elastic.rendezvous(
+                float(timeout) if timeout else _default_timeout(), exchange_addresses, local_place)
+            apply_host_policy(core, local_rank, local_size, host_cpus)
+            _state = _World(wrap(core, local_rank, local_size), core, None, client)
             return _state.comm
         info = _env.detect()
         config.check_env()  # every COLLECTIVES_* tunable, before any connection

@@ -765,8 +765,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         from ._elastic_run import run_elastic
 
         try:
-            return run_elastic(args, parser, command, hosts, exports, ssh_options,
-                               _launcher_secret(exports))
+            return run_elastic(sys.modules[__name__], args, parser, command, hosts, exports,
+                               ssh_options, _launcher_secret(exports))
         except OSError as exc:  # e.g. the command does not exist
             print(f"collectives-run: cannot start {command[0]!r}: {exc}", file=sys.stderr)
             return 127

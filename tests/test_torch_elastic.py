@@ -210,17 +210,6 @@ def test_discovery_script_adding_a_host_raises_hosts_updated_and_grows_the_world
     _final_params(job, 3)
 
 
-def test_replacement_arriving_after_training_ended_is_stopped_and_the_job_succeeds():
-    """Training ends before the replacement is ready: it is stopped, the job exits 0."""
-    job = launch(["--elastic", "-np", "3", "--min-np", "2", "--max-np", "3",
-                  "--max-restarts", "1"], {"KILL_AT": "2:6", "TOTAL_STEPS": 12})
-    why = job.tail()
-    assert job.rc == 0, why
-    assert "started worker 3 on localhost in place of worker 2" in job.text, why
-    assert "stopping worker 3, which never joined" in job.text, why
-    _final_params(job, 2)
-
-
 @pytest.mark.parametrize("args, message", [
     (["-np", "4", "--min-np", "5"], "--elastic needs 1 <= --min-np (5) <= -np (4)"),
     (["-np", "4", "--max-np", "3"], "--elastic needs 1 <= --min-np (4) <= -np (4) <= --max-np (3)"),
@@ -249,11 +238,14 @@ def test_discovery_script_listing_no_hosts_is_an_error(tmp_path):
     assert rc == 2
 
 
-def test_example_with_distributed_optimizer_survives_a_killed_worker():
-    """examples/pytorch_elastic.py (DistributedOptimizer, reset callback) loses worker 2."""
+def test_example_survives_a_killed_worker_and_a_late_replacement_is_stopped():
+    """examples/pytorch_elastic.py (DistributedOptimizer, reset callback) loses worker 2; its
+    replacement is still importing torch when training ends (8 short steps later): it is
+    stopped and the job succeeds."""
     from conftest import REPO
 
-    job = launch(["--elastic", "-np", "3", "--min-np", "2", "--max-np", "3"], {},
+    job = launch(["--elastic", "-np", "3", "--min-np", "2", "--max-np", "3",
+                  "--max-restarts", "1"], {},
                  script=REPO / "examples" / "pytorch_elastic.py",
                  script_args=["--epochs", "2", "--batches", "10", "--kill-at", "2:12"])
     text = job.text
@@ -261,3 +253,5 @@ def test_example_with_distributed_optimizer_survives_a_killed_worker():
     assert "worker 2: killing myself at step 12" in text, text[-6000:]
     assert "world re-formed: 2 workers, resuming at epoch 1 batch 0" in text, text[-6000:]
     assert "done: " in text and "2 workers at the end" in text, text[-6000:]
+    assert "started worker 3 on localhost in place of worker 2" in text, text[-6000:]
+    assert "training is over: stopping worker 3, which never joined" in text, text[-6000:]
