@@ -255,3 +255,55 @@ def test_example_survives_a_killed_worker_and_a_late_replacement_is_stopped():
     assert "done: " in text and "2 workers at the end" in text, text[-6000:]
     assert "started worker 3 on localhost in place of worker 2" in text, text[-6000:]
     assert "training is over: stopping worker 3, which never joined" in text, text[-6000:]
+
+
+def test_states_commit_restore_sync_and_callbacks_in_one_process():
+    """TorchState/ObjectState semantics, in this process (a world of 1, no launcher)."""
+    import torch
+
+    import collectives.torch as hvd
+
+    hvd.init()
+    try:
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        state = hvd.elastic.TorchState(model, opt, scheduler=sched, epoch=3, seen=[1])
+        assert state.model is model and state.optimizer is opt and state.epoch == 3
+        weight = model.weight.detach().clone()
+        model(torch.ones(1, 2)).sum().backward()
+        opt.step()
+        sched.step()
+        state.epoch, state.seen = 4, [1, 2]
+        assert not torch.equal(model.weight, weight)
+        state.restore()  # back to construction time: model, optimizer, scheduler, attributes
+        assert torch.equal(model.weight, weight) and state.epoch == 3 and state.seen == [1]
+        assert opt.state_dict()["state"] == {} and sched.last_epoch == 0
+        opt.step()  # momentum buffers exist from here (grads are still set)
+        state.epoch = 5
+        state.commit()  # save; no host updates outside --elastic
+        committed = model.weight.detach().clone()
+        opt.step()
+        state.epoch = 6
+        state.restore()
+        assert torch.equal(model.weight, committed) and state.epoch == 5
+        assert opt.state_dict()["state"]  # the momentum committed came back too
+        calls = []
+        state.register_reset_callbacks([lambda: calls.append(hvd.size())])
+        state.on_reset()
+        assert calls == [1]
+        seen = []
+        obj = hvd.elastic.ObjectState(lambda o: seen.append(o) or {"k": 7}, hvd.rank, k=1)
+        obj.sync()  # Horovod's bcast_object is used, and its answer becomes the attributes
+        assert seen == [{"k": 1}] and obj.k == 7
+
+        @hvd.elastic.run
+        def train(st, x):
+            st.epoch += x
+            return st.epoch
+
+        assert train(state, 2) == 7  # outside --elastic: once, after sync()
+        with pytest.raises(ValueError):
+            hvd.elastic.run(lambda st: (_ for _ in ()).throw(ValueError("boom")))(state)
+    finally:
+        hvd.shutdown()

@@ -113,9 +113,17 @@ class ObjectState(State):
 
     Each keyword becomes an attribute; ``sync()`` broadcasts the *saved* values from rank 0
     (as Horovod). Values must be picklable.
+
+    Args:
+        bcast_object: Horovod's first argument, ``bcast_object(obj) -> obj`` (root 0);
+            default ``hvd.broadcast_object``.
+        get_rank: Horovod's second argument (accepted; the rank is ``hvd.rank()``).
+        **kwargs: the attributes and their first values.
     """
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, bcast_object: Any = None, get_rank: Any = None, **kwargs: Any) -> None:
+        self._bcast_object = bcast_object or (
+            lambda obj: broadcast_object(obj, root_rank=0, name="elastic.object_state"))
         self._saved_state = dict(kwargs)
         self._set_attrs()
         super().__init__()
@@ -136,8 +144,7 @@ class ObjectState(State):
     def sync(self) -> None:
         """Rank 0's saved values on every rank, set as the attributes."""
         if self._saved_state:
-            self._saved_state = broadcast_object(self._saved_state, root_rank=0,
-                                                 name="elastic.object_state")
+            self._saved_state = self._bcast_object(self._saved_state)
             self._set_attrs()
 
 
