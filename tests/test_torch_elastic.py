@@ -307,3 +307,45 @@ def test_states_commit_restore_sync_and_callbacks_in_one_process():
             hvd.elastic.run(lambda st: (_ for _ in ()).throw(ValueError("boom")))(state)
     finally:
         hvd.shutdown()
+
+
+def test_elastic_sampler_skips_processed_samples_and_rolls_back_in_one_process():
+    import torch
+
+    import collectives.torch as hvd
+
+    hvd.init()
+    try:
+        sampler = hvd.elastic.ElasticSampler(list(range(10)), shuffle=True, seed=3)
+        first = list(sampler)
+        assert sorted(first) == list(range(10)) and len(sampler) == 10
+        assert first == list(hvd.elastic.ElasticSampler(list(range(10)), seed=3))  # same seed
+        model = torch.nn.Linear(1, 1)
+        state = hvd.elastic.TorchState(model, None, train_sampler=sampler, batch=0)
+        sampler.record_batch(0, 4)  # the first 4 of this iteration
+        state.commit()
+        sampler.record_batch(1, 4)
+        assert len(sampler.processed_indices) == 8
+        state.restore()  # back to the commit: 4 processed
+        assert sampler.processed_indices == set(first[:4])
+        state.sync()  # (one rank: the union is its own) re-shards the 6 left
+        assert sorted(sampler) == sorted(first[4:]) and len(sampler) == 6
+        sampler.set_epoch(1)
+        assert len(sampler) == 10 and sorted(sampler) == list(range(10))
+    finally:
+        hvd.shutdown()
+
+
+def test_elastic_sampler_shards_the_remaining_samples_over_the_new_world(monkeypatch):
+    from collectives.torch import elastic_sampler as es
+
+    shards = []
+    for r in range(3):  # the three ranks of a world of 3, each asked in turn
+        monkeypatch.setattr(es, "size", lambda: 3)
+        monkeypatch.setattr(es, "rank", lambda r=r: r)
+        sampler = es.ElasticSampler(list(range(11)), shuffle=False)
+        sampler.load_state_dict({"epoch": 0, "processed_indices": {0, 1, 2, 3}})
+        shards.append(list(sampler))
+    assert [len(s) for s in shards] == [3, 3, 3]  # 7 left: padded to 9, 3 each
+    assert sorted(set(sum(shards, []))) == list(range(4, 11))
+    assert shards[0] == [4, 7, 10] and shards[1] == [5, 8, 4]

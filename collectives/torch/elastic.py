@@ -44,10 +44,11 @@ from .. import _elastic
 from .._core import CollectivesError
 from ._context import HOLDER
 from .basics import init, rank, shutdown
+from .elastic_sampler import ElasticSampler
 from .exceptions import HostsUpdatedInterrupt
 from .functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
 
-__all__ = ["State", "ObjectState", "TorchState", "run"]
+__all__ = ["State", "ObjectState", "TorchState", "ElasticSampler", "run"]
 
 
 class State:
@@ -162,7 +163,9 @@ class _Handler:
         self.value.load_state_dict(self.saved)
 
     def sync(self) -> None:
-        if isinstance(self.value, torch.nn.Module):
+        if isinstance(self.value, ElasticSampler):  # the union of what every rank processed
+            self.value.sync()
+        elif isinstance(self.value, torch.nn.Module):
             broadcast_parameters(self.value.state_dict(), root_rank=0)
         elif isinstance(self.value, torch.optim.Optimizer):
             broadcast_optimizer_state(self.value, root_rank=0)
@@ -184,8 +187,10 @@ class TorchState(ObjectState):
             parameters and buffers from rank 0), or None.
         optimizer: a ``torch.optim.Optimizer`` (state and hyperparameters), or None.
         **kwargs: more state: objects with ``state_dict``/``load_state_dict`` (another
-            model, an LR scheduler) are handled like the model; anything else is a plain
-            attribute (``epoch=0``, ``batch=0``), saved by deep copy.
+            model, an LR scheduler) are handled like the model, an :class:`ElasticSampler`
+            too (``sync`` unites what every rank processed; after a re-forming it
+            re-shards over the new world); anything else is a plain attribute
+            (``epoch=0``, ``batch=0``), saved by deep copy.
     """
 
     def __init__(self, model: Any = None, optimizer: Any = None, **kwargs: Any) -> None:
@@ -205,8 +210,11 @@ class TorchState(ObjectState):
         object.__setattr__(self, name, value)
 
     def reset(self) -> None:
-        """After re-forming: a DistributedOptimizer forgets the step the failure cut short."""
+        """After re-forming: a DistributedOptimizer forgets the step the failure cut short,
+        an ElasticSampler re-shards."""
         for handler in self._handlers.values():
+            if isinstance(handler.value, ElasticSampler):
+                handler.value.reset()  # re-shard over the new world
             forget = getattr(handler.value, "_reset_step", None)
             if callable(forget):
                 forget()
