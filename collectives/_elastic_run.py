@@ -21,8 +21,10 @@ them. Then:
   raise as HostsUpdatedInterrupt at their next ``state.commit()``; they then
   re-form with it and ``sync()`` gives it the state by broadcast.
 - The discovery script is run every ``--discovery-interval`` seconds; it
-  prints ``host[:slots]`` lines. Workers on a host it stops listing are
-  stopped (their peers roll back as after any loss).
+  prints ``host[:slots]`` lines. Workers on a host it stops listing leave at
+  the next commit: the others raise HostsUpdatedInterrupt (skip_sync) and
+  re-form without them, and the driver then stops them (after
+  REMOVE_GRACE_S at the latest: the others then roll back as after any loss).
 - Once a worker exits 0, training is over: no one else is started, and the
   job ends when every worker has exited (0 if none failed after that).
 
@@ -56,6 +58,7 @@ __all__ = ["add_arguments", "ElasticDriver", "run_elastic"]
 
 DISCOVERY_TIMEOUT_S = 10.0
 MAX_DISCOVERY_OUTPUT = 1 << 20
+REMOVE_GRACE_S = 30.0  # for a worker on a removed host to reach the next commit
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -115,7 +118,8 @@ class ElasticDriver:
         self.stopping = threading.Event()
         self.lock = threading.Lock()
         self.discovered: Optional[list] = None  # the discovery thread's latest answer
-        self.dismissed: set = set()  # ids stopped by the driver once training was over
+        self.dismissed: set = set()
+        self.removing: dict = {}  # id -> when to stop it at the latest (its host is gone)  # ids stopped by the driver once training was over
         self.failure: Optional[int] = None  # the job's exit code once it failed
         self.sel = selectors.DefaultSelector()
         self.pump = self.tools._OutputPump(self.sel)
@@ -317,15 +321,49 @@ class ElasticDriver:
         gone = {h for h, _ in self.hosts} - {h for h, _ in hosts}
         self._say(f"host discovery: {', '.join(f'{h}:{s}' for h, s in hosts) or 'no hosts'}")
         self.hosts = hosts
-        for w in list(self.workers.values()):
-            if w.host in gone:
+        leaving = [w for w in self.workers.values() if w.host in gone]
+        members = [w for w in leaving if str(w.ident) in self.members and not self.finished]
+        for w in leaving:
+            self.dismissed.add(w.ident)  # its exit is no failure
+            if w not in members:  # not training (yet): stop it now
                 self._say(f"host {w.host} is gone: stopping worker {w.ident}")
-                self.tools._close_stdin(w.proc)
-                self.tools._signal_group(w.proc, signal.SIGTERM)
+                self._terminate(w)
+        if members:
+            # Horovod's way: the others go on without them from their next commit
+            # (HostsUpdatedInterrupt, skip_sync); they are stopped once that world formed.
+            out = {str(w.ident) for w in members}
+            keep = [m for m in self.members if m not in out]
+            self._say(f"host(s) {', '.join(sorted(gone))} gone: worker(s) "
+                      f"{', '.join(sorted(out))} leave at the next commit")
+            for w in members:
+                self.removing[w.ident] = time.monotonic() + REMOVE_GRACE_S
+            if len(keep) < self.min_np:
+                self._say(f"{len(keep)} worker{'' if len(keep) == 1 else 's'} left, fewer than "
+                          f"--min-np {self.min_np}: stopping the job")
+                self.failure = 1
+                self._stop_all(signal.SIGTERM)
+                return
+            self._publish(keep, update="removed")
         if not self.finished:
             for host in self._slots_free()[: max(0, self.max_np - len(self.workers))]:
                 nw = self._spawn(host)
                 self._say(f"started worker {nw.ident} on {host} (new host slot)")
+
+    def _terminate(self, w: _Worker) -> None:
+        self.tools._close_stdin(w.proc)
+        self.tools._signal_group(w.proc, signal.SIGTERM)
+
+    def _stop_removed(self) -> None:
+        """Stop the workers of removed hosts once the world without them formed (or their
+        grace ran out: they never reached a commit, and the others roll back instead)."""
+        formed = self._formed() == self.members
+        for ident, deadline in list(self.removing.items()):
+            if ident not in self.workers:
+                del self.removing[ident]
+            elif formed or time.monotonic() >= deadline:
+                self._say(f"stopping worker {ident} (its host is gone)")
+                self._terminate(self.workers[ident])
+                del self.removing[ident]
 
     # ----------------------------------------------------------------- run
     def run(self) -> int:
@@ -370,6 +408,8 @@ class ElasticDriver:
                         hosts, self.discovered = self.discovered, None
                     if hosts is not None:
                         self._discover(hosts)
+                    if self.removing:
+                        self._stop_removed()
                 if self.kill_at is not None and time.monotonic() >= self.kill_at:
                     self._stop_all(signal.SIGKILL)
                     self.kill_at = float("inf")

@@ -12,7 +12,8 @@ worker SIGKILLs itself before the step), STEP_SLEEP (seconds per step), OUT_DIR 
 saves each commit as <step>.pt there), START_FROM (a commit file to start from: the
 reference run), UNTIL_SIZE (go on past TOTAL_STEPS until the world has this size, then
 EXTRA_STEPS more),
-HOSTS_FILE + ADD_HOST_AT ("<step>:<line>": rank 0 appends the line at that step).
+HOSTS_FILE + ADD_HOST_AT ("<step>:<line>": rank 0 appends the line at that step) or
+SET_HOSTS_AT ("<step>:<lines separated by |>": rank 0 rewrites the file).
 """
 import json
 import os
@@ -34,6 +35,7 @@ OUT_DIR = os.environ.get("OUT_DIR", "")
 WID = os.environ.get("COLLECTIVES_ELASTIC_ID", "-")
 KILLS = {tuple(item.split(":")) for item in os.environ.get("KILL_AT", "").split(",") if item}
 add_step, _, add_line = os.environ.get("ADD_HOST_AT", "-1:").partition(":")
+set_step, _, set_text = os.environ.get("SET_HOSTS_AT", "-1:").partition(":")
 
 
 def event(kind, **fields):
@@ -69,6 +71,9 @@ def train(state):
         if hvd.rank() == 0 and state.step == int(add_step):
             with open(os.environ["HOSTS_FILE"], "a") as fh:
                 fh.write(add_line + "\n")
+        if hvd.rank() == 0 and state.step == int(set_step):
+            with open(os.environ["HOSTS_FILE"], "w") as fh:
+                fh.write(set_text.replace("|", "\n") + "\n")
         x, y = batch(state.step, hvd.rank(), hvd.size())
         opt.zero_grad()
         ((model(x) - y) ** 2).mean().backward()

@@ -349,3 +349,28 @@ def test_elastic_sampler_shards_the_remaining_samples_over_the_new_world(monkeyp
     assert [len(s) for s in shards] == [3, 3, 3]  # 7 left: padded to 9, 3 each
     assert sorted(set(sum(shards, []))) == list(range(4, 11))
     assert shards[0] == [4, 7, 10] and shards[1] == [5, 8, 4]
+
+
+def test_discovery_script_removing_a_host_its_worker_leaves_at_the_next_commit(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:2\n127.0.0.1:1\n")
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    script.chmod(0o755)
+    job = launch(["--elastic", "-np", "3", "--min-np", "2", "--max-np", "3",
+                  "--host-discovery-script", str(script), "--discovery-interval", "0.2"],
+                 {"HOSTS_FILE": hosts, "SET_HOSTS_AT": "8:localhost:2", "TOTAL_STEPS": 10,
+                  "UNTIL_SIZE": 2, "STEP_SLEEP": 0.02})
+    why = job.tail()
+    assert job.rc == 0, why
+    assert "worker(s) 2 leave at the next commit" in job.text, why
+    assert "stopping worker 2 (its host is gone)" in job.text, why
+    updated = job.of("hosts_updated")
+    assert sorted(e["id"] for e in updated) == ["0", "1", "2"], why
+    assert {e["skip_sync"] for e in updated} == {True}, why  # only removed: skip_sync
+    at = updated[0]["step"]
+    restarts = job.of("start", size=2)
+    # no rollback: the two left go on from the commit where they were interrupted
+    assert sorted(e["id"] for e in restarts) == ["0", "1"] and \
+        {e["step"] for e in restarts} == {at}, why
+    _final_params(job, 2)
