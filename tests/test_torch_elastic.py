@@ -374,3 +374,42 @@ def test_discovery_script_removing_a_host_its_worker_leaves_at_the_next_commit(t
     assert sorted(e["id"] for e in restarts) == ["0", "1"] and \
         {e["step"] for e in restarts} == {at}, why
     _final_params(job, 2)
+
+
+def test_sigterm_to_the_elastic_launcher_stops_every_worker(tmp_path):
+    """Plain collectives.init() under --elastic (no torch), then SIGTERM to the launcher."""
+    code = ("import os, time, collectives\n"
+            "comm = collectives.init()\n"
+            "print(f'up {comm.Get_rank()} {comm.Get_size()} {os.getpid()}', flush=True)\n"
+            "time.sleep(120)\n")
+    cmd = [sys.executable, "-m", "collectives.run", "--elastic", "-np", "2", sys.executable,
+           "-c", code]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         stdin=subprocess.DEVNULL, env=base_env(), cwd=str(RUN_CWD),
+                         start_new_session=True, text=True)
+    pids, lines = [], []
+    try:
+        for line in p.stdout:
+            lines.append(line)
+            if "<stdout>:up " in line:
+                pids.append(int(line.split()[-1]))
+                if len(pids) == 2:
+                    break
+        assert len(pids) == 2, "".join(lines)
+        assert {ln.split("<stdout>:up ")[1].split()[1] for ln in lines if "up " in ln} == {"2"}
+        os.kill(p.pid, signal.SIGTERM)
+        rest, _ = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:  # a failed check above: the launcher stops its workers
+            os.kill(p.pid, signal.SIGTERM)
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    assert p.returncode == 128 + signal.SIGTERM, "".join(lines) + rest
+    assert "received SIGTERM; stopped the workers" in rest
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+        time.sleep(0.05)
+    assert not [pid for pid in pids if _alive(pid)]
