@@ -108,6 +108,10 @@ static const coll_param_decl_t params[COLL_NUM_PARAMS] = {
     [COLL_PARAM_PS_SERVERS] = {"COLLECTIVES_PS_SERVERS", "",
                                "collectives.ps: how many ranks (the last ones) are parameter "
                                "servers (set by collectives-run --servers)", "integer >= 1"},
+    [COLL_PARAM_ELASTIC_ID] = {"COLLECTIVES_ELASTIC_ID", "",
+                               "collectives-run --elastic: this worker's id, which stays while its "
+                               "rank changes from one world to the next (set by the launcher)",
+                               "integer >= 0"},
 };
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
