@@ -109,6 +109,13 @@ int coll_link_pollfds(const coll_link_t *link, int ev, struct pollfd *pfs);
  * sets *hup when its socket hung up. */
 coll_result_t coll_link_polled(coll_link_t *link, const struct pollfd *pfs, int npf, int *hup);
 
+/* The receive of a single-copy message whose header (flagged
+ * COLL_WIRE_SC_DESC) has been checked: reads the rest of the descriptor
+ * (desc, *desc_got bytes so far), then the payload from the peer's memory,
+ * and acknowledges it; *done when the step is complete (schedule/single_copy.c). */
+coll_result_t coll_sched_sc_recv(coll_sched_t *s, coll_link_t *link, coll_step_t *st, uint8_t *desc,
+                                 size_t *desc_got, int *moved, int *done);
+
 /* For the executors: each step's successor range in succ (nedges entries)
  * and its predecessor count; cnt is n ints of scratch. */
 void coll_sched_link_edges(coll_sched_t *s, int *succ, int *cnt);
