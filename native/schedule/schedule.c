@@ -267,7 +267,7 @@ static coll_result_t progress_send(exec_t *x, peer_state_t *ps, int *moved) {
     const coll_transport_t *tp = ps->link->tp;
     if (!ps->shdr_ready) {
       coll_wire_hdr_t h = coll_sched_step_hdr(s, st);
-      ps->ssc = tp->sc_wanted && tp->sc_wanted(ps->link, st->nbytes);
+      ps->ssc = !st->no_sc && tp->sc_wanted && tp->sc_wanted(ps->link, st->nbytes);
       if (ps->ssc) { /* the peer reads the bytes from src: a descriptor goes instead */
         h.flags = COLL_WIRE_SC_DESC;
         tp->sc_post(ps->link, st->src, st->nbytes, ps->sdesc);
@@ -610,6 +610,14 @@ coll_result_t coll_sched_run(coll_sched_t *s, double deadline) {
   int *cnt = queues + n;
 
   coll_sched_link_edges(s, x.succ, cnt);
+  for (int i = 0; i < n; i++) {
+    coll_step_t *st = &s->steps[i];
+    if (st->kind != COLL_STEP_SEND) continue;
+    for (int e = st->succ_begin; e < st->succ_end && !st->no_sc; e++) {
+      const coll_step_t *nx = &s->steps[x.succ[e]];
+      st->no_sc = nx->peer == st->peer && (nx->kind == COLL_STEP_RECV || nx->kind == COLL_STEP_RECV_REDUCE);
+    }
+  }
 
   /* Per-peer FIFOs, in the order steps were added. */
   int nps = 0;

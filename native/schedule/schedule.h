@@ -37,6 +37,11 @@ typedef enum { COLL_STEP_SEND, COLL_STEP_RECV, COLL_STEP_RECV_REDUCE, COLL_STEP_
 
 typedef struct {
   uint8_t kind;
+  /* SEND: a receive from the same peer waits for this send to complete (an
+   * exchange, as butterfly's), so it never goes by single copy: the peer's
+   * matching receive may wait the same way for its own send, and only the
+   * ring's buffering breaks that cycle. Set by the executor. */
+  uint8_t no_sc;
   int peer;
   void *dst;
   const void *src;  /* SEND: payload; RECV_REDUCE: local operand; COPY: source */
