@@ -121,6 +121,12 @@ coll_result_t coll_link_polled(coll_link_t *link, const struct pollfd *pfs, int 
 coll_result_t coll_sched_sc_recv(coll_sched_t *s, coll_link_t *link, coll_step_t *st, uint8_t *desc,
                                  size_t *desc_got, int *moved, int *done);
 
+/* A small allreduce run without a schedule where it can (schedule/fast.c):
+ * butterfly's full exchange over shared-memory links that exist already,
+ * wire-identical to the schedule. *handled = 0: take the general path. */
+coll_result_t coll_fast_allreduce(coll_comm_t *comm, const coll_args_t *a, coll_algo_t algo,
+                                  int *handled);
+
 /* For the executors: each step's successor range in succ (nedges entries)
  * and its predecessor count; cnt is n ints of scratch. */
 void coll_sched_link_edges(coll_sched_t *s, int *succ, int *cnt);
