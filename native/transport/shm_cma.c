@@ -135,8 +135,8 @@ coll_result_t coll_shm_sc_acked(coll_link_t *link, int *acked) {
   *acked = !coll_shm_sc_waiting(link);
   if (!*acked && s->dead)
     return coll_error(link->comm, COLL_REMOTE_ERROR,
-                      "rank %d: rank %d exited or failed before reading a single-copy message "
-                      "from this rank", link->comm->rank, link->peer);
+                      "rank %d: rank %d closed the connection (it exited or failed) before "
+                      "reading a single-copy message from this rank", link->comm->rank, link->peer);
   return COLL_SUCCESS;
 }
 
@@ -175,7 +175,8 @@ coll_result_t coll_shm_sc_read(coll_link_t *link, const uint8_t *desc, size_t ex
       int err = r < 0 ? errno : EFAULT;
       if (err == ESRCH || s->dead)
         return coll_error(comm, COLL_REMOTE_ERROR,
-                          "rank %d: rank %d exited during a single-copy transfer", comm->rank,
+                          "rank %d: rank %d closed the connection (it exited or failed) during a "
+                          "single-copy transfer", comm->rank,
                           link->peer);
       return coll_error(comm, COLL_REMOTE_ERROR,
                         "rank %d: reading a single-copy message from rank %d failed at %zu of "
@@ -188,7 +189,8 @@ coll_result_t coll_shm_sc_read(coll_link_t *link, const uint8_t *desc, size_t ex
     struct pollfd p = {s->peer_pidfd, POLLIN, 0};
     if (poll(&p, 1, 0) > 0)
       return coll_error(comm, COLL_REMOTE_ERROR,
-                        "rank %d: rank %d exited during a single-copy transfer", comm->rank,
+                        "rank %d: rank %d closed the connection (it exited or failed) during a "
+                          "single-copy transfer", comm->rank,
                         link->peer);
   }
   return COLL_SUCCESS;
