@@ -109,9 +109,10 @@ static const coll_param_decl_t params[COLL_NUM_PARAMS] = {
                                "collectives.ps: how many ranks (the last ones) are parameter "
                                "servers (set by collectives-run --servers)", "integer >= 1"},
     [COLL_PARAM_SHM_SINGLE_COPY] = {"COLLECTIVES_SHM_SINGLE_COPY", "auto",
-                                    "shared-memory messages from this many bytes up are read "
-                                    "once, straight from the sender's memory (process_vm_readv), "
-                                    "where the kernel permits it (0: never; auto: 64K)",
+                                    "shared-memory messages from this many bytes up that the "
+                                    "receiver copies (not reduces) are read once, straight from "
+                                    "the sender's memory (process_vm_readv), where the kernel "
+                                    "permits it (0: never; auto: 256K)",
                                     "bytes, or auto"},
     [COLL_PARAM_SHM_CMA_FAULT] = {"COLLECTIVES_SHM_CMA_FAULT", "0",
                                   "tests only: refuse makes the single-copy probe fail as if "

@@ -267,7 +267,9 @@ static coll_result_t progress_send(exec_t *x, peer_state_t *ps, int *moved) {
     const coll_transport_t *tp = ps->link->tp;
     if (!ps->shdr_ready) {
       coll_wire_hdr_t h = coll_sched_step_hdr(s, st);
-      ps->ssc = !st->no_sc && tp->sc_wanted && tp->sc_wanted(ps->link, st->nbytes);
+      /* Not in reducing collectives: their messages are mostly reduced at
+       * the peer, which reads the ring once as it reduces (schedule/single_copy.c). */
+      ps->ssc = !st->no_sc && !s->reduce && tp->sc_wanted && tp->sc_wanted(ps->link, st->nbytes);
       if (ps->ssc) { /* the peer reads the bytes from src: a descriptor goes instead */
         h.flags = COLL_WIRE_SC_DESC;
         tp->sc_post(ps->link, st->src, st->nbytes, ps->sdesc);
