@@ -212,8 +212,7 @@ def test_peer_dying_around_a_single_copy_transfer_is_named(victim):
     fails (or the death shows first) and names it. victim 0: the receiver dies
     while the sender waits for its ack; the sender names it. Nothing hangs."""
     body = "victim = %d\n" % victim + DEATH
-    res = run_world(2, body, env={"COLLECTIVES_TRANSPORT": "shm"}, timeout=50,
-                    collective_timeout=20)
+    res = run_world(2, body, env=SC_ENV, timeout=50, collective_timeout=20)
     assert not res.timed_out, res.report()
     other = 1 - victim
     assert res[victim].returncode == 3, res.report()

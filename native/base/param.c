@@ -112,7 +112,8 @@ static const coll_param_decl_t params[COLL_NUM_PARAMS] = {
                                     "shared-memory messages from this many bytes up that the "
                                     "receiver copies (not reduces) are read once, straight from "
                                     "the sender's memory (process_vm_readv), where the kernel "
-                                    "permits it (0: never; auto: 256K)",
+                                    "permits it (0: never; auto: 256K, never on a host that runs "
+                                    "more ranks than cores)",
                                     "bytes, or auto"},
     [COLL_PARAM_SHM_CMA_FAULT] = {"COLLECTIVES_SHM_CMA_FAULT", "0",
                                   "tests only: refuse makes the single-copy probe fail as if "

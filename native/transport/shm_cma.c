@@ -63,6 +63,15 @@ static size_t sc_threshold(void) {
   return (size_t)t;
 }
 
+/* auto leaves single copy off on a host that runs more ranks than cores: a
+ * sender then waits, holding its buffer, until the receiver is scheduled to
+ * read it, where the ring would have let it go on. Measured on the 2-vCPU VM
+ * at 4 ranks, allgather 1-16 MiB took 1.6-1.9x the CPU time with it
+ * (bench/README.md). */
+static int sc_auto_off(const coll_comm_t *comm) {
+  return comm->oversubscribed && strcmp(coll_param_str(COLL_PARAM_SHM_SINGLE_COPY), "auto") == 0;
+}
+
 static int fault_is(const char *what) {
   return strcmp(coll_param_str(COLL_PARAM_SHM_CMA_FAULT), what) == 0;
 }
@@ -115,7 +124,8 @@ void coll_shm_cma_close(shm_t *s) {
 int coll_shm_sc_wanted(coll_link_t *link, size_t n) {
   shm_t *s = link->priv;
   size_t t = sc_threshold();
-  return t && n >= t && atomic_load_explicit(&s->seg->can_read[1 - s->side], memory_order_relaxed);
+  return t && n >= t && atomic_load_explicit(&s->seg->can_read[1 - s->side], memory_order_relaxed) &&
+         !sc_auto_off(link->comm);
 }
 
 void coll_shm_sc_post(coll_link_t *link, const void *src, size_t n, uint8_t *desc) {
