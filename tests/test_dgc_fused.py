@@ -45,12 +45,10 @@ CASES = [
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind,kw", CASES)
 def test_fused_pass_equals_torch_reference(kind, kw):
-    make = (lambda **a: DGC(compress_ratio=kw.pop("compress_ratio", 0.003), **a)) \
-        if kind == "dgc" else TopKCompressor
+    cls = DGC if kind == "dgc" else TopKCompressor
     kw = dict(kw)
     ratio = kw.pop("compress_ratio", 0.003)
-    comps = [make(compress_ratio=ratio, fused=f, **kw) if kind == "topk" else
-             DGC(compress_ratio=ratio, fused=f, **kw) for f in (True, False)]
+    comps = [cls(compress_ratio=ratio, fused=f, **kw) for f in (True, False)]
     for c in comps:
         c.nranks = 3
     shapes = [(300, 211), (77, 1000), (5000,)]

@@ -12,11 +12,24 @@ Per tensor and step, on each rank:
    at most ``k = ceil(density * numel)`` entries;
 4. those (values, indices) are sent and zeroed in v, and in u with momentum
    masking;
-5. one packed buffer per rank (all sparse tensors) is allgathered and
-   scatter-added, then divided by N (``sparse_ops``);
+5. one packed buffer per rank and fusion bucket is allgathered and
+   scatter-added, then divided by N (``sparse_ops``). The allgather starts
+   from the gradient hook as soon as the bucket's gradients are ready, while
+   backward goes on (``overlap=True``, the default); its buffer has the fixed
+   size of k entries per tensor, so no size exchange has to come first.
+   ``overlap=False`` exchanges all sparse tensors in ``synchronize()``, sized
+   by what was selected; both give the same gradients bit for bit;
 6. small tensors, and every tensor while the warm-up density is so high
    that the sparse form would cost more bytes than a dense allreduce, go
    through the dense allreduce (momentum applied, no masking).
+
+Steps 2-4 run as one native pass per tensor (``fused=True``, the default;
+native/reduce/dgc_fused.c): the momentum update, the counts at every threshold
+the adaptation rounds may try (from a sample of the updated values, computed
+first), and the entries above the lowest of them, while g, u and v stream
+through once; only the chosen entries are then touched again. ``fused=False``
+runs the same steps as torch ops (several passes), with the same result bit
+for bit.
 
 Usage, as in Horovod::
 
