@@ -238,7 +238,10 @@ def run_e2e(args: argparse.Namespace) -> None:
         numel = sum(p.numel() for p in model.parameters())
         comp, net = None, model
         if method == "powersgd":
-            net = torch.nn.parallel.DistributedDataParallel(model)
+            # one DDP bucket: PowerSGD's hook issues its P/Q allreduces from completion
+            # callbacks, and with several buckets their order against the next bucket's
+            # first allreduce differs between ranks (a hang on an in-order backend)
+            net = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1024)
             state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=4,
                                        start_powerSGD_iter=2, min_compression_rate=2)
             net.register_comm_hook(state, psgd.powerSGD_hook)
