@@ -239,6 +239,7 @@ try:
     fail("dead", "no error")
 except hvd.HorovodInternalError as exc:
     error_record(exc, start)
+time.sleep(2)  # stay until every member has failed (a rank leaving is a failure too)
 '''
 
 

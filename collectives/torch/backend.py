@@ -23,6 +23,7 @@ return completed work; the core orders them after the queued allreduces.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from datetime import timedelta
 from typing import Any, Optional, Sequence
@@ -353,10 +354,48 @@ def _create(store: Any, rank: int, size: int, timeout: timedelta) -> ProcessGrou
     return ProcessGroupCollectives(core, rank, size, owns_core=owned, timeout=_op_timeout(timeout))
 
 
+def _create_group(opts: Any, backend_options: Any = None) -> ProcessGroupCollectives:
+    """The creator torch calls (extended API) for init_process_group and every new group.
+
+    A sub-group of a default group on this backend is made from the default group's
+    communicator by its members alone (``_core.comm_create_group``): it shares the default
+    group's links, so no socket is opened and nothing goes through torch's store (torch
+    creates the backend on members only; non-members get GroupMember.NON_GROUP_MEMBER
+    from torch). Otherwise (the default group itself, or a default group on another
+    backend) the communicator is built as before.
+    """
+    ranks = [int(r) for r in opts.global_ranks_in_group]
+    parent = _default_core() if ranks else None
+    if parent is not None and not parent.closed and max(ranks) < parent.size:
+        from collectives import _core
+
+        tag = int.from_bytes(hashlib.blake2b(str(opts.group_id).encode(),
+                                             digest_size=4).digest(), "little")
+        sub = _core.comm_create_group(parent, ranks, tag)
+        if sub.rank != opts.group_rank or sub.size != opts.group_size:
+            raise RuntimeError(f"collectives backend: group {opts.group_id!r}: rank "
+                               f"{sub.rank}/{sub.size}, torch says {opts.group_rank}/"
+                               f"{opts.group_size}")
+        return ProcessGroupCollectives(sub, sub.rank, sub.size, owns_core=True,
+                                       timeout=_op_timeout(opts.timeout))
+    return _create(opts.store, opts.group_rank, opts.group_size, opts.timeout)
+
+
+def _default_core() -> Any:
+    """The default group's communicator if that group runs on this backend, else None."""
+    try:
+        default = dist.distributed_c10d._get_default_group()
+    except (RuntimeError, ValueError, AttributeError):
+        return None
+    # torch uses the ProcessGroup this backend returns as the group itself
+    return default._core if isinstance(default, ProcessGroupCollectives) else None
+
+
 def register_backend() -> None:
     """Register "collectives" with torch.distributed (idempotent; CPU devices)."""
     if not dist.is_available():
         return
     if BACKEND_NAME.upper() in getattr(dist.Backend, "_plugins", {}):
         return
-    dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu"])
+    dist.Backend.register_backend(BACKEND_NAME, _create_group, extended_api=True,
+                                  devices=["cpu"])
