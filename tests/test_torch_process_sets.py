@@ -174,6 +174,17 @@ try:
     fail("removed", "accepted")
 except ValueError:
     pass
+# the timeline (rank 0's) records ops on a set, its agreement phase included
+import json, tempfile
+path = os.path.join(tempfile.mkdtemp(), "timeline.json")
+hvd.start_timeline(path)
+if r in (0, 2):
+    hvd.allreduce(T(1), name="ps.timeline", process_set=even)
+hvd.stop_timeline()
+if r == 0:
+    spans = [e for e in json.load(open(path))["traceEvents"] if e.get("ph") == "X"]
+    expect(any(e.get("args", {}).get("name") == "ps.timeline" for e in spans) and
+           any(e["name"] == "NEGOTIATE" for e in spans), "timeline", str(spans)[:300])
 tail = hvd.add_process_set([1, 2])
 expect(tail.process_set_id == 4, "fresh id", str(tail.process_set_id))
 if r in (1, 2):
