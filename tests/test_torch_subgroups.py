@@ -108,6 +108,14 @@ if r == 1:
         dist.all_reduce(t, group=ga)
     expect(torch.equal(t, T(5)) and any("does not belong" in str(w.message) for w in seen),
            "non-member op", str([str(w.message) for w in seen]))
+# destroy_process_group(group) on its members; the default group goes on
+gd = dist.new_group([0, 1])
+if r in (0, 1):
+    dist.all_reduce(T(1), group=gd)
+    dist.destroy_process_group(gd)
+t = T(1)
+dist.all_reduce(t)
+expect(torch.equal(t, T(n)), "after destroying a group", str(t))
 dist.barrier()
 dist.destroy_process_group()
 '''

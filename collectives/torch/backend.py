@@ -75,6 +75,14 @@ class ProcessGroupCollectives(MoreOps, dist.ProcessGroup):
         """This process's rank in the group."""
         return self._rank
 
+    @property
+    def group_name(self) -> str:
+        """torch's name for this group (set when torch creates it)."""
+        name = getattr(self, "_group_name", None)
+        if name is None:
+            raise RuntimeError("ProcessGroup name not set")
+        return name
+
     def __repr__(self) -> str:
         return f"<ProcessGroupCollectives rank {self._rank} of {self._size}>"
 
@@ -376,9 +384,14 @@ def _create_group(opts: Any, backend_options: Any = None) -> ProcessGroupCollect
             raise RuntimeError(f"collectives backend: group {opts.group_id!r}: rank "
                                f"{sub.rank}/{sub.size}, torch says {opts.group_rank}/"
                                f"{opts.group_size}")
-        return ProcessGroupCollectives(sub, sub.rank, sub.size, owns_core=True,
-                                       timeout=_op_timeout(opts.timeout))
-    return _create(opts.store, opts.group_rank, opts.group_size, opts.timeout)
+        pg = ProcessGroupCollectives(sub, sub.rank, sub.size, owns_core=True,
+                                     timeout=_op_timeout(opts.timeout))
+    else:
+        pg = _create(opts.store, opts.group_rank, opts.group_size, opts.timeout)
+    # torch uses a Python ProcessGroup as the group itself and names only the ones it
+    # wraps: without its name, destroy_process_group(group) fails ("name not set")
+    pg._group_name = str(opts.group_id)
+    return pg
 
 
 def _default_core() -> Any:
