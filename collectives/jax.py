@@ -408,12 +408,24 @@ batching.primitive_batchers[broadcast_p] = _same_dim_batcher(broadcast_p)
 # ------------------------------------------------------------------ public API
 
 def _core_of(comm: Any):
-    """The native Communicator behind `comm` (None: the world)."""
+    """The native Communicator behind `comm` (None: the world): any collectives.MPI
+    communicator (COMM_WORLD, COMM_SELF, one from Split or Dup); TypeError for anything
+    else (an mpi4py communicator is not one), MPI.Exception for a freed one or COMM_NULL,
+    before anything is traced or sent."""
+    from . import _core
+
     if comm is None:
         import collectives
 
         comm = collectives.init()
-    return getattr(comm, "_core", comm)
+    core = comm if isinstance(comm, _core.Communicator) else getattr(comm, "_core", None)
+    if not isinstance(core, _core.Communicator):
+        raise TypeError(f"comm must be a collectives.MPI communicator (COMM_WORLD, COMM_SELF, "
+                        f"or one made by Split/Dup), got {type(comm).__module__}."
+                        f"{type(comm).__qualname__}")
+    if core.closed:
+        raise _core.CollectivesError(2, "comm: the communicator is freed")
+    return core
 
 
 def _prepare(x: Any, comm: Any):

@@ -202,6 +202,13 @@ void coll_comm_destroy(coll_comm_t *comm);
 coll_result_t coll_comm_split(coll_comm_t *comm, int color, int key, double timeout,
                               coll_comm_t **out);
 coll_result_t coll_comm_dup(coll_comm_t *comm, double timeout, coll_comm_t **out);
+/* A subcommunicator over comm's ranks ranks[0..n-1] (its rank i is ranks[i]),
+ * made by the members alone (MPI_Comm_create_group; no message): every
+ * member passes the same ranks and tag, and the tag (e.g. a hash of the
+ * group's name) must differ between live groups over comm. Invalid argument
+ * if a rank repeats, is out of range, or this rank is not listed. */
+coll_result_t coll_comm_create_group(coll_comm_t *comm, const int *ranks, int n, uint32_t tag,
+                                     coll_comm_t **out);
 /* Frees a subcommunicator (refused, COLL_INVALID_USAGE, while it has live
  * subcommunicators) or, on a root, the same as coll_comm_destroy (refused
  * while it has subcommunicators). */

@@ -123,6 +123,8 @@ class TorchContext:
         self.names = Names()  # their names in flight
         self.agreement.before_exchange = self.lane.drain
         self.timeline: Any = None  # a timeline.Timeline while one records (rank 0)
+        self.process_sets: dict = {}  # id -> registered process set (see process_sets)
+        self.next_process_set_id = 1
         hosts = comm.allgather(socket.gethostname()) if self.size > 1 else [socket.gethostname()]
         order = list(dict.fromkeys(hosts))
         self.cross_rank: int = order.index(hosts[self.rank])
@@ -147,9 +149,23 @@ class _Holder:
 HOLDER = _Holder()
 
 
-def current() -> TorchContext:
-    """The initialized context; ValueError (as Horovod) if init() was not called."""
+class _Active(threading.local):
+    """The process set an operation on this thread runs in (see process_sets); None: the
+    world."""
+
+    view: Any = None
+
+
+ACTIVE = _Active()
+
+
+def current() -> Any:
+    """The initialized context (the active process set's while an operation on one runs);
+    ValueError (as Horovod) if init() was not called."""
     ctx = HOLDER.context
     if ctx is None:
         raise ValueError("collectives.torch has not been initialized; call hvd.init() first")
+    view = ACTIVE.view
+    if view is not None and view.parent is ctx:
+        return view
     return ctx

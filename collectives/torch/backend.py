@@ -23,6 +23,7 @@ return completed work; the core orders them after the queued allreduces.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from datetime import timedelta
 from typing import Any, Optional, Sequence
@@ -73,6 +74,14 @@ class ProcessGroupCollectives(MoreOps, dist.ProcessGroup):
     def rank(self) -> int:
         """This process's rank in the group."""
         return self._rank
+
+    @property
+    def group_name(self) -> str:
+        """torch's name for this group (set when torch creates it)."""
+        name = getattr(self, "_group_name", None)
+        if name is None:
+            raise RuntimeError("ProcessGroup name not set")
+        return name
 
     def __repr__(self) -> str:
         return f"<ProcessGroupCollectives rank {self._rank} of {self._size}>"
@@ -353,10 +362,53 @@ def _create(store: Any, rank: int, size: int, timeout: timedelta) -> ProcessGrou
     return ProcessGroupCollectives(core, rank, size, owns_core=owned, timeout=_op_timeout(timeout))
 
 
+def _create_group(opts: Any, backend_options: Any = None) -> ProcessGroupCollectives:
+    """The creator torch calls (extended API) for init_process_group and every new group.
+
+    A sub-group of a default group on this backend is made from the default group's
+    communicator by its members alone (``_core.comm_create_group``): it shares the default
+    group's links, so no socket is opened and nothing goes through torch's store (torch
+    creates the backend on members only; non-members get GroupMember.NON_GROUP_MEMBER
+    from torch). Otherwise (the default group itself, or a default group on another
+    backend) the communicator is built as before.
+    """
+    ranks = [int(r) for r in opts.global_ranks_in_group]
+    parent = _default_core() if ranks else None
+    if parent is not None and not parent.closed and max(ranks) < parent.size:
+        from collectives import _core
+
+        tag = int.from_bytes(hashlib.blake2b(str(opts.group_id).encode(),
+                                             digest_size=4).digest(), "little")
+        sub = _core.comm_create_group(parent, ranks, tag)
+        if sub.rank != opts.group_rank or sub.size != opts.group_size:
+            raise RuntimeError(f"collectives backend: group {opts.group_id!r}: rank "
+                               f"{sub.rank}/{sub.size}, torch says {opts.group_rank}/"
+                               f"{opts.group_size}")
+        pg = ProcessGroupCollectives(sub, sub.rank, sub.size, owns_core=True,
+                                     timeout=_op_timeout(opts.timeout))
+    else:
+        pg = _create(opts.store, opts.group_rank, opts.group_size, opts.timeout)
+    # torch uses a Python ProcessGroup as the group itself and names only the ones it
+    # wraps: without its name, destroy_process_group(group) fails ("name not set")
+    pg._group_name = str(opts.group_id)
+    return pg
+
+
+def _default_core() -> Any:
+    """The default group's communicator if that group runs on this backend, else None."""
+    try:
+        default = dist.distributed_c10d._get_default_group()
+    except (RuntimeError, ValueError, AttributeError):
+        return None
+    # torch uses the ProcessGroup this backend returns as the group itself
+    return default._core if isinstance(default, ProcessGroupCollectives) else None
+
+
 def register_backend() -> None:
     """Register "collectives" with torch.distributed (idempotent; CPU devices)."""
     if not dist.is_available():
         return
     if BACKEND_NAME.upper() in getattr(dist.Backend, "_plugins", {}):
         return
-    dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu"])
+    dist.Backend.register_backend(BACKEND_NAME, _create_group, extended_api=True,
+                                  devices=["cpu"])

@@ -27,17 +27,21 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     Args:
         comm: None (the launcher's world); a ``collectives.MPI.Comm`` to use
             instead. Lists of ranks (Horovod's sub-communicators) are not supported.
-        process_sets: must be None (process sets are not supported).
+        process_sets: None; a list of ProcessSets (or rank lists) to register now, the
+            same on every rank; or "dynamic" (allow add_process_set later, as
+            HOROVOD_DYNAMIC_PROCESS_SETS=1). See process_sets.
     """
-    if process_sets not in (None, [], ()):
-        raise NotImplementedError("collectives.torch: process sets are not supported")
     if comm is not None and not hasattr(comm, "_core"):
         raise NotImplementedError("collectives.torch.init: comm must be a collectives.MPI.Comm")
+    from .process_sets import register_initial
+
     with HOLDER.lock:
         if HOLDER.context is not None and (comm is None or HOLDER.context.comm is comm):
+            register_initial(HOLDER.context, process_sets)
             return
         world = comm if comm is not None else collectives.init()
         HOLDER.context = TorchContext(world)
+    register_initial(HOLDER.context, process_sets)
     from .timeline import timeline_from_env
 
     timeline_from_env()  # COLLECTIVES_TIMELINE / HOROVOD_TIMELINE

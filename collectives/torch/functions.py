@@ -15,10 +15,9 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from .._core import check_root
 from ._agree import symmetric
 from ._context import as_buffer, check_tensor, current, wire_dtype
-from .process_sets import check_process_set
+from .process_sets import check_process_set, current_world, in_process_set, set_root
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
            "allgather_object"]
@@ -27,7 +26,7 @@ __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_objec
 def _broadcast_fused_(named: Sequence[tuple[str, torch.Tensor]], root_rank: int, what: str) -> None:
     """Overwrite every tensor with root's value: one broadcast per wire dtype."""
     ctx = current()
-    root_rank = check_root(root_rank, ctx.size, "root_rank")
+    root_rank = set_root(ctx, root_rank)  # a global rank: its rank in the active set
     for name, t in named:
         check_tensor(t, f"{what} {name!r}")
     ctx.check_now((what, root_rank, tuple((n, tuple(t.shape), str(t.dtype)) for n, t in named)),
@@ -61,14 +60,16 @@ def _broadcast_fused_(named: Sequence[tuple[str, torch.Tensor]], root_rank: int,
                     pos += t.numel()
 
 
+@in_process_set
 @symmetric("broadcast_parameters", lambda: current().agreement)
-def broadcast_parameters(params: Any, root_rank: int) -> None:
+def broadcast_parameters(params: Any, root_rank: int, process_set: Any = None) -> None:
     """Overwrite every rank's parameters (or any named tensors) with root's, in place.
 
     Args:
         params: ``model.state_dict()``, ``model.named_parameters()``, or a list of
             (name, tensor) pairs; dicts are broadcast in sorted-name order.
-        root_rank: the rank whose values are sent.
+        root_rank: the (global) rank whose values are sent.
+        process_set: the ProcessSet to run over (default: every rank).
     """
     if isinstance(params, dict):
         items = sorted(params.items())
@@ -125,8 +126,10 @@ class _TensorSlot:
         self.dtype = dtype
 
 
+@in_process_set
 @symmetric("broadcast_optimizer_state", lambda: current().agreement)
-def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) -> None:
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
+                              model: Any = None, process_set: Any = None) -> None:
     """Make every rank's optimizer state and hyperparameters equal to root's.
 
     Works whether or not the state is populated yet (e.g. Adam before its
@@ -138,15 +141,17 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) 
 
     Args:
         optimizer: a torch optimizer or a DistributedOptimizer.
-        root_rank: the rank whose state is sent.
+        root_rank: the (global) rank whose state is sent.
+        model: unused (Horovod's signature).
+        process_set: the ProcessSet to run over (default: every rank).
     """
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
-    ctx = current()
+    me = current_world().rank  # root_rank is a global rank, on a process set too
     tensors: list = []
-    skeleton = _split_state(optimizer.state_dict(), tensors) if ctx.rank == root_rank else None
+    skeleton = _split_state(optimizer.state_dict(), tensors) if me == root_rank else None
     skeleton = broadcast_object(skeleton, root_rank, name="broadcast_optimizer_state")
-    if ctx.rank != root_rank:
+    if me != root_rank:
         slots: list = []
         _collect_slots(skeleton, slots)
         slots.sort(key=lambda s: s.index)
@@ -154,7 +159,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) 
     named = [(f"state.{i}", t if t.is_contiguous() else t.contiguous()) for i, t in
              enumerate(tensors)]
     _broadcast_fused_(named, root_rank, "broadcast_optimizer_state")
-    if ctx.rank != root_rank:
+    if me != root_rank:
         optimizer.load_state_dict(_fill_state(skeleton, [t for _, t in named]))
 
 
@@ -169,6 +174,7 @@ def _collect_slots(obj: Any, out: list) -> None:
             _collect_slots(v, out)
 
 
+@in_process_set
 @symmetric("broadcast_object", lambda: current().agreement)
 def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
                      process_set: Any = None) -> Any:
@@ -178,18 +184,19 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
         obj: any picklable object (ignored on ranks other than root).
         root_rank: the rank whose object is sent.
         name: a name for the operation (unused).
-        process_set: only the global set is supported.
+        process_set: the ProcessSet to run over (default: every rank).
 
     Returns:
         Root's object (on root: `obj` itself).
     """
     ctx = current()
     check_process_set(process_set)
-    root_rank = check_root(root_rank, ctx.size, "root_rank")
+    root_rank = set_root(ctx, root_rank)
     ctx.check_now(f"broadcast_object root={root_rank}", "broadcast_object")
     return ctx.comm.bcast(obj, root_rank)
 
 
+@in_process_set
 @symmetric("allgather_object", lambda: current().agreement)
 def allgather_object(obj: Any, name: Optional[str] = None, process_set: Any = None) -> list:
     """Every rank's Python object, in rank order (pickled).
@@ -197,7 +204,7 @@ def allgather_object(obj: Any, name: Optional[str] = None, process_set: Any = No
     Args:
         obj: any picklable object.
         name: a name for the operation (unused).
-        process_set: only the global set is supported.
+        process_set: the ProcessSet to run over (default: every rank).
 
     Returns:
         A list with one object per rank.

@@ -27,6 +27,7 @@ from ._context import as_buffer, check_tensor, current, wire_dtype
 from ._lane import Job
 from .basics import ReduceOp, Sum, resolve_op
 from .compression import Compression
+from .process_sets import keeps_process_set
 from .mpi_ops import _allgather_now, _check_process_set, _queue, _scale, _symmetric, allgather
 
 __all__ = [
@@ -81,6 +82,7 @@ def _alltoall_run(src: torch.Tensor, mine: list) -> tuple[torch.Tensor, torch.Te
     return out, torch.tensor(table[:, ctx.rank].copy(), dtype=torch.int32)
 
 
+@keeps_process_set
 class _AlltoallFunction(torch.autograd.Function):
     """Differentiable alltoall: the gradient goes back along the received splits."""
 
@@ -109,7 +111,7 @@ def alltoall(tensor: torch.Tensor, splits: Splits = None, name: Optional[str] = 
         tensor: a CPU tensor; dims after the first must match across ranks.
         splits: rows for each destination rank (sum = dim 0); None: dim 0 split evenly.
         name: a name for the operation.
-        process_set: only the global set is supported.
+        process_set: the ProcessSet to run over (default: every rank).
 
     Returns:
         The received blocks concatenated in rank order; with `splits` given, the pair
@@ -175,6 +177,7 @@ def _reducescatter_run(tensor: torch.Tensor, op: ReduceOp, prescale: float, post
     return compression.decompress(out, cctx)
 
 
+@keeps_process_set
 class _ReducescatterFunction(torch.autograd.Function):
     """Differentiable reducescatter: the gradient is the allgather of the gradient,
     scaled as Horovod's (times the rank count for Sum, times both scale factors)."""
@@ -211,7 +214,7 @@ def reducescatter(tensor: torch.Tensor, name: Optional[str] = None,
         name: a name for the operation.
         compression: Compression.none or Compression.fp16.
         op: Average (default) or Sum (Min, Max, Product also work, without gradient).
-        process_set: only the global set is supported.
+        process_set: the ProcessSet to run over (default: every rank).
         prescale_factor: multiply the input by this before reducing.
         postscale_factor: multiply the result by this after reducing.
 
@@ -277,7 +280,7 @@ def grouped_allgather(tensors: Sequence[torch.Tensor], name: Optional[str] = Non
     Args:
         tensors: CPU tensors; the list must match across ranks except each dim 0.
         name: a name for the group.
-        process_set: only the global set is supported.
+        process_set: the ProcessSet to run over (default: every rank).
 
     Returns:
         A list: each tensor concatenated over ranks along dimension 0.
@@ -312,7 +315,7 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: Optional[str] =
         name: a name for the group.
         compression: Compression.none or Compression.fp16.
         op: Average (default) or Sum.
-        process_set: only the global set is supported.
+        process_set: the ProcessSet to run over (default: every rank).
         prescale_factor: multiply the inputs by this before reducing.
         postscale_factor: multiply the results by this after reducing.
 
@@ -354,7 +357,7 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str] = None,
         tensor: a sparse COO CPU tensor of the same dense shape on every rank.
         name: a name for the operation.
         op: Average (default: the values divided by the rank count) or Sum.
-        process_set: only the global set is supported.
+        process_set: the ProcessSet to run over (default: every rank).
 
     Returns:
         A handle; ``synchronize()`` returns the sparse result (uncoalesced).

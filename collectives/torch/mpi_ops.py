@@ -38,6 +38,7 @@ from .basics import (Adasum, Average, Max, Min, Product, ReduceOp, Sum, ccl_buil
                      size)
 from .compression import Compression
 from .exceptions import internal_error
+from .process_sets import bind_active, in_process_set, keeps_process_set, set_root
 from .timeline import span
 
 __all__ = [
@@ -53,8 +54,10 @@ __all__ = [
 
 
 def _symmetric(what: str) -> Callable:
-    """An argument error raised on one rank before the agreement reaches every rank."""
-    return symmetric(what, lambda: current().agreement)
+    """An argument error raised on one rank before the agreement reaches every rank; the
+    op runs in its process_set (see process_sets)."""
+    inner = symmetric(what, lambda: current().agreement)
+    return lambda fn: in_process_set(inner(fn))
 
 
 def _check_process_set(process_set: Any) -> None:
@@ -149,7 +152,7 @@ def _queue(kind: str, name: Optional[str], fn: Callable[[], Any], keep: Any,
     if one is in flight); chained: fn returns a Handle, the job completes with it."""
     ctx = current()
     ctx.names.check(kind, name)
-    job = Job(fn, keep, chained)
+    job = Job(bind_active(fn), keep, chained)
     job.label = kind if name is None else f"{kind} {name}"
     return ctx.names.hold(kind, name, ctx.lane.submit(job))
 
@@ -259,7 +262,7 @@ def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: 
         op: Average (default), Sum, Min, Max, Product or Adasum (see collectives.torch.adasum).
         prescale_factor: multiply the input by this before reducing.
         postscale_factor: multiply the result by this after reducing.
-        process_set: only the global set is supported.
+        process_set: the ProcessSet to run over (default: every rank).
 
     Returns:
         A Handle for ``poll()`` / ``synchronize()``.
@@ -287,6 +290,7 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None,
         tensor, tensor, op, prescale_factor, postscale_factor, name, "allreduce"), tensor, True)
 
 
+@keeps_process_set
 class _AllreduceFunction(torch.autograd.Function):
     """Differentiable allreduce: the gradient is the allreduce of the gradient."""
 
@@ -320,7 +324,7 @@ def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Option
         op: Average (default), Sum, Min, Max, Product or Adasum (see collectives.torch.adasum).
         prescale_factor: multiply the input by this before reducing.
         postscale_factor: multiply the result by this after reducing.
-        process_set: only the global set is supported.
+        process_set: the ProcessSet to run over (default: every rank).
 
     Returns:
         A tensor of the same shape and dtype as `tensor` holding the result.
@@ -406,7 +410,7 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[b
         op: Average (default), Sum, Min, Max or Product.
         prescale_factor: multiply the inputs by this before reducing.
         postscale_factor: multiply the results by this after reducing.
-        process_set: only the global set is supported.
+        process_set: the ProcessSet to run over (default: every rank).
 
     Returns:
         A Handle; ``synchronize()`` returns the list of results.
@@ -436,6 +440,7 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[
         tensors, list(tensors), op, prescale_factor, postscale_factor, name), tensors, True)
 
 
+@keeps_process_set
 class _GroupedAllreduceFunction(torch.autograd.Function):
     """Differentiable grouped allreduce: the gradients' grouped allreduce (as allreduce)."""
 
@@ -476,7 +481,7 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: Optional[bool] =
         op: Average (default), Sum, Min, Max or Product.
         prescale_factor: multiply the inputs by this before reducing.
         postscale_factor: multiply the results by this after reducing.
-        process_set: only the global set is supported.
+        process_set: the ProcessSet to run over (default: every rank).
 
     Returns:
         A list of result tensors, one per input.
@@ -548,6 +553,7 @@ def _allgather_now(tensor: torch.Tensor, what: str = "allgather") -> tuple[torch
     return out, np.array(dims)
 
 
+@keeps_process_set
 class _AllgatherFunction(torch.autograd.Function):
     """Differentiable allgather: the gradient is this rank's slice of the gradient averaged
     over ranks (Horovod's HorovodAllgather.backward)."""
@@ -574,7 +580,7 @@ def allgather(tensor: torch.Tensor, name: Optional[str] = None, process_set: Any
     Args:
         tensor: a CPU tensor; dtype and all dimensions but the first must match across ranks.
         name: a name for the operation.
-        process_set: only the global set is supported.
+        process_set: the ProcessSet to run over (default: every rank).
 
     Returns:
         A tensor whose dimension 0 is the sum of every rank's dimension 0, in rank order.
@@ -593,7 +599,7 @@ def _broadcast_into(tensor: torch.Tensor, output: torch.Tensor, root_rank: int,
     """output = root's tensor on every rank (output may be tensor itself)."""
     ctx = current()
     check_tensor(tensor)
-    root_rank = check_root(root_rank, ctx.size, "root_rank")
+    root_rank = set_root(ctx, root_rank)  # a global rank: its rank in the active set
     wdt = wire_dtype(tensor.dtype)
     direct = wdt == tensor.dtype and output.is_contiguous()
     buf = output if direct else tensor.detach().to(wdt).contiguous()
@@ -612,6 +618,7 @@ def _broadcast_into(tensor: torch.Tensor, output: torch.Tensor, root_rank: int,
     return output
 
 
+@keeps_process_set
 class _BroadcastFunction(torch.autograd.Function):
     """Differentiable broadcast: the root gets the gradient averaged over ranks, the
     others zeros (Horovod's HorovodBroadcast.backward)."""
@@ -619,14 +626,14 @@ class _BroadcastFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, name: Optional[str]
                 ) -> torch.Tensor:
-        ctx.root_rank = root_rank
+        ctx.is_root = HOLDER.context is not None and HOLDER.context.rank == root_rank
         return _broadcast_into(tensor, _empty_like(tensor), root_rank,
                                name)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
         g = allreduce(grad.contiguous(), op=Average)
-        if current().rank != ctx.root_rank:
+        if not ctx.is_root:
             g = g * 0
         return g, None, None
 
@@ -640,7 +647,7 @@ def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
         tensor: a CPU tensor, same shape and dtype on every rank.
         root_rank: the rank whose value is sent.
         name: a name for the operation.
-        process_set: only the global set is supported.
+        process_set: the ProcessSet to run over (default: every rank).
 
     Returns:
         A tensor holding root's value.
@@ -661,7 +668,7 @@ def broadcast_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
         tensor: a CPU tensor, same shape and dtype on every rank.
         root_rank: the rank whose value is sent.
         name: a name for the operation.
-        process_set: only the global set is supported.
+        process_set: the ProcessSet to run over (default: every rank).
 
     Returns:
         `tensor`, holding root's value.
@@ -701,7 +708,8 @@ def _broadcast_queue(tensor: torch.Tensor, output: torch.Tensor, root_rank: int,
     ctx = current()
     check_tensor(tensor)
     wire_dtype(tensor.dtype)
-    root_rank = check_root(root_rank, ctx.size, "root_rank")
+    set_root(ctx, root_rank)  # checked here; _broadcast_into maps it in the set
+    root_rank = check_root(root_rank, HOLDER.context.size, "root_rank")
     return _queue("broadcast", name, lambda: _broadcast_into(tensor, output, root_rank, name),
                   tensor)
 

@@ -30,6 +30,7 @@ from .compression import Compression
 from .basics import Adasum, Average, ReduceOp, Sum
 from .exceptions import internal_error
 from .mpi_ops import _scale
+from .process_sets import in_process_set
 
 __all__ = ["DistributedOptimizer"]
 
@@ -338,6 +339,7 @@ def _wait_buckets(buckets: Any) -> Optional[BaseException]:
     return error
 
 
+@in_process_set
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any = None,
                          compression: Any = Compression.none, backward_passes_per_step: int = 1,
                          op: ReduceOp = Average, gradient_predivide_factor: float = 1.0,
@@ -361,7 +363,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
         groups: an int k (k fused groups) or a list of lists of parameters (each list
             one fused allreduce); None fuses by COLLECTIVES_FUSION_THRESHOLD.
         sparse_as_dense: convert sparse gradients to dense (otherwise TypeError).
-        process_set: only the global set is supported.
+        process_set: the ProcessSet whose ranks average the gradients (default: every rank).
 
     Returns:
         The distributed optimizer.

@@ -113,6 +113,9 @@ def _attach(ctx: Any, timeline: Optional[Timeline]) -> None:
     ctx.timeline = timeline
     ctx.agreement.timeline = timeline
     ctx.lane.timeline = timeline
+    for entry in getattr(ctx, "process_sets", {}).values():  # ops on process sets too
+        if entry.view is not None:
+            entry.view.agreement.timeline = timeline
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:

@@ -101,6 +101,8 @@ cdef extern from "coll.h" nogil:
     coll_result_t coll_comm_split(coll_comm_t *comm, int color, int key, double timeout,
                                   coll_comm_t **out) nogil
     coll_result_t coll_comm_dup(coll_comm_t *comm, double timeout, coll_comm_t **out) nogil
+    coll_result_t coll_comm_create_group(coll_comm_t *comm, const int *ranks, int n,
+                                         unsigned int tag, coll_comm_t **out) nogil
     coll_result_t coll_comm_free(coll_comm_t *comm) nogil
     int coll_comm_world_rank(const coll_comm_t *comm, int rank)
     int coll_comm_local_rank(const coll_comm_t *comm, int world_rank)

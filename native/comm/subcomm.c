@@ -173,6 +173,51 @@ coll_result_t coll_comm_dup(coll_comm_t *comm, double timeout, coll_comm_t **out
   return coll_comm_split(comm, 0, comm->rank, timeout, out);
 }
 
+/* Not a collective: every member passes the same ranks and tag, non-members
+ * call nothing (torch's new_group creates a backend only on its members).
+ * The context mixes the tag with a color no split uses, so it differs from
+ * the contexts of comm's splits (up to a 32-bit hash collision). */
+#define GROUP_COLOR (-3)
+coll_result_t coll_comm_create_group(coll_comm_t *comm, const int *ranks, int n, uint32_t tag,
+                                     coll_comm_t **out) {
+  *out = NULL;
+  comm->err_set = 0;
+  if (n < 1 || n > comm->size)
+    return coll_error(comm, COLL_INVALID_ARGUMENT, "create_group: %d ranks, expected 1..%d", n,
+                      comm->size);
+  member_t *m = malloc((size_t)n * sizeof *m);
+  char *seen = calloc((size_t)comm->size, 1);
+  coll_result_t res = COLL_SUCCESS;
+  int me = -1;
+  if (!m || !seen) {
+    res = coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory", comm->rank);
+    goto out;
+  }
+  for (int i = 0; i < n; i++) {
+    if (ranks[i] < 0 || ranks[i] >= comm->size || seen[ranks[i]]) {
+      res = coll_error(comm, COLL_INVALID_ARGUMENT,
+                       "create_group: rank %d at position %d is out of [0, %d) or repeated",
+                       ranks[i], i, comm->size);
+      goto out;
+    }
+    seen[ranks[i]] = 1;
+    m[i] = (member_t){GROUP_COLOR, i, ranks[i]};
+    if (ranks[i] == comm->rank) me = i;
+  }
+  if (me < 0) {
+    res = coll_error(comm, COLL_INVALID_ARGUMENT, "create_group: rank %d is not in the group",
+                     comm->rank);
+    goto out;
+  }
+  pthread_mutex_lock(&coll_comm_root(comm)->mu); /* nchildren: freed from any thread */
+  res = make_sub(comm, m, n, me, GROUP_COLOR, tag, out);
+  pthread_mutex_unlock(&coll_comm_root(comm)->mu);
+out:
+  free(m);
+  free(seen);
+  return res;
+}
+
 void coll_subcomm_explain(coll_comm_t *comm) {
   if (!comm->root) return;
   if (!comm->err[0]) memcpy(comm->err, comm->root->err, sizeof comm->err);

@@ -72,6 +72,32 @@ def comm_dup(Communicator comm, timeout=None):
     return _adopt(comm, out)
 
 
+def comm_create_group(Communicator comm, ranks, tag) -> SubCommunicator:
+    """A communicator over comm's ranks `ranks` (its rank i is ranks[i]) made by those ranks
+    alone, without a message (MPI_Comm_create_group): every member passes the same ranks and
+    tag (an int below 2**32, different for every live group over comm); the others call
+    nothing. It shares comm's links, as comm_split's."""
+    cdef list rs = [_check_int(r, "rank") for r in ranks]
+    cdef unsigned int t = 0
+    if not 0 <= int(tag) < 2**32:
+        raise OverflowError(f"tag {tag} does not fit in 32 bits")
+    t = int(tag)
+    cdef coll_comm_t *parent = comm._live()
+    cdef int n = len(rs)
+    cdef int *buf = <int *>malloc(max(n, 1) * sizeof(int))
+    if buf == NULL:
+        raise MemoryError()
+    for i in range(n):
+        buf[i] = rs[i]
+    cdef coll_comm_t *out = NULL
+    cdef coll_result_t res
+    with nogil:
+        res = coll_comm_create_group(parent, buf, n, t, &out)
+    free(buf)
+    CHKERR(res, parent)
+    return _adopt(comm, out)
+
+
 cdef SubCommunicator _adopt(Communicator parent, coll_comm_t *c):
     cdef SubCommunicator s = SubCommunicator(-1, 0)
     s.comm = c
