@@ -18,12 +18,22 @@ a helper process (--pattern sigstop: stopped (slow-1) x 0.5 s after every
 
 Methods: allreduce (collectives.torch.DistributedOptimizer, sync), ps-sync,
 ps-backup (sync, 1 backup worker), async, ssp (staleness 2): the four PS
-modes through collectives.ps.torch.Optimizer with 2 servers.
+modes through collectives.ps.torch.Optimizer with 2 servers; ps-spare: sync
+with one backup worker ADDED (--workers + 1 workers, the first --workers
+gradients of each step applied: Chen et al.'s N + b), ps-dgc: ps-sync with
+DGC on the pushed gradients (--dgc-ratio).
+
+--netns H runs every rank inside the namespaces coll-h0..coll-h<H-1> of
+bench/netns.sh (``bench/netns.sh up H 1gbit`` first, as root): worker i on
+host i % H, server j on host --server-hosts[j] (default 1,3: one server per
+two workers, sharing their hosts), over TCP.
 
 Reported (worker 0, which is never the straggler): the median step time,
 the wall time until its test accuracy (on 2048 held-out samples, measured
 every --eval-every steps; the evaluation is not counted) first reaches
---target, and the final accuracy after --steps steps; mean over seeds.
+--target, the final accuracy after --steps steps and the mean of the last 5
+evaluations (steadier: one evaluation swings by a few points); mean over
+seeds.
 """
 from __future__ import annotations
 
@@ -36,7 +46,9 @@ import subprocess
 import sys
 import time
 
-METHODS = ["allreduce", "ps-sync", "ps-backup", "async", "ssp"]
+METHODS = ["allreduce", "ps-sync", "ps-backup", "async", "ssp", "ps-spare", "ps-dgc"]
+DEFAULT_METHODS = "allreduce,ps-sync,ps-backup,async,ssp"
+MODES = {"ps-sync": "sync", "ps-backup": "sync", "ps-spare": "sync", "ps-dgc": "sync"}
 
 
 def teacher_data(n: int, seed: int):
@@ -73,9 +85,14 @@ def run(args: argparse.Namespace) -> None:
     else:
         import collectives.ps.torch as pst
 
-        mode = {"ps-sync": "sync", "ps-backup": "sync"}.get(args.method, args.method)
-        opt = pst.Optimizer(base, mode, backup_workers=1 if args.method == "ps-backup" else 0,
-                            staleness=2)
+        mode = MODES.get(args.method, args.method)
+        comp = "none"
+        if args.method == "ps-dgc":
+            from collectives.torch.dgc import DGC
+
+            comp = DGC(compress_ratio=args.dgc_ratio, momentum=0.9)
+        opt = pst.Optimizer(base, mode, staleness=2, compression=comp,
+                            backup_workers=1 if args.method in ("ps-backup", "ps-spare") else 0)
         if opt.is_server:
             opt.serve()
             return
@@ -139,34 +156,55 @@ def table(args: argparse.Namespace) -> None:
                    str(args.target), "--eval-every", str(args.eval_every), "--batch-size",
                    str(args.batch_size), "--pattern", args.pattern, "--async-lr-scale",
                    str(args.async_lr_scale)]
-    for seed in range(args.seeds):
+    passthrough += ["--dgc-ratio", str(args.dgc_ratio)]
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
         for method in args.methods.split(","):
-            np_, extra = (args.workers, []) if method == "allreduce" else \
-                (args.workers + args.servers, ["--servers", str(args.servers)])
-            cmd = [sys.executable, "-m", "collectives.run", "-np", str(np_), *extra,
-                   sys.executable, here, "run", "--method", method, "--seed", str(seed),
-                   *passthrough]
+            workers = args.workers + (method == "ps-spare")
+            np_, extra = (workers, []) if method == "allreduce" else \
+                (workers + args.servers, ["--servers", str(args.servers)])
+            argv = [sys.executable, here, "run", "--method", method, "--seed", str(seed),
+                    *passthrough]
             env = dict(os.environ)  # the checkout's collectives, if it is not installed
+            # one thread per rank: more ranks than cores, and spinning OpenMP threads would
+            # fight over them
+            env.setdefault("OMP_NUM_THREADS", "1")
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(os.path.dirname(
                 here)), env.get("PYTHONPATH")]))
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.run_timeout,
-                                 env=env)
+            if args.netns:
+                before = _link_bytes(args.netns)
+                out = _run_netns(args, method, workers, argv, env)
+                after = _link_bytes(args.netns)
+                # the busiest host link, per step of worker 0 (both directions)
+                busiest = max(max(a[0] - b[0], a[1] - b[1]) for a, b in zip(after, before))
+                link_mb = busiest / args.steps / 1e6
+            else:
+                cmd = [sys.executable, "-m", "collectives.run", "-np", str(np_), *extra, *argv]
+                out = subprocess.run(cmd, capture_output=True, text=True,
+                                     timeout=args.run_timeout, env=env)
             recs = [json.loads(line.split("@@ ", 1)[1]) for line in out.stdout.splitlines()
                     if "@@ " in line]
             if out.returncode != 0 or not recs:
                 print(f"# {method} seed {seed} failed (rc {out.returncode}):\n{out.stdout[-3000:]}"
                       f"{out.stderr[-2000:]}", file=sys.stderr)
                 continue
+            if args.netns:
+                recs[0]["link_mb"] = link_mb
             rows.setdefault(method, []).append(recs[0])
             print(f"# {method} seed {seed}: {recs[0]['step_ms']:.1f} ms/step, target at "
-                  f"{recs[0]['t_target']}, final {recs[0]['final']}", file=sys.stderr, flush=True)
+                  f"{recs[0]['t_target']}, final {recs[0]['final']}, busiest link "
+                  f"{recs[0].get('link_mb', 0):.2f} MB/step, curve (step, acc, s) "
+                  f"{recs[0]['curve']}", file=sys.stderr, flush=True)
+    print(f"# load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} (1/5/15 min) at "
+          f"the end; {'netns %d hosts, servers on hosts %s' % (args.netns, args.server_hosts) if args.netns else 'loopback'}")
     print(f"# {args.workers} workers ({args.servers} servers for PS), MLP 32-{args.hidden}-"
           f"{args.hidden}-10, batch {args.batch_size}/worker, {args.steps} steps, compute "
           f"{args.compute * 1e3:g} ms/step, straggler x{args.slow:g} ({args.pattern}), "
           f"target acc {args.target}, async/ssp lr x{args.async_lr_scale:g}, "
           f"{args.seeds} seeds (mean)")
-    print("| method | step ms (worker 0) | s to target | final acc | vs allreduce to target |")
-    print("|---|---|---|---|---|")
+    link = " busiest link MB/step |" if args.netns else ""
+    print("| method | step ms (worker 0) | s to target | final acc | acc, last 5 evals | "
+          "vs allreduce to target |" + link)
+    print("|---|---|---|---|---|---|" + ("---|" if args.netns else ""))
     base = None
     for method in args.methods.split(","):
         rs = rows.get(method)
@@ -180,7 +218,66 @@ def table(args: argparse.Namespace) -> None:
         ratio = f"{base / tt:.2f}x" if base and tt else "-"
         shown = f"{tt:.2f}" if tt is not None else f"not reached ({len(hits)}/{len(rs)})"
         print(f"| {method} | {statistics.mean(r['step_ms'] for r in rs):.1f} | {shown} | "
-              f"{statistics.mean(r['final'] for r in rs):.4f} | {ratio} |")
+              f"{statistics.mean(r['final'] for r in rs):.4f} | "
+              f"{statistics.mean(_last5(r) for r in rs):.4f} | {ratio} |" +
+              (f" {statistics.mean(r['link_mb'] for r in rs):.2f} |" if args.netns else ""))
+
+
+def _last5(rec: dict) -> float:
+    """Mean test accuracy of the last 5 evaluations: one evaluation of the iterate swings by
+    a few points from one to the next (lr 0.05, momentum 0.9, batch 32 per worker)."""
+    return statistics.mean(acc for _, acc, _ in rec["curve"][-5:])
+
+
+def _link_bytes(hosts: int) -> list:
+    """Bytes each netns host has received (the switch port's tbf) and sent (its veth's)."""
+    def sent(ns: str, dev: str) -> int:
+        out = subprocess.run(["ip", "netns", "exec", ns, "tc", "-s", "qdisc", "show", "dev",
+                              dev], capture_output=True, text=True).stdout
+        return int(out.split("Sent ", 1)[1].split(" ", 1)[0]) if "Sent " in out else 0
+    return [(sent("coll-br", f"port{i}"), sent(f"coll-h{i}", f"veth{i}")) for i in range(hosts)]
+
+
+def _run_netns(args: argparse.Namespace, method: str, workers: int, argv: list,
+               env: dict) -> subprocess.CompletedProcess:
+    """One run with each rank inside a bench/netns.sh host (as `bench/netns.sh run` sets
+    them up: store on host 0, TCP only); returns rank 0's output, any rank's failure."""
+    hosts = [w % args.netns for w in range(workers)]
+    servers = 0 if method == "allreduce" else args.servers
+    server_hosts = [int(h) for h in args.server_hosts.split(",")][:servers]
+    if len(server_hosts) != servers or not all(0 <= h < args.netns for h in server_hosts):
+        raise SystemExit(f"--server-hosts {args.server_hosts}: need {servers} hosts < "
+                         f"{args.netns}")
+    hosts += server_hosts
+    port = 20000 + (os.getpid() * 7 + int(time.time())) % 20000
+    procs = []
+    for rank, h in enumerate(hosts):
+        local = hosts[:rank].count(h)
+        ranks_env = {"COLLECTIVES_RANK": rank, "COLLECTIVES_SIZE": len(hosts),
+                     "COLLECTIVES_LOCAL_RANK": local, "COLLECTIVES_LOCAL_SIZE": hosts.count(h),
+                     "COLLECTIVES_STORE_ADDR": f"10.77.0.1:{port}",
+                     "COLLECTIVES_TRANSPORT": "tcp"}
+        if servers:
+            ranks_env["COLLECTIVES_PS_SERVERS"] = servers
+        cmd = ["ip", "netns", "exec", f"coll-h{h}", "env",
+               *[f"{k}={v}" for k, v in ranks_env.items()], *argv]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE if rank == 0 else
+                                      subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                      env=env))
+    deadline = time.monotonic() + args.run_timeout
+    out, err, rc = "", "", 0
+    try:
+        for rank, p in enumerate(procs):
+            o, e = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            out += o or ""
+            err += e[-1000:] if p.returncode else ""
+            rc = rc or p.returncode
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return subprocess.CompletedProcess(argv, rc, out, err)
 
 
 def main() -> None:
@@ -188,9 +285,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("what", choices=["run", "table"])
     p.add_argument("--method", choices=METHODS, default="ps-sync")
-    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--methods", default=DEFAULT_METHODS, help=f"of {','.join(METHODS)}")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--servers", type=int, default=2)
     p.add_argument("--steps", type=int, default=150)
@@ -206,6 +304,10 @@ def main() -> None:
     p.add_argument("--target", type=float, default=0.68)
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--run-timeout", type=float, default=300)
+    p.add_argument("--dgc-ratio", type=float, default=0.01, help="ps-dgc: DGC's density")
+    p.add_argument("--netns", type=int, default=0, metavar="H",
+                   help="run the ranks on the H hosts of bench/netns.sh (0: loopback)")
+    p.add_argument("--server-hosts", default="1,3", help="--netns: host of each server")
     args = p.parse_args()
     run(args) if args.what == "run" else table(args)
 

@@ -4,7 +4,8 @@
 
 The last --servers ranks hold the parameters, the others compute gradients on
 synthetic data (a fixed random teacher network labels Gaussian inputs).
-Modes: sync (equals allreduce training), sync --backup-workers 1, async, ssp.
+Modes: sync (equals allreduce training), sync --backup-workers 1, async, ssp;
+--dgc 0.01 pushes DGC-compressed gradients (1 % of the entries).
 """
 from __future__ import annotations
 
@@ -25,13 +26,21 @@ def main() -> None:
     p.add_argument("--staleness", type=int, default=2)
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--fp16", action="store_true", help="push gradients as float16")
+    p.add_argument("--dgc", type=float, default=0.0, metavar="DENSITY",
+                   help="push DGC-compressed gradients at this density (e.g. 0.01)")
     args = p.parse_args()
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 10))
+    compression = "fp16" if args.fp16 else "none"
+    if args.dgc:  # the workers apply the momentum (DGC's momentum correction)
+        from collectives.torch.dgc import DGC
+
+        compression = DGC(compress_ratio=args.dgc, momentum=0.9, fp16_values=args.fp16,
+                          warmup_ratios=[0.25, 0.0625], steps_per_epoch=max(1, args.steps // 10))
     opt = pst.Optimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
                         args.mode, backup_workers=args.backup_workers,
-                        staleness=args.staleness, compression="fp16" if args.fp16 else "none")
+                        staleness=args.staleness, compression=compression)
     teacher = torch.Generator().manual_seed(1234)
     w1 = torch.randn(32, 64, generator=teacher) / 32 ** 0.5
     w2 = torch.randn(64, 10, generator=teacher) / 8

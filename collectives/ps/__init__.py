@@ -32,12 +32,12 @@ import os
 from typing import Any, Callable, Iterable, Optional
 
 from ._client import PSError, Worker
-from ._optim import SGD, Adam
+from ._optim import SGD, Adam, DGCSGD
 from ._server import MODES, Server, StepReport
 from ._wire import Layout
 
 __all__ = ["init", "serve", "worker", "Role", "Layout", "Server", "Worker", "StepReport",
-           "SGD", "Adam", "PSError", "MODES", "ENV_SERVERS"]
+           "SGD", "Adam", "DGCSGD", "PSError", "MODES", "ENV_SERVERS"]
 
 ENV_SERVERS = "COLLECTIVES_PS_SERVERS"
 
@@ -175,19 +175,23 @@ def serve(params: Iterable[Any], optimizer: Any, mode: str = "sync", *, backup_w
     return reports
 
 
-def worker(params: Iterable[Any], compression: str = "none",
+def worker(params: Iterable[Any], compression: Any = "none",
            timeout: Optional[float] = None) -> Worker:
     """This worker's client of every server (see Worker: start, push_pull, pull, finish).
 
     Args:
         params: the parameter tensors or their shapes, in the same order on every rank.
-        compression: "none" or "fp16" (gradients travel as float16).
+        compression: "none", "fp16" (gradients travel as float16), "dgc" or a
+            collectives.torch.dgc.DGC / TopKCompressor instance (sparse pushes: top-k with
+            residuals; DGC's momentum is then the worker's, so the server's optimizer must
+            not add its own: use ps.DGCSGD).
         timeout: seconds to wait for a server (default: COLLECTIVES_TIMEOUT).
     """
     role = _require(server_side=False)
     layout = _layout(params, role)
     links = {s: _links[r] for s, r in enumerate(role.server_ranks)}
-    return Worker(links, layout, role.index, role.server_ranks, compression, timeout)
+    return Worker(links, layout, role.index, role.server_ranks, compression, timeout,
+                  num_workers=role.num_workers)
 
 
 def _require(server_side: bool) -> Role:

@@ -3,10 +3,11 @@ in parallel (one thread per server; each blocks in the core with the GIL release
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
+from . import _sparse
 from . import _wire as W
 
 
@@ -22,17 +23,24 @@ class Worker:
         layout: the parameter layout.
         index: this worker's index (0 .. num_workers - 1).
         server_ranks: the world rank of each server (for error messages).
-        compression: "none" or "fp16" (gradients are pushed as float16).
+        compression: "none", "fp16" (gradients are pushed as float16), "dgc" (Deep Gradient
+            Compression at density 0.001, no momentum of its own) or a
+            collectives.torch.dgc.DGC / TopKCompressor instance: sparse pushes (see
+            collectives/ps/_sparse.py).
         timeout: seconds to wait for a server's reply (None: COLLECTIVES_TIMEOUT).
+        num_workers: how many workers train (DGC's local clipping scales with it).
     """
 
     def __init__(self, links: dict, layout: W.Layout, index: int, server_ranks: list,
-                 compression: str = "none", timeout: Optional[float] = None) -> None:
-        if compression not in ("none", "fp16"):
-            raise ValueError(f"compression {compression!r} is not 'none' or 'fp16'")
+                 compression: Any = "none", timeout: Optional[float] = None,
+                 num_workers: int = 1) -> None:
+        if isinstance(compression, str) and compression not in ("none", "fp16", "dgc"):
+            raise ValueError(f"compression {compression!r} is not 'none', 'fp16' or 'dgc'")
         self.links, self.layout, self.index = links, layout, index
         self.server_ranks = server_ranks
         self.dtype = W.DTYPE_F16 if compression == "fp16" else W.DTYPE_F32
+        comp = _sparse.make_compressor(compression)
+        self.sparse = None if comp is None else _sparse.DGCPush(layout, comp, num_workers)
         self.timeout = timeout
         self.versions = [0] * layout.num_servers
         self.params = np.zeros(layout.total, dtype=np.float32)
@@ -114,10 +122,28 @@ class Worker:
         of the layout's size; PSError if a server failed or refused it.
         """
         g = self._flat(grad, "gradient")
+        if self.sparse is not None:
+            return self._push_parts(self.sparse.compress(g, self.dtype))
         if self.dtype == W.DTYPE_F16:
             g = g.astype(np.float16)
         self._all(lambda s: W.message(W.PUSH, self.versions[s], s, self.index, self.layout.hash,
                                       g[self.layout.shard(s)], self.dtype))
+        return self.params
+
+    def push_pull_sparse(self, index: Any, values: Any) -> np.ndarray:
+        """push_pull of a sparse gradient: the entries at these flat indices (strictly
+        increasing int) have these float32 values, every other entry is zero.
+
+        TypeError/ValueError before any byte is sent unless the indices are in range and
+        strictly increasing with one value each; each shard goes as a sparse push, or
+        dense where that is fewer bytes.
+        """
+        idx, val = _sparse.check_sparse(index, values, self.layout.total)
+        return self._push_parts(_sparse.split(self.layout, idx, val, self.dtype, W.DTYPE_F32))
+
+    def _push_parts(self, parts: list) -> np.ndarray:
+        self._all(lambda s: W.message(parts[s][0], self.versions[s], s, self.index,
+                                      self.layout.hash, parts[s][2], parts[s][1]))
         return self.params
 
     def finish(self) -> None:

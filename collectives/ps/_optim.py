@@ -117,3 +117,57 @@ class Adam:
         self.t = int(state["t"])
         self.m = np.array(state["m"], dtype=np.float32) if "m" in state else None
         self.v = np.array(state["v"], dtype=np.float32) if "v" in state else None
+
+
+class DGCSGD:
+    """The server's update for DGC-compressed pushes: momentum on the weight decay only.
+
+    The workers' DGC already applied the gradient momentum (momentum
+    correction), so, as collectives.torch.dgc.DGCSGD: ``p -= lr * (g + b)``
+    with ``b = m*b + wd*p`` (Nesterov: ``p -= lr * (g + wd*p + m*b)``). At
+    density 1 with every worker in every step this is torch.optim.SGD with the
+    same lr, momentum, weight decay and nesterov flag.
+
+    Args:
+        lr: learning rate.
+        momentum: must equal the workers' DGC momentum.
+        weight_decay: L2 penalty.
+        nesterov: must equal the workers' DGC nesterov flag.
+    """
+
+    name = "dgcsgd"
+
+    def __init__(self, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
+                 nesterov: bool = False) -> None:
+        if lr < 0 or not 0 <= momentum < 1 or weight_decay < 0:
+            raise ValueError(f"DGCSGD: lr={lr}, momentum={momentum}, weight_decay="
+                             f"{weight_decay}: need lr, weight_decay >= 0, 0 <= momentum < 1")
+        self.lr, self.momentum, self.weight_decay = float(lr), float(momentum), float(weight_decay)
+        self.nesterov = bool(nesterov)
+        self.buf: np.ndarray | None = None
+
+    def apply(self, p: np.ndarray, g: np.ndarray) -> None:
+        """p -= lr * (g + momentum-filtered weight decay), in place (g may be overwritten)."""
+        f32 = np.float32
+        if self.weight_decay:
+            decay = f32(self.weight_decay) * p
+            if self.momentum:
+                if self.buf is None:
+                    self.buf = decay.copy()
+                else:
+                    self.buf *= f32(self.momentum)
+                    self.buf += decay
+                if self.nesterov:
+                    decay += f32(self.momentum) * self.buf
+                else:
+                    decay = self.buf
+            g += decay
+        p -= f32(self.lr) * g
+
+    def state(self) -> dict:
+        """Arrays and numbers to checkpoint."""
+        return {} if self.buf is None else {"buf": self.buf}
+
+    def load_state(self, state: dict) -> None:
+        """Restore what state() returned."""
+        self.buf = np.array(state["buf"], dtype=np.float32) if "buf" in state else None

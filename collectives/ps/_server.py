@@ -17,6 +17,9 @@ ssp        at once, like async; the worker's clock c_w += 1            when c_w 
                                                                        live workers <= s
 =========  ==========================================================  =====================
 
+A sparse push (SPUSH, collectives/ps/_sparse.py) is checked and densified
+before the handler takes the lock, then counts as a PUSH in every mode.
+
 A worker that fails (its link breaks, it dies) is dropped from the live set
 with a warning: a sync step then completes with the workers left. DONE is
 a worker leaving normally. serve() returns when every worker has left.
@@ -34,6 +37,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from . import _wire as W
+from ._sparse import densify
 
 MODES = ("sync", "async", "ssp")
 
@@ -263,13 +267,17 @@ class Server:
                 try:
                     fields = W.header(buf, count)
                     kind, step, _, _, nbytes, dtype, _ = fields
-                    if kind != tag or kind not in (W.PUSH, W.INIT, W.PULL, W.DONE):
+                    if kind != tag or kind not in (W.PUSH, W.SPUSH, W.INIT, W.PULL, W.DONE):
                         raise ValueError(f"message kind {kind} with tag {tag}")
                     payload_ok = (lambda n, d: n == self.size * DTYPES_SIZE[d]) \
-                        if kind in (W.PUSH, W.INIT) else (lambda n, d: n == 0)
+                        if kind in (W.PUSH, W.INIT) else (lambda n, d: True) \
+                        if kind == W.SPUSH else (lambda n, d: n == 0)
                     if kind == W.INIT and dtype != W.DTYPE_F32:
                         raise ValueError("INIT must carry float32 values")
                     problem = self._check(w, fields, payload_ok)
+                    sparse = None
+                    if not problem and kind == W.SPUSH:  # every index checked, nothing written
+                        sparse = densify(buf[W.HEADER_BYTES:count], self.size, dtype)
                 except ValueError as exc:
                     problem = str(exc)
                 if problem:
@@ -294,7 +302,7 @@ class Server:
                         reply = W.error_message(
                             f"parameter server {self.shard}: worker 0 left before sending the "
                             f"initial parameters (Worker.start)", self.shard, self.layout.hash)
-                    elif kind == W.PUSH:
+                    elif kind in (W.PUSH, W.SPUSH):
                         if step > self.version or step < 0 or (
                                 self.mode == "sync" and w in self.contributors):
                             reply = W.error_message(
@@ -302,8 +310,9 @@ class Server:
                                 f"of version {step} (again?), the shard is at {self.version}",
                                 self.shard, self.layout.hash)
                         else:
-                            g = buf[W.HEADER_BYTES:count].view(W.DTYPES[dtype])
-                            self._push(w, step, g.astype(np.float32))
+                            g = sparse if sparse is not None else \
+                                buf[W.HEADER_BYTES:count].view(W.DTYPES[dtype]).astype(np.float32)
+                            self._push(w, step, g)
                             reply = self.snapshot
                     else:
                         reply = self.snapshot

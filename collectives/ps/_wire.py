@@ -10,7 +10,8 @@ Every message between a worker and a server is one uint8 buffer: a fixed
 64-byte header (eight little-endian int64) followed by the payload::
 
     word 0  MAGIC          "CPS" + protocol version
-    word 1  kind           PUSH INIT PULL DONE (worker -> server), PARAMS ERROR (server -> worker)
+    word 1  kind           PUSH SPUSH INIT PULL DONE (worker -> server), PARAMS ERROR (server ->
+                           worker); SPUSH: a sparse gradient (collectives/ps/_sparse.py)
     word 2  step           PUSH: the version of the parameters the gradient was computed on;
                            PARAMS: the version sent
     word 3  shard          the shard (= server index) the payload belongs to
@@ -32,9 +33,9 @@ import numpy as np
 
 MAGIC = 0x435053_01  # "CPS", version 1
 HEADER_BYTES = 64
-PUSH, INIT, PULL, DONE, PARAMS, ERROR = 1, 2, 3, 4, 5, 6
+PUSH, INIT, PULL, DONE, PARAMS, ERROR, SPUSH = 1, 2, 3, 4, 5, 6, 7
 KIND_NAMES = {PUSH: "PUSH", INIT: "INIT", PULL: "PULL", DONE: "DONE", PARAMS: "PARAMS",
-              ERROR: "ERROR"}
+              ERROR: "ERROR", SPUSH: "SPUSH"}
 DTYPE_F32, DTYPE_F16 = 0, 1
 DTYPES = {DTYPE_F32: np.dtype("<f4"), DTYPE_F16: np.dtype("<f2")}
 ERROR_TEXT_BYTES = 1024  # an ERROR reply's text is cut to this

@@ -22,11 +22,15 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from . import SGD, Adam, Role, StepReport, init, serve, worker
+from . import DGCSGD, SGD, Adam, Role, StepReport, init, serve, worker
 
 
-def server_optimizer(optimizer: torch.optim.Optimizer):
-    """The collectives.ps optimizer that applies what `optimizer` would (ValueError if none)."""
+def server_optimizer(optimizer: torch.optim.Optimizer, compression: Any = "none"):
+    """The collectives.ps optimizer that applies what `optimizer` would (ValueError if none).
+
+    With DGC compression (compression="dgc" or a DGC instance) the workers apply the
+    gradient momentum: torch.optim.SGD then maps to collectives.ps.DGCSGD.
+    """
     groups = optimizer.param_groups
     keys = ("lr", "momentum", "weight_decay", "dampening", "nesterov", "betas", "eps")
     first = {k: groups[0].get(k) for k in keys}
@@ -35,6 +39,10 @@ def server_optimizer(optimizer: torch.optim.Optimizer):
                          "param_groups must agree on them")
     g = groups[0]
     if isinstance(optimizer, torch.optim.SGD):
+        if _owns_momentum(compression):
+            if g["dampening"]:
+                raise ValueError("DGC's momentum correction has no dampening: use dampening=0")
+            return DGCSGD(g["lr"], g["momentum"], g["weight_decay"], g["nesterov"])
         return SGD(g["lr"], g["momentum"], g["weight_decay"], g["dampening"], g["nesterov"])
     if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
         if g.get("amsgrad"):
@@ -43,6 +51,35 @@ def server_optimizer(optimizer: torch.optim.Optimizer):
                     decoupled=isinstance(optimizer, torch.optim.AdamW))
     raise ValueError(f"{type(optimizer).__name__}: the parameter server applies SGD, Adam "
                      f"and AdamW")
+
+
+def _owns_momentum(compression: Any) -> bool:
+    from ..torch.dgc import SparseCompressor
+
+    if isinstance(compression, SparseCompressor):
+        return compression.owns_momentum
+    return compression == "dgc"
+
+
+def push_compressor(optimizer: torch.optim.Optimizer, compression: Any) -> Any:
+    """What Worker gets as compression: the string, or the DGC instance that goes with
+    `optimizer` (compression="dgc": density 0.001, SGD's momentum and nesterov, none under
+    Adam); ValueError if a DGC instance's momentum disagrees with the optimizer's."""
+    from ..torch.dgc import DGC
+
+    g = optimizer.param_groups[0]
+    sgd = isinstance(optimizer, torch.optim.SGD)
+    momentum = float(g.get("momentum", 0.0)) if sgd else 0.0
+    nesterov = bool(g.get("nesterov", False)) if sgd else False
+    if compression == "dgc":
+        return DGC(momentum=momentum, nesterov=nesterov)
+    if isinstance(compression, DGC) and (compression.momentum, compression.nesterov) != (
+            momentum, nesterov):
+        raise ValueError(f"DGC(momentum={compression.momentum}, nesterov="
+                         f"{compression.nesterov}) applies the gradient momentum for the "
+                         f"server: it must equal {type(optimizer).__name__}'s (momentum="
+                         f"{momentum}, nesterov={nesterov}; Adam: momentum 0)")
+    return compression
 
 
 class Optimizer:
@@ -54,7 +91,11 @@ class Optimizer:
         mode: "sync", "async" or "ssp".
         backup_workers: sync: each step applies the first num_workers - backup_workers.
         staleness: ssp: how many steps a worker may run ahead of the slowest.
-        compression: "none" or "fp16": gradients are pushed as float16.
+        compression: "none"; "fp16": gradients are pushed as float16; "dgc": Deep Gradient
+            Compression (density 0.001) of pushed gradients, with the optimizer's momentum
+            applied on the worker (momentum correction; the servers then apply momentum to
+            the weight decay only); or a collectives.torch.dgc.DGC / TopKCompressor
+            instance (its density, warm-up, clipping, fp16 values). See ``compression``.
         checkpoint: servers load their shard from ``<checkpoint>.shard<i>.npz`` if it
             exists and save it there when serving ends (and every checkpoint_every steps).
         checkpoint_every: save the shard after every this many updates (0: only at the end).
@@ -63,12 +104,15 @@ class Optimizer:
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, mode: str = "sync", *,
-                 backup_workers: int = 0, staleness: int = 0, compression: str = "none",
+                 backup_workers: int = 0, staleness: int = 0, compression: Any = "none",
                  checkpoint: Optional[str] = None, checkpoint_every: int = 0,
                  num_servers: Optional[int] = None,
                  on_step: Optional[Callable[[StepReport], None]] = None) -> None:
         self.optimizer = optimizer
-        self.update = server_optimizer(optimizer)
+        self.update = server_optimizer(optimizer, compression)
+        # the worker's compressor (DGC keeps this worker's residuals; call its
+        # warmup_compress_ratio(epoch) for a warm-up schedule), or the compression string
+        self.compression = push_compressor(optimizer, compression)
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         if any(p.dtype != torch.float32 for p in self.params):
             raise TypeError("the parameter server holds float32 parameters")
@@ -78,7 +122,7 @@ class Optimizer:
         self.reports: list = []
         self.client = None
         if self.role.is_worker:
-            self.client = worker(self.params, compression)
+            self.client = worker(self.params, self.compression)
             first = self._flat(lambda p: p.detach()) if self.role.index == 0 else None
             self._load(self.client.start(first))
 
