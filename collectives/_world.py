@@ -44,13 +44,17 @@ JOIN_WAIT = 10.0
 class _World:
     """What init() built: the communicator and, at rank 0, the store server."""
 
-    def __init__(self, comm, core, server, client) -> None:
+    def __init__(self, comm, core, server, client, prefix: str = "", membership=None) -> None:
         self.comm = comm
         self.core = core
         self.server = server
         self.client = client
         self.failed = False
         self.cause = ""
+        # A world made by shrink or grow (collectives/_elastic.py) keeps its store keys
+        # under its own prefix, so no rank reads what an earlier generation left there.
+        self.prefix = prefix
+        self.membership = membership
 
     def close(self) -> None:
         self.core.close()
@@ -59,7 +63,7 @@ class _World:
             # others' addresses from it, or, after a failure, their reports:
             # give them a moment (bounded) before it goes.
             stage, seconds = ("explained", 2.0) if self.failed else ("joined", JOIN_WAIT)
-            keys = [f"{stage}/{r}" for r in range(self.comm.size)]
+            keys = [f"{self.prefix}{stage}/{r}" for r in range(self.comm.size)]
             deadline = time.monotonic() + seconds
             try:
                 while time.monotonic() < deadline and not self.client.check(keys):
@@ -426,6 +430,7 @@ def explain_failure(rank: int, message: str, peers: Optional[Sequence[int]] = No
         return message + (f"; {state.cause}" if state.cause else "")
     state.failed = True
     client = state.client
+    prefix = state.prefix
     end = time.monotonic() + REPORT_S
 
     class OutOfTime(Exception):
@@ -439,7 +444,7 @@ def explain_failure(rank: int, message: str, peers: Optional[Sequence[int]] = No
 
     causes: list = []
     try:
-        client.set(f"failed/{rank}", message.encode(), timeout=left())
+        client.set(f"{prefix}failed/{rank}", message.encode(), timeout=left())
         if any(echo in message for echo in _ECHOES):
             deadline = min(end, time.monotonic() + 1.0)
             silent: list = []
@@ -449,10 +454,10 @@ def explain_failure(rank: int, message: str, peers: Optional[Sequence[int]] = No
                 for peer in (range(state.comm.size) if peers is None else peers):
                     if peer == rank:
                         continue
-                    if not client.check([f"failed/{peer}"], timeout=left()):
+                    if not client.check([f"{prefix}failed/{peer}"], timeout=left()):
                         silent.append(peer)
                         continue
-                    text = client.get(f"failed/{peer}", timeout=0.5,
+                    text = client.get(f"{prefix}failed/{peer}", timeout=0.5,
                                       io_timeout=left()).decode()
                     if not any(echo in text for echo in _ECHOES):
                         found = True
@@ -465,7 +470,7 @@ def explain_failure(rank: int, message: str, peers: Optional[Sequence[int]] = No
                 # ranks that said nothing are the ones that died or hung.
                 names = ", ".join(str(p) for p in silent)
                 causes.append(f"rank {names} reported nothing: it exited, was killed or is stuck")
-        client.set(f"explained/{rank}", b"", timeout=left())
+        client.set(f"{prefix}explained/{rank}", b"", timeout=left())
     except OutOfTime:  # the store answered, slowly: report what was found
         pass
     except (OSError, TimeoutError, ConnectionError) as exc:

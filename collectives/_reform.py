@@ -1,0 +1,188 @@
+"""The world communicator re-formed: shrink, grow, join and agree over the job's store.
+
+collectives/_elastic.py holds the agreements; this module applies them to the world
+that collectives/_world.py made (its store client, its rank-0 store server, its host
+policy) and installs the new world, so ``MPI.COMM_WORLD``, ``collectives.init()`` and
+the adapters built on them see the new communicator from then on.
+"""
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+from . import _auth, _elastic, _env, _world
+
+
+def _timeout(timeout: Optional[float]) -> float:
+    return float(timeout) if timeout else _world._default_timeout()
+
+
+def _store_gone(client, exc: BaseException) -> _elastic.ElasticError:
+    return _elastic.ElasticError(
+        f"the job's store at {client.address} is gone ({exc}): it lives in rank 0 of the "
+        f"job as started (collectives-run, or a plain environment), so a world whose rank 0 "
+        f"died cannot re-form; torchrun's agent, or a launcher that hosts the store, keeps "
+        f"it alive")
+
+
+def _membership(state) -> _elastic.Membership:
+    """The current world's membership: kept from the last re-form, or read once from the
+    initial rendezvous's addresses (this world's own keys)."""
+    if state.membership is None:
+        addrs = []
+        for r in range(state.core.size):
+            host, port = state.client.get(f"addr/{r}", timeout=5.0).decode().split("\n")[:2]
+            addrs.append((host, int(port)))
+        state.membership = _elastic.Membership(f"w{_world._generation}", 0, "", addrs)
+    return state.membership
+
+
+def _core_maker(client, generation: int):
+    from ._core import Communicator, comm_set_generation
+
+    advertise = _env.advertise_address(client.host, client.port)
+    key = _auth.link_key(_auth.job_secret())
+
+    def make(rank: int, size: int, comm_id: bytes):
+        core = Communicator(rank, size, advertise, comm_id)
+        try:
+            core.set_link_key(key)
+            comm_set_generation(core, generation)
+        except BaseException:
+            core.close()
+            raise
+        return core
+
+    def exchange(core, rank, size, put, get):
+        return _world.exchange_addresses(core, rank, size, advertise, put, get)
+
+    return make, exchange
+
+
+def _install(old, client, server, rec: dict, formed):
+    """Make the new world this process's world; close the old communicator."""
+    from .MPI import Comm
+
+    core, rank, size, hosts, host_cpus, addrs = formed
+    local_rank, local_size = _world.local_place(hosts, rank)
+    _world.apply_host_policy(core, local_rank, local_size, host_cpus)
+    comm = Comm._from_core(core, local_rank, local_size)
+    ms = _elastic.Membership(rec["world"], rec["generation"], rec["base"], addrs,
+                             rec["next_ticket"])
+    if old is not None:
+        old.core.close()
+    _world._state = _world._World(comm, core, server, client, prefix=rec["base"], membership=ms)
+    return comm
+
+
+def _world_state(what: str):
+    state = _world._state
+    if state is None:
+        raise _elastic.ElasticError(f"{what} needs the world communicator: call "
+                                    f"collectives.init() first")
+    if state.client is None:
+        raise _elastic.ElasticError(f"{what} needs a world formed through the job's store "
+                                    f"(this one has a single rank)")
+    return state
+
+
+def check_world(comm, what: str) -> None:
+    """Refuse an elastic operation on a communicator other than the world."""
+    state = _world._state
+    if state is None or state.comm is not comm:
+        raise NotImplementedError(f"Comm.{what} works on the world communicator (COMM_WORLD "
+                                  f"as it is now), not on one made by Split/Dup or closed")
+
+
+def shrink(timeout: Optional[float] = None):
+    """The survivors' new world communicator (see collectives.shrink)."""
+    with _world._lock:
+        state = _world_state("shrink")
+        client = state.client
+        me = state.core.rank
+        deadline = time.monotonic() + _timeout(timeout)
+        attempt = 0
+        try:
+            ms = _membership(state)
+            while True:
+                rec = _elastic.agree_survivors(client, ms, me, attempt, deadline)
+                if ("r", me) not in rec["members"]:
+                    raise _elastic.ElasticError(
+                        f"rank {me} was left out of generation {rec['generation']}: the "
+                        f"survivors agreed without it (it reached shrink after they decided)")
+                make, exchange = _core_maker(client, rec["generation"])
+                try:
+                    formed = _elastic.form(client, rec, ("r", me), ms, make, exchange, deadline)
+                except _elastic._Retry:
+                    attempt += 1  # a member died during the agreement: again, without it
+                    continue
+                return _install(state, client, state.server, rec, formed)
+        except ConnectionError as exc:
+            raise _store_gone(client, exc) from None
+        except TimeoutError as exc:
+            raise _elastic.ElasticError(f"shrink did not complete in time: {exc}") from None
+
+
+def grow(min_new: int = 0, timeout: Optional[float] = None):
+    """The world communicator with the waiting joiners added (see collectives.grow)."""
+    if min_new < 0:
+        raise ValueError(f"min_new must be >= 0, not {min_new}")
+    with _world._lock:
+        state = _world_state("grow")
+        client = state.client
+        me = state.core.rank
+        deadline = time.monotonic() + _timeout(timeout)
+        try:
+            ms = _membership(state)
+            rec = _elastic.admit_joiners(client, ms, me, min_new, deadline)
+            make, exchange = _core_maker(client, rec["generation"])
+            try:
+                formed = _elastic.form(client, rec, ("r", me), ms, make, exchange, deadline)
+            except _elastic._Retry as exc:
+                raise _elastic.ElasticError(f"grow failed: {exc} died before the new world "
+                                            f"formed; shrink, then grow again") from None
+        except (ConnectionError, TimeoutError) as exc:
+            raise _store_gone(client, exc) from None
+        return _install(state, client, state.server, rec, formed)
+
+
+def join(timeout: Optional[float] = None):
+    """This new process's world communicator, once a grow admits it (see collectives.join)."""
+    with _world._lock:
+        if _world._state is not None:
+            raise _elastic.ElasticError("join() is for a process that is not in a world yet")
+        t = _timeout(timeout)
+        deadline = time.monotonic() + t
+        client = _elastic.new_client(t)
+        try:
+            ticket = _elastic.take_ticket(client)
+            raw = client.get(f"elastic/admit/{ticket}", timeout=t)
+            rec = _elastic._decode_members(raw)
+            make, exchange = _core_maker(client, rec["generation"])
+            formed = _elastic.form(client, rec, ("j", ticket), None, make, exchange, deadline)
+        except TimeoutError as exc:
+            client.close()
+            raise _elastic.ElasticError(f"no rank of the job admitted this process within "
+                                        f"{t:g} s (the ranks call collectives.grow() at a step "
+                                        f"boundary): {exc}") from None
+        except BaseException:
+            client.close()
+            raise
+        return _install(None, client, None, rec, formed)
+
+
+def agree(flag: int, timeout: Optional[float] = None) -> int:
+    """The bitwise AND of flag over the live ranks of the world (see MPI.Comm.Agree)."""
+    with _world._lock:
+        state = _world_state("Agree")
+        client = state.client
+        me = state.core.rank
+        deadline = time.monotonic() + _timeout(timeout)
+        try:
+            ms = _membership(state)
+            ms.agreements += 1
+            base = f"elastic/{ms.world}.{ms.generation}/agree/{ms.agreements}/"
+            return _elastic.agree_flag(client, base, ms, me, int(flag), deadline,
+                                       state.server is not None)
+        except (ConnectionError, TimeoutError) as exc:
+            raise _store_gone(client, exc) from None
