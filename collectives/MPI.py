@@ -697,7 +697,7 @@ class Comm(_CommBase):
         (see collectives.shrink)."""
         from . import _reform
         _reform.check_world(self, "Shrink")
-        return _reform.shrink()
+        return _reform.shrink(None, Comm._from_core)
 
     def Agree(self, flag: int) -> int:
         """ULFM's MPIX_Comm_agree on the world communicator: the bitwise AND of flag over

@@ -60,7 +60,8 @@ def shrink(timeout: float | None = None):
             deadline passed; the text names the ranks.
     """
     from . import _reform
-    return _reform.shrink(timeout)
+    from .MPI import Comm
+    return _reform.shrink(timeout, Comm._from_core)
 
 
 def grow(min_new: int = 0, timeout: float | None = None):
@@ -79,7 +80,8 @@ def grow(min_new: int = 0, timeout: float | None = None):
         The new world ``collectives.MPI.Comm``.
     """
     from . import _reform
-    return _reform.grow(min_new, timeout)
+    from .MPI import Comm
+    return _reform.grow(min_new, timeout, Comm._from_core)
 
 
 def join(timeout: float | None = None):
@@ -94,7 +96,8 @@ def join(timeout: float | None = None):
             COLLECTIVES_TIMEOUT).
     """
     from . import _reform
-    return _reform.join(timeout)
+    from .MPI import Comm
+    return _reform.join(timeout, Comm._from_core)
 
 
 def is_initialized() -> bool:

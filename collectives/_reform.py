@@ -59,14 +59,13 @@ def _core_maker(client, generation: int):
     return make, exchange
 
 
-def _install(old, client, server, rec: dict, formed):
-    """Make the new world this process's world; close the old communicator."""
-    from .MPI import Comm
-
+def _install(old, client, server, rec: dict, formed, wrap):
+    """Make the new world this process's world (wrap(core, local_rank, local_size) makes the
+    front end's communicator, as for _world.init); close the old communicator."""
     core, rank, size, hosts, host_cpus, addrs = formed
     local_rank, local_size = _world.local_place(hosts, rank)
     _world.apply_host_policy(core, local_rank, local_size, host_cpus)
-    comm = Comm._from_core(core, local_rank, local_size)
+    comm = wrap(core, local_rank, local_size)
     ms = _elastic.Membership(rec["world"], rec["generation"], rec["base"], addrs,
                              rec["next_ticket"])
     if old is not None:
@@ -94,7 +93,7 @@ def check_world(comm, what: str) -> None:
                                   f"as it is now), not on one made by Split/Dup or closed")
 
 
-def shrink(timeout: Optional[float] = None):
+def shrink(timeout: Optional[float], wrap):
     """The survivors' new world communicator (see collectives.shrink)."""
     with _world._lock:
         state = _world_state("shrink")
@@ -116,14 +115,14 @@ def shrink(timeout: Optional[float] = None):
                 except _elastic._Retry:
                     attempt += 1  # a member died during the agreement: again, without it
                     continue
-                return _install(state, client, state.server, rec, formed)
+                return _install(state, client, state.server, rec, formed, wrap)
         except ConnectionError as exc:
             raise _store_gone(client, exc) from None
         except TimeoutError as exc:
             raise _elastic.ElasticError(f"shrink did not complete in time: {exc}") from None
 
 
-def grow(min_new: int = 0, timeout: Optional[float] = None):
+def grow(min_new: int, timeout: Optional[float], wrap):
     """The world communicator with the waiting joiners added (see collectives.grow)."""
     if min_new < 0:
         raise ValueError(f"min_new must be >= 0, not {min_new}")
@@ -143,10 +142,10 @@ def grow(min_new: int = 0, timeout: Optional[float] = None):
                                             f"formed; shrink, then grow again") from None
         except (ConnectionError, TimeoutError) as exc:
             raise _store_gone(client, exc) from None
-        return _install(state, client, state.server, rec, formed)
+        return _install(state, client, state.server, rec, formed, wrap)
 
 
-def join(timeout: Optional[float] = None):
+def join(timeout: Optional[float], wrap):
     """This new process's world communicator, once a grow admits it (see collectives.join)."""
     with _world._lock:
         if _world._state is not None:
@@ -168,7 +167,7 @@ def join(timeout: Optional[float] = None):
         except BaseException:
             client.close()
             raise
-        return _install(None, client, None, rec, formed)
+        return _install(None, client, None, rec, formed, wrap)
 
 
 def agree(flag: int, timeout: Optional[float] = None) -> int:

@@ -153,7 +153,7 @@ if os.environ.get("DIE_IN_AGREEMENT") and me == 2:
 
 loop(comm, KILL, "g0")
 t0 = time.monotonic()
-new = collectives.shrink(timeout=20)
+new = comm.Shrink() if os.environ.get("USE_MPI") else collectives.shrink(timeout=20)
 new.Allreduce(np.full(1000, new.rank + 1.0), x)
 emit("shrunk", t=time.time(), secs=time.monotonic() - t0, new_rank=new.rank, size=new.size,
      value=float(x[0]), gen=comm_generation(new._core), world=MPI.COMM_WORLD is new,
@@ -199,7 +199,8 @@ def test_sigkill_one_of_four_then_survivors_shrink_twice():
 
 @pytest.mark.timeout(60)
 def test_rank_dying_during_the_agreement_is_left_out():
-    res = run_world(4, _SHRINK_BODY, timeout=50, env={**ENV, "KILL": "3", "DIE_IN_AGREEMENT": "1"})
+    res = run_world(4, _SHRINK_BODY, timeout=50, env={**ENV, "KILL": "3", "DIE_IN_AGREEMENT": "1",
+                                                       "USE_MPI": "1"})
     assert res[3].returncode == -signal.SIGKILL and res[2].returncode == -signal.SIGKILL, \
         res.report()
     for r in (0, 1):
