@@ -46,9 +46,9 @@ def shrink(timeout: float | None = None):
     return it; the broken one is closed. Works on a world that is not broken, too.
 
     Args:
-        timeout: seconds for the agreement and the new world to form (default
-            COLLECTIVES_TIMEOUT); a rank that neither answers nor is seen dead (its
-            listener refuses connections) is left out when it passes.
+        timeout: seconds for the agreement, and again for the new world to form
+            (default COLLECTIVES_TIMEOUT); a rank that neither answers nor is seen dead
+            (its listener refuses connections) is left out when the first passes.
 
     Returns:
         The new world ``collectives.MPI.Comm``.

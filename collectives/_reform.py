@@ -99,12 +99,17 @@ def shrink(timeout: Optional[float], wrap):
         state = _world_state("shrink")
         client = state.client
         me = state.core.rank
-        deadline = time.monotonic() + _timeout(timeout)
+        t = _timeout(timeout)
         attempt = 0
         try:
             ms = _membership(state)
             while True:
-                rec = _elastic.agree_survivors(client, ms, me, attempt, deadline)
+                # Each bound is fresh: the agreement may wait its whole timeout for a
+                # rank that neither answers nor is seen dead, and forming then needs
+                # time of its own (an attempt at most 2 t; at most one more attempt per
+                # rank that dies meanwhile).
+                rec = _elastic.agree_survivors(client, ms, me, attempt, time.monotonic() + t)
+                deadline = time.monotonic() + t
                 if ("r", me) not in rec["members"]:
                     raise _elastic.ElasticError(
                         f"rank {me} was left out of generation {rec['generation']}: the "
@@ -134,6 +139,7 @@ def grow(min_new: int, timeout: Optional[float], wrap):
         try:
             ms = _membership(state)
             rec = _elastic.admit_joiners(client, ms, me, min_new, deadline)
+            deadline = time.monotonic() + _timeout(timeout)  # forming: a bound of its own
             make, exchange = _core_maker(client, rec["generation"])
             try:
                 formed = _elastic.form(client, rec, ("r", me), ms, make, exchange, deadline)

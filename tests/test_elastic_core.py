@@ -286,3 +286,54 @@ def test_two_ranks_grow_to_three_with_a_joiner():
     assert [g["new_rank"] for g in grown] == [0, 1, 2], grown
     assert all(g["size"] == 3 and g["value"] == 6.0 and g["gen"] == 1 and g["world"]
                for g in grown), grown
+
+
+_LATE_BODY = """
+import os, time
+import numpy as np
+import collectives
+from collectives import _world
+
+comm = collectives.init()
+me = comm.rank
+x = np.zeros(3)
+if me == 3:
+    time.sleep(3)  # alive (its listener answers), but reaches shrink after the deadline
+    try:
+        collectives.shrink(timeout=10)
+        emit("shrunk")
+    except RuntimeError as exc:
+        emit("error", message=str(exc))
+    _world._state.client.set("test/late-done", b"")
+else:
+    t0 = time.monotonic()
+    new = collectives.shrink(timeout=1.5)
+    new.Allreduce(np.full(3, 1.0), x)
+    emit("shrunk", size=new.size, value=float(x[0]), secs=time.monotonic() - t0)
+    if me == 0:  # the store lives here: keep it for rank 3's answer
+        _world._state.client.get("test/late-done", timeout=20)
+collectives.finalize()
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_late_rank_reaching_shrink_after_the_deadline_is_left_out():
+    res = run_world(4, _LATE_BODY, timeout=50, env=ENV).assert_ok()
+    for r in (0, 1, 2):
+        s = res[r].one("shrunk")
+        assert s["size"] == 3 and s["value"] == 3.0 and 1.4 < s["secs"] < 10, s
+    err = res[3].one("error")["message"]
+    assert "rank 3 was left out of generation 1" in err, err
+
+
+@pytest.mark.timeout(30)
+def test_join_without_a_grow_times_out_clearly(monkeypatch):
+    import collectives
+    from collectives import _store
+
+    with _store.StoreServer("127.0.0.1", 0, secret=SECRET.encode()) as server:
+        monkeypatch.setenv("COLLECTIVES_STORE_ADDR", server.address)
+        monkeypatch.setenv("COLLECTIVES_JOB_SECRET", SECRET)
+        with pytest.raises(RuntimeError, match="no rank of the job admitted this process"):
+            collectives.join(timeout=1)
+        assert not collectives.is_initialized()
