@@ -18,11 +18,13 @@ def _timeout(timeout: Optional[float]) -> float:
 
 
 def _store_gone(client, exc: BaseException) -> _elastic.ElasticError:
-    return _elastic.ElasticError(
-        f"the job's store at {client.address} is gone ({exc}): it lives in rank 0 of the "
-        f"job as started (collectives-run, or a plain environment), so a world whose rank 0 "
-        f"died cannot re-form; torchrun's agent, or a launcher that hosts the store, keeps "
-        f"it alive")
+    where = ("the launcher hosts it (COLLECTIVES_STORE_EXTERNAL=1): is the launcher gone?"
+             if _world.store_external() else
+             "it lives in rank 0 of the job as started (collectives-run, or a plain "
+             "environment), so a world whose rank 0 died cannot re-form; a launcher that "
+             "hosts the store (COLLECTIVES_STORE_EXTERNAL=1) keeps it alive")
+    return _elastic.ElasticError(f"the job's store at {client.address} is gone ({exc}): "
+                                 f"{where}")
 
 
 def _membership(state) -> _elastic.Membership:
@@ -31,7 +33,8 @@ def _membership(state) -> _elastic.Membership:
     if state.membership is None:
         addrs = []
         for r in range(state.core.size):
-            host, port = state.client.get(f"addr/{r}", timeout=5.0).decode().split("\n")[:2]
+            host, port = state.client.get(f"{state.prefix}addr/{r}",
+                                          timeout=5.0).decode().split("\n")[:2]
             addrs.append((host, int(port)))
         state.membership = _elastic.Membership(f"w{_world._generation}", 0, "", addrs)
     return state.membership

@@ -206,10 +206,10 @@ _START_CHECKS = ("check that every rank runs the same command with the same stor
 START_LINGER = 2.0
 
 
-def _missing_ranks(client, size: int) -> list:
+def _missing_ranks(client, size: int, prefix: str = "") -> list:
     """The ranks that have not published their address ([] if the store is gone)."""
     try:
-        return [r for r in range(size) if not client.check([f"addr/{r}"])]
+        return [r for r in range(size) if not client.check([f"{prefix}addr/{r}"])]
     except (OSError, TimeoutError, ConnectionError):
         return []
 
@@ -282,12 +282,21 @@ def _connect_store(info: _env.WorldInfo, generation: int, timeout: float,
         time.sleep(0.005)
 
 
+def store_external() -> bool:
+    """COLLECTIVES_STORE_EXTERNAL=1: a launcher hosts the job's store at the store address
+    and keeps it for the whole job, so rank 0 starts none, and the store outlives any
+    rank (an elastic world can then shrink after rank 0 died, collectives/_elastic.py).
+    Such a store outlives each world too: a world's keys then carry its number."""
+    return os.environ.get("COLLECTIVES_STORE_EXTERNAL", "").strip() == "1"
+
+
 def _rendezvous(info: _env.WorldInfo, timeout: float, generation: int = 0):
     from ._core import Communicator
 
     secret = _auth.job_secret()
     server = None
-    if info.rank == 0:
+    p = f"w{generation}/" if store_external() else ""
+    if info.rank == 0 and not p:
         server = _start_store(info.store_host, info.store_port, secret)
     try:
         client = _connect_store(info, generation, timeout, secret)
@@ -306,21 +315,22 @@ def _rendezvous(info: _env.WorldInfo, timeout: float, generation: int = 0):
     try:
         advertise = _env.advertise_address(info.store_host, info.store_port)
         if info.rank == 0:
-            client.set("comm_id", os.urandom(16))
-        comm_id = client.get("comm_id", timeout=timeout)
+            client.set(f"{p}comm_id", os.urandom(16))
+        comm_id = client.get(f"{p}comm_id", timeout=timeout)
         core = Communicator(info.rank, info.size, advertise, comm_id)
         core.set_link_key(_auth.link_key(secret))
-        hosts, host_cpus = exchange_addresses(core, info.rank, info.size, advertise, client.set,
-                                              lambda key: client.get(key, timeout=timeout))
-        client.set(f"joined/{info.rank}", b"")
+        hosts, host_cpus = exchange_addresses(core, info.rank, info.size, advertise,
+                                              lambda key, value: client.set(p + key, value),
+                                              lambda key: client.get(p + key, timeout=timeout))
+        client.set(f"{p}joined/{info.rank}", b"")
     except (TimeoutError, ConnectionError) as exc:
-        missing = _missing_ranks(client, info.size)
+        missing = _missing_ranks(client, info.size, p)
         try:
-            client.set(f"gave_up/{info.rank}", b"")
+            client.set(f"{p}gave_up/{info.rank}", b"")
             if server is not None:
                 # Keep the store a moment (bounded) for the ranks that came: each
                 # reads who is missing before it gives up too.
-                came = [f"gave_up/{r}" for r in range(info.size) if r not in missing]
+                came = [f"{p}gave_up/{r}" for r in range(info.size) if r not in missing]
                 deadline = time.monotonic() + START_LINGER
                 while time.monotonic() < deadline and not client.check(came):
                     time.sleep(0.05)
@@ -339,7 +349,7 @@ def _rendezvous(info: _env.WorldInfo, timeout: float, generation: int = 0):
     local_size = info.local_size
     if local_rank is None or local_size is None:
         local_rank, local_size = local_place(hosts, info.rank)
-    return core, server, client, local_rank, local_size, host_cpus
+    return core, server, client, local_rank, local_size, host_cpus, p
 
 
 def init(timeout: Optional[float], wrap: Callable):
@@ -361,15 +371,15 @@ def init(timeout: Optional[float], wrap: Callable):
             _auth.job_secret()  # refuses (COLLECTIVES_REQUIRE_AUTH) before any socket
         t = float(timeout) if timeout else _default_timeout()
         if info.size == 1:
-            core, server, client = Communicator(0, 1), None, None
+            core, server, client, prefix = Communicator(0, 1), None, None, ""
             local_rank, local_size, host_cpus = 0, 1, set(process_cpus())
         else:
             _generation += 1
-            core, server, client, local_rank, local_size, host_cpus = \
+            core, server, client, local_rank, local_size, host_cpus, prefix = \
                 _rendezvous(info, t, _generation)
         apply_host_policy(core, local_rank, local_size, host_cpus)
         comm = wrap(core, local_rank, local_size)
-        _state = _World(comm, core, server, client)
+        _state = _World(comm, core, server, client, prefix)
         return comm
 
 

@@ -337,3 +337,21 @@ def test_join_without_a_grow_times_out_clearly(monkeypatch):
         with pytest.raises(RuntimeError, match="no rank of the job admitted this process"):
             collectives.join(timeout=1)
         assert not collectives.is_initialized()
+
+
+@pytest.mark.timeout(60)
+def test_rank0_killed_with_a_launcher_hosted_store_survivors_shrink():
+    # As a launcher that hosts the store would: the store lives outside the ranks.
+    from collectives import _store
+
+    with _store.StoreServer("127.0.0.1", 0, secret=SECRET.encode()) as server:
+        res = run_world(4, _SHRINK_BODY, timeout=50,
+                        env={**ENV, "KILL": "0", "COLLECTIVES_STORE_EXTERNAL": "1",
+                             "COLLECTIVES_STORE_ADDR": server.address},
+                        rank_env=lambda r, n: {"COLLECTIVES_RANK": r, "COLLECTIVES_SIZE": n,
+                                               "COLLECTIVES_STORE_ADDR": server.address})
+    assert res[0].returncode == -signal.SIGKILL, res.report()
+    for r in (1, 2, 3):
+        assert res[r].returncode == 0 and not res[r].get("fail"), res.report()
+        s = res[r].one("shrunk")
+        assert (s["new_rank"], s["size"], s["value"], s["gen"]) == (r - 1, 3, 6.0, 1), s
