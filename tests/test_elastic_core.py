@@ -355,3 +355,38 @@ def test_rank0_killed_with_a_launcher_hosted_store_survivors_shrink():
         assert res[r].returncode == 0 and not res[r].get("fail"), res.report()
         s = res[r].one("shrunk")
         assert (s["new_rank"], s["size"], s["value"], s["gen"]) == (r - 1, 3, 6.0, 1), s
+
+
+_GROW_DEATH_BODY = """
+import os, signal, time
+import numpy as np
+import collectives
+
+comm = collectives.init()
+x = np.zeros(2)
+comm.Allreduce(np.ones(2), x)
+if comm.rank == 2:
+    os.kill(os.getpid(), signal.SIGKILL)  # dies at the step boundary, before grow
+t0 = time.monotonic()
+try:
+    collectives.grow(timeout=10)
+    emit("grown")
+except RuntimeError as exc:
+    emit("error", message=str(exc), secs=time.monotonic() - t0)
+new = collectives.shrink(timeout=10)
+new.Allreduce(np.ones(2), x)
+emit("shrunk", size=new.size, value=float(x[0]))
+collectives.finalize()
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_dying_before_grow_fails_it_naming_the_rank_then_shrink_works():
+    res = run_world(3, _GROW_DEATH_BODY, timeout=50, env=ENV)
+    assert res[2].returncode == -signal.SIGKILL, res.report()
+    for r in (0, 1):
+        assert res[r].returncode == 0, res.report()
+        err = res[r].one("error")
+        assert "grow failed" in err["message"] and "rank 2" in err["message"], err
+        assert err["secs"] < 8, err
+        assert res[r].one("shrunk") == {**res[r].one("shrunk"), "size": 2, "value": 2.0}
