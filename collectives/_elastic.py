@@ -36,8 +36,12 @@ rank never reads what an earlier generation left in the store.
 The store lives where the job's rendezvous put it: in rank 0 under
 collectives-run and plain environments (collectives/_world.py), so a shrink
 after rank 0 died fails at once with an error saying the store went with it;
-torchrun's agent and a launcher that hosts the store outside the ranks keep
-it alive (see shrink() and DESIGN.md).
+a launcher that hosts the store itself (COLLECTIVES_STORE_EXTERNAL=1 for its
+ranks) keeps it alive, and the survivors of rank 0 shrink like any others.
+
+Liveness probes connect to a rank's listener: a killed process's port refuses
+at once. If another process took that port meanwhile, the rank counts as
+"unknown" and is left out only at the deadline.
 """
 from __future__ import annotations
 
