@@ -54,7 +54,7 @@ def shrink(timeout: float | None = None):
         The new world ``collectives.MPI.Comm``.
 
     Raises:
-        RuntimeError: (collectives._elastic.ElasticError) the store is gone (it lives
+        RuntimeError: (collectives._membership.ElasticError) the store is gone (it lives
             in rank 0 when collectives-run or a plain environment started the job, so
             the world cannot re-form once rank 0 died), this rank was left out, or the
             deadline passed; the text names the ranks.

@@ -1,6 +1,6 @@
 """The world communicator re-formed: shrink, grow, join and agree over the job's store.
 
-collectives/_elastic.py holds the agreements; this module applies them to the world
+collectives/_membership.py holds the agreements; this module applies them to the world
 that collectives/_world.py made (its store client, its rank-0 store server, its host
 policy) and installs the new world, so ``MPI.COMM_WORLD``, ``collectives.init()`` and
 the adapters built on them see the new communicator from then on.
@@ -10,24 +10,24 @@ from __future__ import annotations
 import time
 from typing import Optional
 
-from . import _auth, _elastic, _env, _world
+from . import _auth, _env, _membership, _world
 
 
 def _timeout(timeout: Optional[float]) -> float:
     return float(timeout) if timeout else _world._default_timeout()
 
 
-def _store_gone(client, exc: BaseException) -> _elastic.ElasticError:
+def _store_gone(client, exc: BaseException) -> _membership.ElasticError:
     where = ("the launcher hosts it (COLLECTIVES_STORE_EXTERNAL=1): is the launcher gone?"
              if _world.store_external() else
              "it lives in rank 0 of the job as started (collectives-run, or a plain "
              "environment), so a world whose rank 0 died cannot re-form; a launcher that "
              "hosts the store (COLLECTIVES_STORE_EXTERNAL=1) keeps it alive")
-    return _elastic.ElasticError(f"the job's store at {client.address} is gone ({exc}): "
+    return _membership.ElasticError(f"the job's store at {client.address} is gone ({exc}): "
                                  f"{where}")
 
 
-def _membership(state) -> _elastic.Membership:
+def _membership(state) -> _membership.Membership:
     """The current world's membership: kept from the last re-form, or read once from the
     initial rendezvous's addresses (this world's own keys)."""
     if state.membership is None:
@@ -36,7 +36,7 @@ def _membership(state) -> _elastic.Membership:
             host, port = state.client.get(f"{state.prefix}addr/{r}",
                                           timeout=5.0).decode().split("\n")[:2]
             addrs.append((host, int(port)))
-        state.membership = _elastic.Membership(f"w{_world._generation}", 0, "", addrs)
+        state.membership = _membership.Membership(f"w{_world._generation}", 0, "", addrs)
     return state.membership
 
 
@@ -69,7 +69,7 @@ def _install(old, client, server, rec: dict, formed, wrap):
     local_rank, local_size = _world.local_place(hosts, rank)
     _world.apply_host_policy(core, local_rank, local_size, host_cpus)
     comm = wrap(core, local_rank, local_size)
-    ms = _elastic.Membership(rec["world"], rec["generation"], rec["base"], addrs,
+    ms = _membership.Membership(rec["world"], rec["generation"], rec["base"], addrs,
                              rec["next_ticket"])
     if old is not None:
         old.core.close()
@@ -80,10 +80,10 @@ def _install(old, client, server, rec: dict, formed, wrap):
 def _world_state(what: str):
     state = _world._state
     if state is None:
-        raise _elastic.ElasticError(f"{what} needs the world communicator: call "
+        raise _membership.ElasticError(f"{what} needs the world communicator: call "
                                     f"collectives.init() first")
     if state.client is None:
-        raise _elastic.ElasticError(f"{what} needs a world formed through the job's store "
+        raise _membership.ElasticError(f"{what} needs a world formed through the job's store "
                                     f"(this one has a single rank)")
     return state
 
@@ -111,23 +111,23 @@ def shrink(timeout: Optional[float], wrap):
                 # rank that neither answers nor is seen dead, and forming then needs
                 # time of its own (an attempt at most 2 t; at most one more attempt per
                 # rank that dies meanwhile).
-                rec = _elastic.agree_survivors(client, ms, me, attempt, time.monotonic() + t)
+                rec = _membership.agree_survivors(client, ms, me, attempt, time.monotonic() + t)
                 deadline = time.monotonic() + t
                 if ("r", me) not in rec["members"]:
-                    raise _elastic.ElasticError(
+                    raise _membership.ElasticError(
                         f"rank {me} was left out of generation {rec['generation']}: the "
                         f"survivors agreed without it (it reached shrink after they decided)")
                 make, exchange = _core_maker(client, rec["generation"])
                 try:
-                    formed = _elastic.form(client, rec, ("r", me), ms, make, exchange, deadline)
-                except _elastic._Retry:
+                    formed = _membership.form(client, rec, ("r", me), ms, make, exchange, deadline)
+                except _membership._Retry:
                     attempt += 1  # a member died during the agreement: again, without it
                     continue
                 return _install(state, client, state.server, rec, formed, wrap)
         except ConnectionError as exc:
             raise _store_gone(client, exc) from None
         except TimeoutError as exc:
-            raise _elastic.ElasticError(f"shrink did not complete in time: {exc}") from None
+            raise _membership.ElasticError(f"shrink did not complete in time: {exc}") from None
 
 
 def grow(min_new: int, timeout: Optional[float], wrap):
@@ -141,13 +141,13 @@ def grow(min_new: int, timeout: Optional[float], wrap):
         deadline = time.monotonic() + _timeout(timeout)
         try:
             ms = _membership(state)
-            rec = _elastic.admit_joiners(client, ms, me, min_new, deadline)
+            rec = _membership.admit_joiners(client, ms, me, min_new, deadline)
             deadline = time.monotonic() + _timeout(timeout)  # forming: a bound of its own
             make, exchange = _core_maker(client, rec["generation"])
             try:
-                formed = _elastic.form(client, rec, ("r", me), ms, make, exchange, deadline)
-            except _elastic._Retry as exc:
-                raise _elastic.ElasticError(f"grow failed: {exc} died before the new world "
+                formed = _membership.form(client, rec, ("r", me), ms, make, exchange, deadline)
+            except _membership._Retry as exc:
+                raise _membership.ElasticError(f"grow failed: {exc} died before the new world "
                                             f"formed; shrink, then grow again") from None
         except (ConnectionError, TimeoutError) as exc:
             raise _store_gone(client, exc) from None
@@ -158,19 +158,19 @@ def join(timeout: Optional[float], wrap):
     """This new process's world communicator, once a grow admits it (see collectives.join)."""
     with _world._lock:
         if _world._state is not None:
-            raise _elastic.ElasticError("join() is for a process that is not in a world yet")
+            raise _membership.ElasticError("join() is for a process that is not in a world yet")
         t = _timeout(timeout)
         deadline = time.monotonic() + t
-        client = _elastic.new_client(t)
+        client = _membership.new_client(t)
         try:
-            ticket = _elastic.take_ticket(client)
-            raw = client.get(f"elastic/admit/{ticket}", timeout=t)
-            rec = _elastic._decode_members(raw)
+            ticket = _membership.take_ticket(client)
+            raw = client.get(f"reform/admit/{ticket}", timeout=t)
+            rec = _membership._decode_members(raw)
             make, exchange = _core_maker(client, rec["generation"])
-            formed = _elastic.form(client, rec, ("j", ticket), None, make, exchange, deadline)
+            formed = _membership.form(client, rec, ("j", ticket), None, make, exchange, deadline)
         except TimeoutError as exc:
             client.close()
-            raise _elastic.ElasticError(f"no rank of the job admitted this process within "
+            raise _membership.ElasticError(f"no rank of the job admitted this process within "
                                         f"{t:g} s (the ranks call collectives.grow() at a step "
                                         f"boundary): {exc}") from None
         except BaseException:
@@ -189,8 +189,8 @@ def agree(flag: int, timeout: Optional[float] = None) -> int:
         try:
             ms = _membership(state)
             ms.agreements += 1
-            base = f"elastic/{ms.world}.{ms.generation}/agree/{ms.agreements}/"
-            return _elastic.agree_flag(client, base, ms, me, int(flag), deadline,
+            base = f"reform/{ms.world}.{ms.generation}/agree/{ms.agreements}/"
+            return _membership.agree_flag(client, base, ms, me, int(flag), deadline,
                                        state.server is not None)
         except (ConnectionError, TimeoutError) as exc:
             raise _store_gone(client, exc) from None

@@ -51,7 +51,7 @@ class _World:
         self.client = client
         self.failed = False
         self.cause = ""
-        # A world made by shrink or grow (collectives/_elastic.py) keeps its store keys
+        # A world made by shrink or grow (collectives/_membership.py) keeps its store keys
         # under its own prefix, so no rank reads what an earlier generation left there.
         self.prefix = prefix
         self.membership = membership
@@ -285,7 +285,7 @@ def _connect_store(info: _env.WorldInfo, generation: int, timeout: float,
 def store_external() -> bool:
     """COLLECTIVES_STORE_EXTERNAL=1: a launcher hosts the job's store at the store address
     and keeps it for the whole job, so rank 0 starts none, and the store outlives any
-    rank (an elastic world can then shrink after rank 0 died, collectives/_elastic.py).
+    rank (an elastic world can then shrink after rank 0 died, collectives/_membership.py).
     Such a store outlives each world too: a world's keys then carry its number."""
     return os.environ.get("COLLECTIVES_STORE_EXTERNAL", "").strip() == "1"
 

@@ -124,7 +124,7 @@ _SHRINK_BODY = """
 import os, signal, time
 import numpy as np
 import collectives
-from collectives import MPI, _elastic
+from collectives import MPI, _membership as _elastic
 from collectives._core import comm_generation
 
 comm = collectives.init()

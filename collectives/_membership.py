@@ -1,10 +1,10 @@
-"""Elastic worlds: shrink after a failure, grow at a step boundary (issue 23).
+"""Survivors agree, joiners are admitted: ULFM-style shrink, grow and agree (issue 23).
 
 The job's store is the coordinator, as the ULFM operations (MPIX_Comm_shrink,
 MPIX_Comm_agree) and NCCL's ncclCommShrink need one agreement each:
 
 shrink (every survivor of world generation g, numbered by its rank there):
-  1. post ``<base>alive/<r>``, base = ``elastic/<world>.<g+1>.<attempt>/``;
+  1. post ``<base>alive/<r>``, base = ``reform/<world>.<g+1>.<attempt>/``;
   2. wait until every rank of g has posted or is dead: a rank is dead when its
      listener (the broken communicator's, kept open until the new one exists)
      refuses a connection, which the kernel does at once for a process that
@@ -23,8 +23,8 @@ shrink (every survivor of world generation g, numbered by its rank there):
      wait is bounded by the deadline; the error then names the ranks missing.
 
 grow (every rank of generation g, plus the processes that called join()):
-  a joiner takes a ticket (ADD ``elastic/joiners``) and waits for
-  ``elastic/admit/<ticket>``; the first rank of g to call grow (ADD again)
+  a joiner takes a ticket (ADD ``reform/joiners``) and waits for
+  ``reform/admit/<ticket>``; the first rank of g to call grow (ADD again)
   admits the tickets taken so far (waiting up to the deadline for at least
   min_new), writes the members (the ranks of g in order, then the joiners by
   ticket) and the admissions, and everyone forms generation g+1 as above.
@@ -99,7 +99,7 @@ class Membership:
 
     def base(self, attempt: int) -> str:
         """The store prefix of the agreement that makes the next generation."""
-        return f"elastic/{self.world}.{self.generation + 1}.{attempt}/"
+        return f"reform/{self.world}.{self.generation + 1}.{attempt}/"
 
 
 def _decode_members(raw: bytes) -> dict:
@@ -221,16 +221,16 @@ def admit_joiners(client, ms: Membership, rank: int, min_new: int, deadline: flo
 
     def decide() -> bytes:
         while True:
-            taken = client.add("elastic/joiners", 0)
+            taken = client.add("reform/joiners", 0)
             if taken - ms.next_ticket + 1 >= min_new or _left(deadline) <= 0:
                 break
             time.sleep(POLL_S)
         tickets = [t for t in range(ms.next_ticket, taken + 1)
-                   if client.check([f"elastic/joiner/{t}"])]
+                   if client.check([f"reform/joiner/{t}"])]
         members = [("r", p) for p in range(n)] + [("j", t) for t in tickets]
         raw = _encode_members(ms, base, members, taken + 1)
         for t in tickets:
-            client.set(f"elastic/admit/{t}", raw)
+            client.set(f"reform/admit/{t}", raw)
         return raw
 
     rec = _decode_members(_decide_once(client, base, "decided", decide, _left(deadline) + 1.0))
@@ -330,8 +330,8 @@ def store_address() -> tuple:
 
 def take_ticket(client) -> int:
     """A joiner's place in the queue of processes waiting to join (announced in the store)."""
-    ticket = client.add("elastic/joiners", 1)
-    client.set(f"elastic/joiner/{ticket}", b"")
+    ticket = client.add("reform/joiners", 1)
+    client.set(f"reform/joiner/{ticket}", b"")
     return ticket
 
 
