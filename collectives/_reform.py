@@ -27,7 +27,7 @@ def _store_gone(client, exc: BaseException) -> _membership.ElasticError:
                                  f"{where}")
 
 
-def _membership(state) -> _membership.Membership:
+def _current_membership(state) -> _membership.Membership:
     """The current world's membership: kept from the last re-form, or read once from the
     initial rendezvous's addresses (this world's own keys)."""
     if state.membership is None:
@@ -105,7 +105,7 @@ def shrink(timeout: Optional[float], wrap):
         t = _timeout(timeout)
         attempt = 0
         try:
-            ms = _membership(state)
+            ms = _current_membership(state)
             while True:
                 # Each bound is fresh: the agreement may wait its whole timeout for a
                 # rank that neither answers nor is seen dead, and forming then needs
@@ -140,7 +140,7 @@ def grow(min_new: int, timeout: Optional[float], wrap):
         me = state.core.rank
         deadline = time.monotonic() + _timeout(timeout)
         try:
-            ms = _membership(state)
+            ms = _current_membership(state)
             rec = _membership.admit_joiners(client, ms, me, min_new, deadline)
             deadline = time.monotonic() + _timeout(timeout)  # forming: a bound of its own
             make, exchange = _core_maker(client, rec["generation"])
@@ -187,7 +187,7 @@ def agree(flag: int, timeout: Optional[float] = None) -> int:
         me = state.core.rank
         deadline = time.monotonic() + _timeout(timeout)
         try:
-            ms = _membership(state)
+            ms = _current_membership(state)
             ms.agreements += 1
             base = f"reform/{ms.world}.{ms.generation}/agree/{ms.agreements}/"
             return _membership.agree_flag(client, base, ms, me, int(flag), deadline,
