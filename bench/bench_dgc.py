@@ -6,6 +6,12 @@
     bench/netns.sh up 4 1gbit      # as root
     PYTHONPATH=$PWD bench/netns.sh run 4 python bench/bench_dgc.py time
     bench/netns.sh down 4
+    # end to end on a ~25 M parameter MLP (~100 MB fp32 gradient), interleaved:
+    # dense fp32, fp16, DGC 0.1 % and PowerSGD rank 4 (DDP powerSGD_hook over the
+    # torch.distributed backend "collectives"): step time, bytes, accuracy
+    PYTHONPATH=$PWD bench/netns.sh run 4 python bench/bench_dgc.py e2e --width 3300
+    # compression time per step, fused native pass vs the torch-op reference (1 process):
+    PYTHONPATH=$PWD python bench/bench_dgc.py compress --width 3300
 
 Methods: dense (fp32 allreduce, momentum SGD), fp16 (Compression.fp16), top-k
 with error feedback (TopKCompressor + momentum SGD) and DGC (DGC + DGCSGD:
@@ -187,10 +193,171 @@ def run_time(args: argparse.Namespace) -> None:
                   f"{statistics.mean(sent):12.0f} {4 * numel / statistics.mean(sent):11.1f}x")
 
 
+# ------------------------------------------------------------------ end to end
+
+E2E_METHODS = ["dense", "fp16", "dgc", "powersgd"]
+
+
+def e2e_data(n: int, seed: int, din: int) -> tuple:
+    """n Gaussian inputs (din-d) labelled into 10 classes by a fixed random teacher."""
+    g = torch.Generator().manual_seed(4321)
+    w1 = torch.randn(din, 64, generator=g) / din ** 0.5
+    w2 = torch.randn(64, 10, generator=g) / 8
+    x = torch.randn(n, din, generator=torch.Generator().manual_seed(seed))
+    return x, (torch.tanh(x @ w1) @ w2).argmax(1)
+
+
+def powersgd_bytes(model: nn.Module, rank: int) -> int:
+    """PowerSGD's payload per step: P and Q (rank columns) per matrix, 1-D tensors whole."""
+    total = 0
+    for p in model.parameters():
+        if p.dim() >= 2:
+            a, b = p.shape[0], p.numel() // p.shape[0]
+            total += 4 * min(rank * (a + b), a * b)
+        else:
+            total += 4 * p.numel()
+    return total
+
+
+def run_e2e(args: argparse.Namespace) -> None:
+    """Train one model per method, round-robin in blocks of steps; rank 0 prints the table."""
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+
+    r, n = hvd.rank(), hvd.size()
+    w, din = args.width, 1024
+    dist.init_process_group("collectives", init_method=f"tcp://{os.environ.get('MASTER_ADDR', '127.0.0.1')}:"
+                            f"{args.torch_port}", rank=r, world_size=n)
+    total_steps = args.rounds * args.steps
+    warm = max(1, total_steps // 8)  # DGC warm-up: 2 "epochs" of an eighth of the budget
+    runs = {}
+    for method in E2E_METHODS:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(din, w), nn.ReLU(), nn.Linear(w, w), nn.ReLU(),
+                              nn.Linear(w, w), nn.ReLU(), nn.Linear(w, 10))
+        numel = sum(p.numel() for p in model.parameters())
+        comp, net = None, model
+        if method == "powersgd":
+            # one DDP bucket: PowerSGD's hook issues its P/Q allreduces from completion
+            # callbacks, and with several buckets their order against the next bucket's
+            # first allreduce differs between ranks (a hang on an in-order backend)
+            net = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1024)
+            state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=4,
+                                       start_powerSGD_iter=2, min_compression_rate=2)
+            net.register_comm_hook(state, psgd.powerSGD_hook)
+            opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+        elif method == "dgc":
+            comp = DGC(compress_ratio=args.density, momentum=0.9, warmup_epochs=2,
+                       steps_per_epoch=warm)
+            opt = hvd.DistributedOptimizer(DGCSGD(model.parameters(), lr=args.lr, momentum=0.9),
+                                           named_parameters=model.named_parameters(),
+                                           compression=comp)
+        else:
+            opt = hvd.DistributedOptimizer(
+                torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
+                named_parameters=model.named_parameters(),
+                compression=hvd.Compression.fp16 if method == "fp16" else hvd.Compression.none)
+            opt.remove_hooks()  # re-attached for its own steps (one hook set at a time)
+        if method == "dgc":
+            opt.remove_hooks()
+        runs[method] = dict(net=net, model=model, opt=opt, comp=comp, times=[], bytes=[],
+                            numel=numel, step=0, parts=[])
+
+    def one_step(run: dict, method: str) -> None:
+        step = run["step"]
+        x, y = e2e_data(args.batch_size, (step * n + r) * 7 + 1, din)
+        hvd.barrier()
+        t0 = time.perf_counter()
+        run["opt"].zero_grad()
+        loss = F.cross_entropy(run["net"](x), y)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        run["opt"].step()
+        t3 = time.perf_counter()
+        dt = torch.tensor([t3 - t0, t1 - t0, t2 - t1, t3 - t2], dtype=torch.float64)
+        dt = hvd.allreduce(dt, op=hvd.Max, name="bench.e2e.time")
+        run["step"] += 1
+        if run["step"] > warm * 2 + 1:  # after DGC's warm-up and PowerSGD's start, for all
+            run["times"].append(float(dt[0]))
+            run["parts"].append(dt[1:].tolist())
+            if method == "powersgd":
+                run["bytes"].append(powersgd_bytes(run["model"], 4))
+            elif run["comp"] is not None:
+                st = run["comp"].stats
+                run["bytes"].append(st["dense_bytes"] + st["sparse_bytes"])
+            else:
+                run["bytes"].append(run["numel"] * (2 if method == "fp16" else 4))
+
+    for rnd in range(args.rounds):
+        for method, run in runs.items():
+            opt = run["opt"]
+            if method != "powersgd":
+                opt._hooks = [p.register_post_accumulate_grad_hook(opt._on_grad)
+                              for p in run["model"].parameters()]
+            for _ in range(args.steps):
+                one_step(run, method)
+            if method != "powersgd":
+                opt.remove_hooks()
+        if r == 0:
+            print(f"# round {rnd + 1}/{args.rounds} done", flush=True)
+    xte, yte = e2e_data(2048, 99, din)
+    accs = {}
+    with torch.no_grad():
+        for method, run in runs.items():
+            accs[method] = (run["model"](xte).argmax(1) == yte).float().mean().item()
+    if r == 0:
+        numel = runs["dense"]["numel"]
+        print(f"# e2e: {n} ranks, MLP {din}-{w}-{w}-{w}-10 ({numel / 1e6:.1f} M parameters, "
+              f"{4 * numel / 1e6:.0f} MB fp32 gradient), batch {args.batch_size}/rank, "
+              f"{total_steps} steps per method in {args.rounds} interleaved rounds, lr {args.lr}, "
+              f"DGC {args.density * 100:g}% (warm-up {2 * warm} steps), PowerSGD rank 4; "
+              f"load: {open('/proc/loadavg').read().split()[:3]}")
+        base = statistics.median(runs["fp16"]["times"])
+        print(f"{'method':>9} {'step ms':>9} {'vs fp16':>8} {'fwd ms':>7} {'bwd ms':>8} "
+              f"{'step() ms':>9} {'bytes/step':>12} {'test acc':>9}")
+        for method, run in runs.items():
+            med = statistics.median(run["times"])
+            parts = [statistics.median(p[i] for p in run["parts"]) * 1e3 for i in range(3)]
+            print(f"{method:>9} {med * 1e3:9.1f} {base / med:7.2f}x {parts[0]:7.1f} "
+                  f"{parts[1]:8.1f} {parts[2]:9.1f} {statistics.mean(run['bytes']):12.0f} "
+                  f"{accs[method] * 100:8.2f}%")
+    dist.destroy_process_group()
+
+
+def run_compress(args: argparse.Namespace) -> None:
+    """Time DGC's selection for the e2e model's weight shapes: fused pass vs torch reference.
+
+    Alternates the two for --rounds x --steps steps on the same gradients (the
+    memory of each evolves the same way: the results are bit-identical) and
+    prints the median time per step of each and their ratio.
+    """
+    w = args.width
+    shapes = [(w, 1024), (w, w), (w, w), (10, w)]
+    g = torch.Generator().manual_seed(0)
+    grads = [torch.randn(*s, generator=g) for s in shapes]
+    comps = {f: DGC(compress_ratio=args.density, momentum=0.9, fused=f) for f in (True, False)}
+    times: dict = {True: [], False: []}
+    for i in range(args.rounds * args.steps):
+        for f, comp in comps.items():
+            t0 = time.perf_counter()
+            for j, gr in enumerate(grads):
+                comp.select(f"t{j}", gr, j)
+            times[f].append(time.perf_counter() - t0)
+            comp.end_step()
+    numel = sum(t.numel() for t in grads)
+    fused, ref = statistics.median(times[True]), statistics.median(times[False])
+    print(f"# compress: DGC {args.density * 100:g}% over {numel / 1e6:.1f} M entries "
+          f"({len(shapes)} tensors), {len(times[True])} steps each, alternating; load "
+          f"{open('/proc/loadavg').read().split()[:3]}")
+    print(f"torch reference {ref * 1e3:8.1f} ms/step   fused native {fused * 1e3:8.1f} ms/step   "
+          f"ratio {ref / fused:5.2f}x")
+
+
 def main() -> None:
     """Parse arguments and run one mode."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=["accuracy", "time"])
+    parser.add_argument("mode", choices=["accuracy", "time", "e2e", "compress"])
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2, help="DGC warm-up epochs")
@@ -202,11 +369,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6, help="time: steps per method per round")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--skip", type=int, default=1, help="time: untimed first steps")
+    parser.add_argument("--density", type=float, default=0.001, help="e2e: DGC density")
+    parser.add_argument("--torch-port", type=int, default=29533, help="e2e: torch store port")
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    if args.mode == "compress":
+        run_compress(args)
+        return
     hvd.init()
     if args.mode == "accuracy":
         run_accuracy(args)
+    elif args.mode == "e2e":
+        run_e2e(args)
     else:
         run_time(args)
 

@@ -85,9 +85,7 @@ MPI4PY_MODULE = frozenset("""
 """.split())
 
 # horovod.torch (0.28): public names that collectives.torch lacks.
-HOROVOD_TORCH = frozenset("""
-    elastic
-""".split())
+HOROVOD_TORCH: frozenset = frozenset()
 
 
 class NotProvidedError(NotImplementedError, AttributeError):

@@ -364,7 +364,14 @@ def init(timeout: Optional[float], wrap: Callable):
         if _state is not None:
             return _state.comm
         from ._core import Communicator
+        from . import _elastic
 
+        if _elastic.is_elastic():  # collectives-run --elastic: its driver names the members
+            core, client, local_rank, local_size, host_cpus = _elastic.rendezvous(
+                float(timeout) if timeout else _default_timeout(), exchange_addresses, local_place)
+            apply_host_policy(core, local_rank, local_size, host_cpus)
+            _state = _World(wrap(core, local_rank, local_size), core, None, client)
+            return _state.comm
         info = _env.detect()
         config.check_env()  # every COLLECTIVES_* tunable, before any connection
         if info.size > 1:

@@ -41,6 +41,18 @@ Native side
     ``XlaRuntimeError`` carrying the core's message (rank, peer, values); the
     process is never aborted.
 
+No copy of a kept input (issue 21)
+    ``allreduce`` (and ``broadcast``, ``recv``, ``sendrecv`` for their
+    templates) aliases its output to its input only where that input is an
+    intermediate or a donated argument: XLA then reduces in place. For an
+    argument the caller keeps (``jax.jit(f)(x)`` without ``donate_argnums``)
+    an alias would make XLA copy ``x`` into a fresh buffer first; instead the
+    custom call gets its own output, which the core's out-of-place allreduce
+    writes directly (it reads ``x`` once and never copies it), with huge
+    pages requested for that fresh output (its page faults cost more than
+    the reduction). These primitives are lowered inline (not as cached
+    per-primitive functions) so that the check sees each call's own operand.
+
 Building the handler
     The package build has no jax, so the handler is compiled on first use
     (the first collective called, not the import) with the system C++
@@ -101,9 +113,13 @@ from jax.extend.core import Effect, Primitive
 from jax.interpreters import ad, batching, mlir
 
 # JAX has no public way to declare an ordered effect or name the token aval;
-# these two private modules are the only ones this file touches.
+# these two private modules are the only ones this file touches (and
+# _jax_tokens.py, JAX's runtime tokens).
 from jax._src import core as _jax_core
 from jax._src import effects as _jax_effects
+
+from . import _jax_tokens
+from ._jax_alias import caller_keeps as _caller_keeps
 
 __all__ = ["allreduce", "allgather", "broadcast", "barrier", "CollectiveEffect",
            "send", "recv", "sendrecv", "gather", "scatter", "reduce", "alltoall"]
@@ -132,6 +148,9 @@ _jax_effects.ordered_effects.add_type(CollectiveEffect)
 _jax_effects.control_flow_allowed_effects.add_type(CollectiveEffect)
 _jax_effects.custom_derivatives_allowed_effects.add_type(CollectiveEffect)
 _jax_effects.remat_allowed_effects.add_type(CollectiveEffect)
+
+
+_jax_tokens.fresh_token_after_failure(CollectiveEffect)
 
 
 # ------------------------------------------------------- building the handler
@@ -256,8 +275,9 @@ def _lowering(target: str, aliases: Optional[dict] = None):
         call_ctx = ctx.replace(avals_in=[*ctx.avals_in, tok], avals_out=[*ctx.avals_out, tok])
         attrs = {k: (np.int64(v) if k in ("comm", "api", "size") else np.int32(v))
                  for k, v in params.items()}
+        kept = {i: o for i, o in (aliases or {}).items() if not _caller_keeps(operands[i])}
         lower = jax.ffi.ffi_lowering(target, has_side_effect=True,
-                                     operand_output_aliases=aliases)
+                                     operand_output_aliases=kept or None)
         *results, token = lower(call_ctx, *operands, token, **attrs)
         ctx.set_tokens_out(ctx.tokens_in.update_tokens(mlir.TokenSet({_effect: token})))
         return results
@@ -289,14 +309,24 @@ def _define(name: str, target: str, abstract, aliases=None, multiple_results=Fal
     prim.multiple_results = multiple_results
     prim.def_impl(_eager_impl(prim))
     prim.def_effectful_abstract_eval(lambda *a, **p: (abstract(*a, **p), {_effect}))
-    mlir.register_lowering(prim, _lowering(target, aliases), platform="cpu")
+    if aliases:
+        # Lowered inline (not as a cached function shared by every call site),
+        # so that _caller_keeps sees this call's own operands.
+        try:
+            mlir.register_lowering(prim, _lowering(target, aliases), platform="cpu",
+                                   cacheable=False)
+        except TypeError:  # a JAX without the flag: its lowering is inline already
+            mlir.register_lowering(prim, _lowering(target, aliases), platform="cpu")
+    else:
+        mlir.register_lowering(prim, _lowering(target, aliases), platform="cpu")
     for gpu in ("cuda", "rocm"):
         mlir.register_lowering(prim, _gpu_lowering, platform=gpu)
     return prim
 
 
-# allreduce and broadcast alias their output to their input: the core works in
-# place, and XLA adds a copy only when the input stays live (not donated).
+# allreduce and broadcast alias their output to their input (the core works in
+# place) unless the input is an argument the caller keeps (_caller_keeps):
+# then the handler writes a fresh output instead of XLA copying the input.
 allreduce_p = _define("collectives_allreduce", "collectives_allreduce",
                       lambda x, **_: jax.core.ShapedArray(x.shape, x.dtype), aliases={0: 0})
 allgather_p = _define("collectives_allgather", "collectives_allgather",

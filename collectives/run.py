@@ -16,7 +16,8 @@ MASTER_ADDR MASTER_PORT``, a second port for torch's own store), so a
 prefixed ``[rank]<stdout>:`` or ``[rank]<stderr>:``; a progress bar redrawn
 with ``\\r`` (tqdm) is forwarded as it is drawn, not when its line ends.
 When a rank fails, the others are stopped and the launcher returns the failed
-rank's code (128 + signal for a signal).
+rank's code (128 + signal for a signal), except with ``--elastic``, where the
+survivors re-form the world and go on (collectives/_elastic_run.py).
 
 A remote rank is stopped through its ssh connection. sshd forwards no signal
 without a tty, so the remote side runs the command under a small sh watcher
@@ -685,6 +686,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kill-grace", type=float, default=DEFAULT_GRACE_S,
                    help="seconds between SIGTERM and SIGKILL when stopping ranks")
     p.add_argument("--verbose", action="store_true", help="print each rank's command")
+    from ._elastic_run import add_arguments
+
+    add_arguments(p)  # --elastic --min-np --max-np --max-restarts --host-discovery-script
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command and its arguments")
     return p
 
@@ -757,6 +761,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         config.check_env({**os.environ, **exports})
     except ValueError as exc:
         parser.error(str(exc))
+    if args.elastic:
+        from ._elastic_run import run_elastic
+
+        try:
+            return run_elastic(sys.modules[__name__], args, parser, command, hosts, exports,
+                               ssh_options, _launcher_secret(exports))
+        except OSError as exc:  # e.g. the command does not exist
+            print(f"collectives-run: cannot start {command[0]!r}: {exc}", file=sys.stderr)
+            return 127
     try:
         store_addr = choose_store_addr(hosts)
         torch_addr = choose_store_addr(hosts)

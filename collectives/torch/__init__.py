@@ -7,7 +7,7 @@ registers the ``"collectives"`` backend for
 This module only re-exports: ops in ``mpi_ops`` and ``gather_ops``, Horovod's
 exception classes in ``exceptions``, helpers in ``functions``,
 the optimizer in ``optimizer``, compression in ``compression``, the backend
-in ``backend``.
+in ``backend``, Horovod's elastic API in ``elastic`` (``hvd.elastic``).
 """
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ from .mpi_ops import (Adasum, Average, Handle, LayoutMismatch, Max, Min, Product
 from .optimizer import DistributedOptimizer
 from .dgc import DGC, DGCSGD, TopKCompressor
 from .backend import ProcessGroupCollectives, register_backend
+from . import elastic
 
 register_backend()
 
@@ -61,5 +62,5 @@ __all__ = [
     "HostsUpdatedInterrupt", "grouped_allgather", "grouped_allgather_async",
     "grouped_reducescatter", "grouped_reducescatter_async", "sparse_allreduce_async",
     "ProcessSet", "add_process_set", "global_process_set", "remove_process_set",
-    "SyncBatchNorm", "start_timeline", "stop_timeline",
+    "SyncBatchNorm", "start_timeline", "stop_timeline", "elastic",
 ]

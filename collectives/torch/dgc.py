@@ -12,11 +12,24 @@ Per tensor and step, on each rank:
    at most ``k = ceil(density * numel)`` entries;
 4. those (values, indices) are sent and zeroed in v, and in u with momentum
    masking;
-5. one packed buffer per rank (all sparse tensors) is allgathered and
-   scatter-added, then divided by N (``sparse_ops``);
+5. one packed buffer per rank and fusion bucket is allgathered and
+   scatter-added, then divided by N (``sparse_ops``). The allgather starts
+   from the gradient hook as soon as the bucket's gradients are ready, while
+   backward goes on (``overlap=True``, the default); its buffer has the fixed
+   size of k entries per tensor, so no size exchange has to come first.
+   ``overlap=False`` exchanges all sparse tensors in ``synchronize()``, sized
+   by what was selected; both give the same gradients bit for bit;
 6. small tensors, and every tensor while the warm-up density is so high
    that the sparse form would cost more bytes than a dense allreduce, go
    through the dense allreduce (momentum applied, no masking).
+
+Steps 2-4 run as one native pass per tensor (``fused=True``, the default;
+native/reduce/dgc_fused.c): the momentum update, the counts at every threshold
+the adaptation rounds may try (from a sample of the updated values, computed
+first), and the entries above the lowest of them, while g, u and v stream
+through once; only the chosen entries are then touched again. ``fused=False``
+runs the same steps as torch ops (several passes), with the same result bit
+for bit.
 
 Usage, as in Horovod::
 
@@ -39,8 +52,10 @@ import math
 import warnings
 from typing import Any, Callable, Iterable, Optional, Sequence
 
+import numpy as np
 import torch
 
+from .. import _core
 from . import sparse_ops
 from ._context import as_buffer
 from .compression import NoneCompressor
@@ -77,16 +92,22 @@ class SparseCompressor(NoneCompressor):
             (biases, norms), always go dense.
         dense: optional ``f(name, param) -> bool``: True keeps that tensor dense.
         rounds: threshold adaptation rounds.
+        fused: select with the fused native pass (one pass over gradient and memory per
+            tensor: update, threshold counts and candidates); False: the torch-op
+            reference (same result, several passes).
+        overlap: exchange each bucket's sparse entries as soon as its gradients are ready
+            (during backward); False: all of them in synchronize() after backward.
     """
 
     owns_momentum = False
+    fused_mode = "topk"  # the update dgc_update applies (DGC: momentum / nesterov)
 
     def __init__(self, compress_ratio: float = 0.01, sample_ratio: float = 0.01,
                  warmup_epochs: int = 0, warmup_ratios: Optional[Sequence[float]] = None,
                  steps_per_epoch: Optional[int] = None, fp16_values: bool = False,
                  int32_indices: bool = True, min_numel: int = DEFAULT_MIN_NUMEL,
                  dense: Optional[Callable[[str, torch.Tensor], bool]] = None,
-                 rounds: int = 3) -> None:
+                 rounds: int = 3, fused: bool = True, overlap: bool = True) -> None:
         if not 0 < compress_ratio <= 1:
             raise ValueError(f"compress_ratio must be in (0, 1], got {compress_ratio}")
         if not 0 < sample_ratio <= 1:
@@ -107,6 +128,8 @@ class SparseCompressor(NoneCompressor):
         self.min_numel = int(min_numel)
         self.dense = dense
         self.rounds = int(rounds)
+        self.fused = bool(fused)
+        self.overlap = bool(overlap)
         self.wire = sparse_ops.WireFormat(torch.float16 if fp16_values else torch.float32,
                                           torch.int32 if int32_indices else torch.int64)
         self.epoch = 0.0
@@ -117,7 +140,8 @@ class SparseCompressor(NoneCompressor):
         self.__name__ = (f"{type(self).__name__}(ratio={self.compress_ratio}, "
                          f"sample={self.sample_ratio}, warmup={self.warmup_epochs}/"
                          f"{self.warmup_ratios}, fp16={self.fp16_values}, "
-                         f"int32={self.int32_indices}, min_numel={self.min_numel})")
+                         f"int32={self.int32_indices}, min_numel={self.min_numel}, "
+                         f"overlap={self.overlap})")
 
     # -- the Compressor interface: the dense path sends tensors unchanged ---------------
     @property
@@ -179,6 +203,76 @@ class SparseCompressor(NoneCompressor):
     def sample_start(self, index: int) -> int:
         """Offset of the strided sample of tensor `index` this step (varies with the step)."""
         return (self.step * 2654435761 + index * 40503) & 0x7FFFFFFF
+
+    # -- selection: fold g into the memory, pick the entries, remove them -------------
+    def select(self, name: str, g: torch.Tensor, index: int) -> tuple:
+        """Fold gradient `g` into the memory of `name`, select at most k entries, remove
+        them from the memory; return them as sent (float32 values as decoded, int64
+        indices, in index order). `index` is the tensor's position among this step's
+        sparse tensors (it varies the sample)."""
+        if self.fused:
+            return self._select_fused(name, g, index)
+        return self._select_reference(name, g, index)
+
+    def _select_reference(self, name: str, g: torch.Tensor, index: int) -> tuple:
+        v = self.accumulate_sparse(name, g)
+        k = self.k(v.numel())
+        thr = sparse_ops.choose_threshold(v, k, self.sample_ratio, self.rounds,
+                                          self.sample_start(index))
+        vals = torch.empty(k, dtype=self.wire.value_dtype)
+        idx = torch.empty(k, dtype=self.wire.index_dtype)
+        c = sparse_ops.select(v, thr, k, vals, idx)
+        vals, idx = vals[:c].float(), idx[:c].long()
+        self.sent(name, idx, vals)
+        return vals, idx
+
+    def _clip_scale(self, g: torch.Tensor) -> float:
+        return 1.0
+
+    def _select_fused(self, name: str, g: torch.Tensor, index: int) -> tuple:
+        g = g.reshape(-1)
+        if not g.is_contiguous() or g.dtype != torch.float32:
+            g = g.contiguous().float()
+        mode = self.fused_mode
+        mem = self._buffers(name, g, ("v",) if mode == "topk" else ("u", "v"))
+        u = None if mode == "topk" else mem["u"].numpy()
+        v = mem["v"]
+        gn, vn = g.numpy(), v.numpy()
+        m, scale = getattr(self, "momentum", 0.0), self._clip_scale(g)
+        n = g.numel()
+        k = self.k(n)
+        off, stride, s, rank = sparse_ops.sample_plan(n, k, self.sample_ratio,
+                                                      self.sample_start(index))
+        sample = torch.empty(s, dtype=torch.float32)
+        _core.dgc_sample(gn, u, vn, mode, m, scale, off, stride, sample.numpy())
+        top = torch.topk(sample, min(s, 4 * rank + 16)).values
+        thresholds = top.clamp_min(sparse_ops.TINY).numpy()
+        hist = np.zeros(len(thresholds), dtype=np.int64)
+        # about stride entries of the tensor per sampled one reach the lowest threshold
+        cap = min(n, 2 * len(thresholds) * stride + 4096)
+        cand_v = np.empty(cap, dtype=np.float32)
+        cand_i = np.empty(cap, dtype=np.int64)
+        ncand = _core.dgc_update(gn, u, vn, mode, m, scale, thresholds, hist, cand_v, cand_i)
+        cum = np.cumsum(hist)
+        thr = sparse_ops.adapt_threshold(top.tolist(), k, rank, self.rounds,
+                                         lambda i, t: int(cum[i]))
+        if ncand > cap:  # the sample misjudged the tail: pick from v in a second pass
+            vals = torch.empty(k, dtype=self.wire.value_dtype)
+            idx = torch.empty(k, dtype=self.wire.index_dtype)
+            c = sparse_ops.select(v, thr, k, vals, idx)
+            vals, idx = vals[:c].float(), idx[:c].long()
+        else:
+            tb = np.array([thr], dtype=np.float32).view(np.uint32)[0]
+            hit = (cand_v[:ncand].view(np.uint32) & np.uint32(0x7FFFFFFF)) >= tb
+            cv = torch.from_numpy(cand_v[:ncand][hit])
+            ci = torch.from_numpy(cand_i[:ncand][hit])
+            if cv.numel() > k:  # as select(): the exact top k of the candidates
+                keep = torch.topk(cv.abs(), k, sorted=False).indices.sort().values
+                cv, ci = cv[keep], ci[keep]
+            vals = cv.to(self.wire.value_dtype).float()
+            idx = ci.to(self.wire.index_dtype).long()
+        self.sent(name, idx, vals)
+        return vals, idx
 
     # -- memory -------------------------------------------------------------------------
     def _buffers(self, name: str, g: torch.Tensor, keys: Iterable[str]) -> dict:
@@ -256,6 +350,11 @@ class DGC(SparseCompressor):
 
     owns_momentum = True
 
+    @property
+    def fused_mode(self) -> str:
+        """The update the fused pass applies: "momentum" or "nesterov"."""
+        return "nesterov" if self.nesterov else "momentum"
+
     def __init__(self, compress_ratio: float = 0.001, sample_ratio: float = 0.01,
                  momentum: float = 0.9, nesterov: bool = False, momentum_masking: bool = True,
                  clip_norm: Optional[float] = None, **kwargs: Any) -> None:
@@ -272,19 +371,24 @@ class DGC(SparseCompressor):
         self.__name__ += (f"[m={self.momentum}, nesterov={self.nesterov}, "
                           f"masking={self.momentum_masking}, clip={self.clip_norm}]")
 
-    def _clip(self, g: torch.Tensor) -> torch.Tensor:
-        g = g.reshape(-1)
+    def _clip_scale(self, g: torch.Tensor) -> float:
         if self.clip_norm is None:
-            return g
+            return 1.0
         limit = self.clip_norm / math.sqrt(self.nranks)
         norm = float(torch.linalg.vector_norm(g))
-        return g * (limit / (norm + 1e-6)) if norm > limit else g
+        return limit / (norm + 1e-6) if norm > limit else 1.0
+
+    def _clip(self, g: torch.Tensor) -> torch.Tensor:
+        g = g.reshape(-1)
+        scale = self._clip_scale(g)
+        return g if scale == 1.0 else g * scale
 
     def _momentum(self, u: torch.Tensor, g: torch.Tensor) -> None:
+        # two roundings (no fused multiply-add), exactly as the fused native pass
         if self.nesterov:
             u.add_(g).mul_(self.momentum)
         else:
-            torch.add(g, u, alpha=self.momentum, out=u)  # u = m*u + g in one pass
+            u.mul_(self.momentum).add_(g)
 
     def accumulate_dense(self, name: str, g: torch.Tensor) -> torch.Tensor:
         """Momentum without masking: send u (Nesterov: u + g), plus any residual v."""
@@ -379,7 +483,8 @@ class _SparseDistributedOptimizer(_DistributedOptimizer):
         self._check_momentum(comp)
         self._eligible = {id(p): comp.eligible(self._names[id(p)], p)
                           for b in self._buckets for p in b.params}
-        self._sparse: list = []  # (param, v) in launch order: the wire order
+        self._sparse: list = []  # (param, grad) left for synchronize, in wire order
+        self._sparse_index = 0  # sparse tensors selected so far this step
         self._stats = self._new_stats()
 
     @staticmethod
@@ -414,18 +519,19 @@ class _SparseDistributedOptimizer(_DistributedOptimizer):
         self._synchronized = False
         comp, n = self._compression, self._ctx.size
         with torch.no_grad():
-            dense_p, dense_t = [], []
+            dense_p, dense_t, sparse = [], [], []
             for p in b.params:
                 g = self._grad(p)
                 name = self._names[id(p)]
                 if self._eligible[id(p)] and comp.sparse_now(p.numel(), n):
-                    self._sparse.append((p, comp.accumulate_sparse(name, g)))
+                    sparse.append((p, g))
                 else:
                     dense_p.append(p)
                     dense_t.append(comp.accumulate_dense(name, g))
             b.contexts = dense_p
             b.target = None
             b.request = None
+            b.sparse = None
             if dense_t:
                 b.target = torch.cat(dense_t) if len(dense_t) > 1 else dense_t[0]
                 buf, dt = as_buffer(b.target)
@@ -433,58 +539,114 @@ class _SparseDistributedOptimizer(_DistributedOptimizer):
                 self._ctx.lane.drain()  # after the async ops queued before (see _lane)
                 b.request = self._ctx.core.iallreduce(None, buf, op=op, dtype=dt)
                 self._stats["dense_bytes"] += b.target.numel() * b.target.element_size()
+            if sparse and comp.overlap:
+                b.sparse = self._start_sparse(sparse)
+            else:
+                self._sparse.extend(sparse)
         self._launched += 1
 
-    def _exchange_sparse(self) -> None:
-        comp, ctx = self._compression, self._ctx
-        parts, caps, names = [], [], []
-        for j, (p, v) in enumerate(self._sparse):
-            k = comp.k(v.numel())
-            thr = sparse_ops.choose_threshold(v, k, comp.sample_ratio, comp.rounds,
-                                              comp.sample_start(j))
-            parts.append((v, thr, k))
-            caps.append(k)
-            names.append(self._names[id(p)])
-        buf, sent = sparse_ops.pack(parts, comp.wire)
-        for name, (vals, idx) in zip(names, sent):
-            comp.sent(name, idx, vals)
-        gathered, sizes = sparse_ops.exchange(ctx.core, ctx.size, buf)
+    def _select(self, items: list) -> tuple:
+        """Select from each (param, grad) in wire order: (names, caps, [(values, indices)])."""
+        comp = self._compression
+        names, caps, sel = [], [], []
+        for p, g in items:
+            name = self._names[id(p)]
+            sel.append(comp.select(name, g, self._sparse_index))
+            self._sparse_index += 1
+            names.append(name)
+            caps.append(comp.k(p.numel()))
+        return names, caps, sel
+
+    def _start_sparse(self, items: list) -> dict:
+        """Select this bucket's sparse entries and start their allgather (fixed-size buffers)."""
+        ctx, wire = self._ctx, self._compression.wire
+        names, caps, sel = self._select(items)
+        buf = sparse_ops.pack_selected(sel, caps, wire)
+        st = dict(params=[p for p, _ in items], names=names, caps=caps, sel=sel, buf=buf,
+                  gathered=buf, request=None)
+        if ctx.size > 1:
+            st["gathered"] = torch.empty(ctx.size * buf.numel(), dtype=torch.uint8)
+            ctx.lane.drain()
+            st["request"] = ctx.core.iallgatherv(buf.numpy(), st["gathered"].numpy(),
+                                                 [buf.numel()] * ctx.size)
+        return st
+
+    def _write_sparse(self, params: list, gathered: torch.Tensor, sizes: list, caps: list,
+                      fixed: bool) -> None:
         outs = []
-        for p, _ in self._sparse:
+        for p in params:
             if not (p.grad.is_contiguous() and p.grad.dtype == torch.float32):
                 p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
             p.grad.zero_()
             outs.append(p.grad.view(-1))
-        sparse_ops.decode(gathered, sizes, outs, caps, comp.wire)
+        sparse_ops.decode(gathered, sizes, outs, caps, self._compression.wire, fixed=fixed)
         if self._op is Average:
             for o in outs:
-                _scale(o, 1.0 / ctx.size)
-        self._stats["sparse_bytes"] = buf.numel() + 8  # + the size exchanged first
-        self._stats["sent"] = {n: int(v.numel()) for n, (v, _) in zip(names, sent)}
-        self._stats["caps"] = dict(zip(names, caps))
+                _scale(o, 1.0 / self._ctx.size)
+
+    def _record(self, names: list, caps: list, sel: list, nbytes: int) -> None:
+        self._stats["sparse_bytes"] += nbytes
+        self._stats["sent"].update({n: int(v.numel()) for n, (v, _) in zip(names, sel)})
+        self._stats["caps"].update(zip(names, caps))
+
+    def _exchange_sparse(self) -> None:
+        """The exchange after backward (overlap=False): one packed allgatherv of all of them."""
+        ctx = self._ctx
+        names, caps, sel = self._select(self._sparse)
+        # the same layout as the fixed one, sized by what was selected (sizes exchanged first)
+        buf = sparse_ops.pack_selected(sel, [v.numel() for v, _ in sel], self._compression.wire)
+        gathered, sizes = sparse_ops.exchange(ctx.core, ctx.size, buf)
+        self._write_sparse([p for p, _ in self._sparse], gathered, sizes, caps, fixed=False)
+        self._record(names, caps, sel, buf.numel() + 8)  # + the size exchanged first
+
+    def _finish_buckets(self) -> None:
+        """Wait for every dense and sparse request (all, even after an error), then write."""
+        error = _wait_buckets(self._buckets)
+        for b in self._buckets:
+            st = getattr(b, "sparse", None)
+            if st is not None and st["request"] is not None:
+                try:
+                    st["request"].Wait()
+                except BaseException as exc:  # wait for every request before raising
+                    error = error or exc
+                st["request"] = None
+        if error is not None:
+            raise error
+        for b in self._buckets:
+            pos = 0
+            for p in b.contexts:
+                n = p.numel()
+                p.grad.copy_(b.target[pos:pos + n].view(p.shape))
+                pos += n
+            st = getattr(b, "sparse", None)
+            if st is not None:
+                size = st["buf"].numel()
+                self._write_sparse(st["params"], st["gathered"], [size] * self._ctx.size,
+                                   st["caps"], fixed=True)
+                self._record(st["names"], st["caps"], st["sel"], size)
 
     def synchronize(self) -> None:
         """Launch what is left, wait for the dense allreduces, exchange the sparse tensors."""
         if self._launched == 0 and self._synchronized:
             return
-        comp = self._compression
-        self._launch_ready(force=True)
-        error = _wait_buckets(self._buckets)
         try:
-            if error is not None:
-                raise error
-            with torch.no_grad():
-                for b in self._buckets:
-                    pos = 0
-                    for p in b.contexts:
-                        n = p.numel()
-                        p.grad.copy_(b.target[pos:pos + n].view(p.shape))
-                        pos += n
-                if self._sparse:
-                    self._exchange_sparse()
+            self._launch_ready(force=True)
         finally:
-            self._reset_step()
-            self._sparse = []
-            comp.stats, self._stats = self._stats, self._new_stats()
-            comp.end_step()
+            try:
+                with torch.no_grad():
+                    self._finish_buckets()
+                    if self._sparse:
+                        self._exchange_sparse()
+            finally:
+                self._end_sparse_step()
         self._synchronized = True
+
+    def _end_sparse_step(self) -> None:
+        comp = self._compression
+        self._reset_step()
+        for b in self._buckets:
+            b.sparse = None
+        self._sparse = []
+        self._sparse_index = 0
+        comp.stats, self._stats = self._stats, self._new_stats()
+        comp.end_step()

@@ -5,8 +5,9 @@
 core's ``CollectivesError`` is re-raised as it, so a script written for
 Horovod (``except hvd.HorovodInternalError``, or ``except RuntimeError``) and
 one written for collectives (``except collectives.MPI.Exception``) both catch
-it. ``HostsUpdatedInterrupt`` exists so elastic scripts import and name it;
-collectives has no elastic driver, so nothing raises it.
+it. ``HostsUpdatedInterrupt`` is raised by ``state.commit()`` under
+``collectives-run --elastic`` when workers joined or hosts went away
+(``collectives.torch.elastic``).
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ class HorovodInternalError(CollectivesError):
 
 
 class HostsUpdatedInterrupt(RuntimeError):
-    """Horovod elastic: the set of hosts changed (never raised by collectives).
+    """Horovod elastic: the set of hosts changed (raised by ``state.commit()``).
 
     Args:
         skip_sync: as Horovod, whether the state need not be synchronized again.

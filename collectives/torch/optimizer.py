@@ -23,9 +23,12 @@ from typing import Any, Iterator, Optional
 
 import torch
 
+from .. import _elastic
+from .._core import CollectivesError
 from ._context import as_buffer, current, wire_dtype
 from .compression import Compression
 from .basics import Adasum, Average, ReduceOp, Sum
+from .exceptions import internal_error
 from .mpi_ops import _scale
 
 __all__ = ["DistributedOptimizer"]
@@ -65,7 +68,6 @@ class _DistributedOptimizer:
             raise ValueError("gradient_predivide_factor is only supported with op=Average")
         if backward_passes_per_step < 1:
             raise ValueError("backward_passes_per_step must be >= 1")
-        self._ctx = ctx
         self._compression = compression
         self._op = op
         self._predivide = float(gradient_predivide_factor)
@@ -85,10 +87,17 @@ class _DistributedOptimizer:
         layout = tuple((b.index, str(b.dtype), tuple((names.get(id(p), "?"), tuple(p.shape),
                                                       str(p.dtype)) for p in b.params))
                        for b in self._buckets)
-        ctx.check_now(("DistributedOptimizer", op.name, self._predivide,
-                       self.backward_passes_per_step, compression.__name__, layout),
-                      "DistributedOptimizer")
+        if not _elastic.is_elastic():  # (a worker joining an elastic job builds its
+            # optimizer while the others train: they would not be there to agree)
+            ctx.check_now(("DistributedOptimizer", op.name, self._predivide,
+                           self.backward_passes_per_step, compression.__name__, layout),
+                          "DistributedOptimizer")
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in order]
+
+    @property
+    def _ctx(self) -> Any:
+        """The world's context now (after an elastic re-forming: the new world's)."""
+        return current()
 
     # -- construction ----------------------------------------------------------
     def _check_names(self, named_parameters: Any) -> dict:
@@ -225,8 +234,11 @@ class _DistributedOptimizer:
                 b.target = b.flat
             _scale(b.target, prescale)
             buf, dt = as_buffer(b.target)
-            self._ctx.lane.drain()  # after the async ops queued before (see _lane)
-            b.request = self._ctx.core.iallreduce(None, buf, op=core_op, dtype=dt)
+            try:
+                self._ctx.lane.drain()  # after the async ops queued before (see _lane)
+                b.request = self._ctx.core.iallreduce(None, buf, op=core_op, dtype=dt)
+            except CollectivesError as exc:  # the world is broken: Horovod's class
+                raise internal_error(exc) from None
         self._launched += 1
 
     # -- public API ----------------------------------------------------------------
@@ -241,7 +253,7 @@ class _DistributedOptimizer:
         error = _wait_buckets(self._buckets)
         try:
             if error is not None:
-                raise error
+                raise internal_error(error)  # a failed collective: Horovod's class
             with torch.no_grad():
                 for b in self._buckets:
                     _scale(b.target, postscale)
@@ -263,6 +275,7 @@ class _DistributedOptimizer:
         """Empty the buckets and re-arm the per-parameter countdowns for the next step."""
         for b in self._buckets:
             b.ready = 0
+            b.request = None  # (after an elastic reset: a request of the closed world)
             b.target = None
             b.contexts = []
         for k in self._delay:

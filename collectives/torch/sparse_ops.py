@@ -32,7 +32,8 @@ import torch
 
 from .. import _core
 
-__all__ = ["WireFormat", "choose_threshold", "select", "pack", "buffer_bytes", "exchange", "decode"]
+__all__ = ["WireFormat", "choose_threshold", "sample_plan", "adapt_threshold", "select", "pack",
+           "pack_selected", "buffer_bytes", "exchange", "decode"]
 
 # Below this many elements a tensor is sampled whole: the exact threshold costs
 # less than the adaptation rounds a tiny sample would need.
@@ -82,25 +83,38 @@ def choose_threshold(x: torch.Tensor, k: int, sample_ratio: float, rounds: int =
         A threshold > 0.
     """
     n = x.numel()
-    s = min(n, max(math.ceil(n * sample_ratio), MIN_SAMPLE))
-    stride = max(1, n // s)
-    sample = x[start % stride::stride][:s].abs()
-    s = sample.numel()
-    rank = min(s, max(1, round(s * k / n)))
-    # the top of the sample, sorted: every rank the rounds may move to
+    off, stride, s, rank = sample_plan(n, k, sample_ratio, start)
+    sample = x[off::stride][:s].abs()
     top = torch.topk(sample, min(s, 4 * rank + 16)).values.tolist()
     xn = x.numpy()
+    return adapt_threshold(top, k, rank, rounds, lambda i, thr: _core.sparse_count_above(xn, thr))
+
+
+def sample_plan(n: int, k: int, sample_ratio: float, start: int) -> tuple:
+    """(offset, stride, sample size, initial rank) of choose_threshold's strided sample."""
+    s = min(n, max(math.ceil(n * sample_ratio), MIN_SAMPLE))
+    stride = max(1, n // s)
+    off = start % stride
+    s = min(s, (n - off + stride - 1) // stride)
+    rank = min(s, max(1, round(s * k / n)))
+    return off, stride, s, rank
+
+
+def adapt_threshold(top: Sequence[float], k: int, rank: int, rounds: int, count: Any) -> float:
+    """choose_threshold's adaptation rounds over the sorted sample top `top`, with
+    `count(i, thr)` the exact number of entries at or above thr = max(top[i], TINY)."""
     best, best_count = None, -1
     for _ in range(rounds + 1):
-        thr = max(top[min(rank, len(top)) - 1], TINY)
-        count = _core.sparse_count_above(xn, thr)
-        if count <= k and count > best_count:
-            best, best_count = thr, count
-        if LOW_FILL * k <= count <= k:
+        i = min(rank, len(top)) - 1
+        thr = max(top[i], TINY)
+        c = count(i, thr)
+        if c <= k and c > best_count:
+            best, best_count = thr, c
+        if LOW_FILL * k <= c <= k:
             break
-        new = min(len(top), max(1, round(rank * 0.9 * k / max(count, 1))))
+        new = min(len(top), max(1, round(rank * 0.9 * k / max(c, 1))))
         if new == rank:
-            new = rank - 1 if count > k else rank + 1
+            new = rank - 1 if c > k else rank + 1
         if not 1 <= new <= len(top):
             break
         rank = new
@@ -157,6 +171,27 @@ def pack(parts: Sequence[tuple[torch.Tensor, float, int]], fmt: WireFormat
     return buf, out
 
 
+def pack_selected(sel: Sequence[tuple[torch.Tensor, torch.Tensor]], caps: Sequence[int],
+                  fmt: WireFormat) -> torch.Tensor:
+    """Lay out already selected (float32 values, int64 indices) in the wire format, zero
+    padded to the fixed size buffer_bytes(caps): every rank's buffer then has the same
+    size and one allgather, started at once, moves it (no size exchange first)."""
+    counts = [int(v.numel()) for v, _ in sel]
+    if any(c > cap for c, cap in zip(counts, caps)) or len(caps) != len(sel):
+        raise ValueError(f"pack_selected: counts {counts} exceed caps {list(caps)}")
+    total = sum(counts)
+    vb = fmt.value_dtype.itemsize
+    buf = torch.zeros(buffer_bytes(caps, fmt), dtype=torch.uint8)
+    t = len(sel)
+    buf[:8 * t].view(torch.int64).copy_(torch.tensor(counts, dtype=torch.int64))
+    voff, ioff = 8 * t, 8 * t + _pad8(total * vb)
+    if total:
+        buf[voff:voff + total * vb].view(fmt.value_dtype).copy_(torch.cat([v for v, _ in sel]))
+        ib = fmt.index_dtype.itemsize
+        buf[ioff:ioff + total * ib].view(fmt.index_dtype).copy_(torch.cat([i for _, i in sel]))
+    return buf
+
+
 def buffer_bytes(counts: Sequence[int], fmt: WireFormat) -> int:
     """Size in bytes of a buffer holding these counts."""
     total = sum(counts)
@@ -176,7 +211,7 @@ def exchange(core: Any, size: int, buf: torch.Tensor) -> tuple[torch.Tensor, lis
 
 
 def decode(gathered: torch.Tensor, sizes: Sequence[int], outs: Sequence[torch.Tensor],
-           caps: Sequence[int], fmt: WireFormat) -> None:
+           caps: Sequence[int], fmt: WireFormat, fixed: bool = False) -> None:
     """Scatter-add every rank's buffer into the flat float32 tensors `outs` (not zeroed here).
 
     Args:
@@ -185,6 +220,7 @@ def decode(gathered: torch.Tensor, sizes: Sequence[int], outs: Sequence[torch.Te
         outs: one flat contiguous float32 tensor per sparse tensor, in wire order.
         caps: the most entries a rank may send for each tensor (its k).
         fmt: the wire format.
+        fixed: every buffer is padded to buffer_bytes(caps) (pack_selected's layout).
     """
     t = len(outs)
     out_np = [o.numpy() for o in outs]
@@ -197,7 +233,10 @@ def decode(gathered: torch.Tensor, sizes: Sequence[int], outs: Sequence[torch.Te
         if any(c < 0 or c > cap for c, cap in zip(counts, caps)):
             raise ValueError(f"sparse exchange: rank {rank} sent counts {counts}, caps {list(caps)}")
         expect = buffer_bytes(counts, fmt)
-        if expect != nbytes:
+        if fixed and nbytes != buffer_bytes(caps, fmt):
+            raise ValueError(f"sparse exchange: rank {rank} sent {nbytes} bytes, expected "
+                             f"{buffer_bytes(caps, fmt)}")
+        if expect != nbytes and not fixed:
             raise ValueError(f"sparse exchange: rank {rank} sent {nbytes} bytes, its counts "
                              f"{counts} need {expect}")
         total = sum(counts)

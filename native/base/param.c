@@ -108,6 +108,21 @@ static const coll_param_decl_t params[COLL_NUM_PARAMS] = {
     [COLL_PARAM_PS_SERVERS] = {"COLLECTIVES_PS_SERVERS", "",
                                "collectives.ps: how many ranks (the last ones) are parameter "
                                "servers (set by collectives-run --servers)", "integer >= 1"},
+    [COLL_PARAM_ELASTIC_ID] = {"COLLECTIVES_ELASTIC_ID", "",
+                               "collectives-run --elastic: this worker's id, which stays while its "
+                               "rank changes from one world to the next (set by the launcher)",
+                               "integer >= 0"},
+    [COLL_PARAM_SHM_SINGLE_COPY] = {"COLLECTIVES_SHM_SINGLE_COPY", "auto",
+                                    "shared-memory messages from this many bytes up that the "
+                                    "receiver copies (not reduces) are read once, straight from "
+                                    "the sender's memory (process_vm_readv), where the kernel "
+                                    "permits it (0: never; auto: 256K, never on a host that runs "
+                                    "more ranks than cores)",
+                                    "bytes, or auto"},
+    [COLL_PARAM_SHM_CMA_FAULT] = {"COLLECTIVES_SHM_CMA_FAULT", "0",
+                                  "tests only: refuse makes the single-copy probe fail as if "
+                                  "ptrace were not permitted; overlong makes descriptors claim "
+                                  "more bytes than the message has", "one of: 0, refuse, overlong"},
 };
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;

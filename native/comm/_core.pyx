@@ -20,6 +20,7 @@ include "rooted.pxi"
 include "alltoall.pxi"
 include "subcomm.pxi"
 include "generation.pxi"
+include "dgc.pxi"
 
 
 cdef class Request:

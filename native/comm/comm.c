@@ -290,6 +290,9 @@ static coll_result_t run_allreduce(coll_comm_t *comm, const coll_args_t *args) {
   size_t nbytes = a->count * coll_dtype_size(a->dtype);
   if (comm->size == 1) return memory_end(comm, a, local_copy(comm, a, a->recvbuf, a->sendbuf, nbytes));
   coll_algo_t algo = a->algo == COLL_ALGO_AUTO ? coll_tune_choose_comm(comm, nbytes) : a->algo;
+  int handled = 0;
+  coll_result_t fast = coll_fast_allreduce(comm, a, algo, &handled);
+  if (handled) return memory_end(comm, a, fast == COLL_SUCCESS ? local_average(comm, a, a->count) : fast);
   const coll_algo_entry_t *e = coll_algo_entry(algo);
   coll_sched_t s;
   coll_sched_init(&s, comm, COLL_KIND_ALLREDUCE, a, (uint32_t)algo);

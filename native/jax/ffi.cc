@@ -37,6 +37,8 @@
 // loaded. A failed call returns ffi::Error carrying the core's message (rank,
 // peer, seq, both sides' values); it never aborts the process.
 
+#include <sys/mman.h>
+
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -111,6 +113,22 @@ ffi::Error core_error(coll_result_t res, const coll_api_t *api, coll_comm_t *com
   }
 }
 
+// An output XLA allocated fresh for this call (not aliased to the input) is
+// usually untouched memory straight from mmap: 64 MiB of it is 16384 page
+// faults, which cost more than the reduction itself on a small host. Huge pages
+// for its 2 MiB-aligned interior turn them into 32 (a hint: where THP is off,
+// or the range was already touched, nothing changes). Only the buffer's own
+// interior is advised, never memory outside it.
+void prefer_huge_pages(void *p, size_t n) {
+  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+  if (n < 4 * kHuge) return;
+  uintptr_t lo = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1);
+  uintptr_t hi = (reinterpret_cast<uintptr_t>(p) + n) & ~(kHuge - 1);
+#ifdef MADV_HUGEPAGE
+  if (hi > lo) (void)madvise(reinterpret_cast<void *>(lo), hi - lo, MADV_HUGEPAGE);
+#endif
+}
+
 ffi::Error AllreduceImpl(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y,
                          ffi::Result<ffi::Token>, int64_t comm_attr, int64_t api_attr,
                          int32_t op, int32_t algo) {
@@ -125,6 +143,9 @@ ffi::Error AllreduceImpl(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffe
     return ffi::Error::InvalidArgument("collectives allreduce: bad op or algorithm code");
   a.sendbuf = x.untyped_data();
   a.recvbuf = y->untyped_data();
+  // Not aliased (the caller keeps x): the core's out-of-place form reads x
+  // once and writes y, with no copy of x first.
+  if (a.recvbuf != a.sendbuf) prefer_huge_pages(a.recvbuf, y->size_bytes());
   a.count = x.element_count();
   a.op = static_cast<coll_op_t>(op);
   a.algo = static_cast<coll_algo_t>(algo);

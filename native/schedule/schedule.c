@@ -229,6 +229,11 @@ typedef struct {
   uint8_t rhdr[COLL_WIRE_HDR_BYTES];
   size_t rhdr_got, rdone, fill;  /* rdone: payload bytes consumed; fill: staged, not yet reduced */
   int rhdr_checked;
+  /* Single copy (transport.h sc_*): the send head went as a descriptor (ssc)
+   * and waits for its ack; the receive head is one (rsc), desc so far. */
+  int ssc, rsc;
+  uint8_t sdesc[COLL_SC_DESC_BYTES], rdesc[COLL_SC_DESC_BYTES];
+  size_t rdesc_got;
   int hup;            /* the peer hung up: stop polling it, let send/recv report it */
 } peer_state_t;
 
@@ -260,19 +265,37 @@ static coll_result_t progress_send(exec_t *x, peer_state_t *ps, int *moved) {
     int id = ps->sq[ps->sh];
     coll_step_t *st = &s->steps[id];
     if (st->npred > 0) return COLL_SUCCESS;
+    const coll_transport_t *tp = ps->link->tp;
     if (!ps->shdr_ready) {
       coll_wire_hdr_t h = coll_sched_step_hdr(s, st);
+      /* Not in reducing collectives: their messages are mostly reduced at
+       * the peer, which reads the ring once as it reduces (schedule/single_copy.c). */
+      ps->ssc = !st->no_sc && !s->reduce && tp->sc_wanted && tp->sc_wanted(ps->link, st->nbytes);
+      if (ps->ssc) { /* the peer reads the bytes from src: a descriptor goes instead */
+        h.flags = COLL_WIRE_SC_DESC;
+        tp->sc_post(ps->link, st->src, st->nbytes, ps->sdesc);
+      }
       coll_wire_encode(ps->shdr, &h);
       ps->shdr_ready = 1;
       ps->shdr_done = ps->sdone = 0;
     }
-    size_t before = ps->shdr_done + ps->sdone;
-    int full = 0;
-    COLL_CHECK(coll_link_send_framed(ps->link, ps->shdr, &ps->shdr_done, (const char *)st->src + ps->sdone,
-                                     st->nbytes - ps->sdone, &ps->sdone, &full));
-    if (ps->shdr_done + ps->sdone == before) return COLL_SUCCESS;
-    *moved = 1;
-    if (full) return COLL_SUCCESS; /* socket buffer full */
+    const char *payload = ps->ssc ? (const char *)ps->sdesc : (const char *)st->src;
+    size_t total = ps->ssc ? COLL_SC_DESC_BYTES : st->nbytes;
+    if (ps->shdr_done < COLL_WIRE_HDR_BYTES || ps->sdone < total) {
+      size_t before = ps->shdr_done + ps->sdone;
+      int full = 0;
+      COLL_CHECK(coll_link_send_framed(ps->link, ps->shdr, &ps->shdr_done, payload + ps->sdone,
+                                       total - ps->sdone, &ps->sdone, &full));
+      if (ps->shdr_done + ps->sdone == before) return COLL_SUCCESS;
+      *moved = 1;
+      if (full) return COLL_SUCCESS; /* socket buffer full */
+    }
+    if (ps->ssc) { /* src stays untouched until the peer has read it */
+      int acked = 0;
+      COLL_CHECK(tp->sc_acked(ps->link, &acked));
+      if (!acked) return COLL_SUCCESS;
+      *moved = 1;
+    }
     ps->shdr_ready = 0;
     ps->sh++;
     complete(x, id);
@@ -295,6 +318,14 @@ static coll_result_t recv_header(exec_t *x, peer_state_t *ps, coll_step_t *st, i
   }
   if (ps->rhdr_got == COLL_WIRE_HDR_BYTES) {
     coll_wire_hdr_t e = coll_sched_step_hdr(x->s, st);
+    const coll_transport_t *tp = ps->link->tp;
+    /* A descriptor is fine where this side said it can read the peer (else
+     * the check names the mismatch); every other field is checked as usual. */
+    if (ps->rhdr[20] == COLL_WIRE_SC_DESC && tp->sc_can_read && tp->sc_can_read(ps->link)) {
+      e.flags = COLL_WIRE_SC_DESC;
+      ps->rsc = 1;
+      ps->rdesc_got = 0;
+    }
     COLL_CHECK(coll_wire_check(x->s->comm, ps->peer, ps->rhdr, &e));
     ps->rhdr_checked = 1;
   }
@@ -343,6 +374,7 @@ static coll_result_t reduce_in_place(exec_t *x, peer_state_t *ps, coll_step_t *s
 static void recv_finish(exec_t *x, peer_state_t *ps, int id) {
   ps->rhdr_got = ps->rdone = ps->fill = 0;
   ps->rhdr_checked = 0;
+  ps->rsc = 0;
   ps->rh++;
   complete(x, id);
 }
@@ -362,6 +394,20 @@ static coll_result_t progress_recv(exec_t *x, peer_state_t *ps, int *moved) {
     coll_step_t *st = &s->steps[id];
     if (st->npred > 0) return COLL_SUCCESS;
     int reducing = st->kind == COLL_STEP_RECV_REDUCE;
+    if (ps->link->tp->sc_read && ps->fill == 0) {
+      /* The header alone first: it may announce a single-copy message. */
+      if (ps->rhdr_got < COLL_WIRE_HDR_BYTES) {
+        COLL_CHECK(recv_header(x, ps, st, moved));
+        if (ps->rhdr_got < COLL_WIRE_HDR_BYTES) return COLL_SUCCESS;
+      }
+      if (ps->rsc) {
+        int done = 0;
+        COLL_CHECK(coll_sched_sc_recv(s, ps->link, st, ps->rdesc, &ps->rdesc_got, moved, &done));
+        if (!done) return COLL_SUCCESS;
+        recv_finish(x, ps, id);
+        continue;
+      }
+    }
     if (reducing && ps->link->tp->recv_peek && ps->fill == 0) {
       if (ps->rhdr_got < COLL_WIRE_HDR_BYTES) {
         COLL_CHECK(recv_header(x, ps, st, moved));
@@ -567,6 +613,14 @@ coll_result_t coll_sched_run(coll_sched_t *s, double deadline) {
   int *cnt = queues + n;
 
   coll_sched_link_edges(s, x.succ, cnt);
+  for (int i = 0; i < n; i++) {
+    coll_step_t *st = &s->steps[i];
+    if (st->kind != COLL_STEP_SEND) continue;
+    for (int e = st->succ_begin; e < st->succ_end && !st->no_sc; e++) {
+      const coll_step_t *nx = &s->steps[x.succ[e]];
+      st->no_sc = nx->peer == st->peer && (nx->kind == COLL_STEP_RECV || nx->kind == COLL_STEP_RECV_REDUCE);
+    }
+  }
 
   /* Per-peer FIFOs, in the order steps were added. */
   int nps = 0;

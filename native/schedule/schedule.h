@@ -37,6 +37,11 @@ typedef enum { COLL_STEP_SEND, COLL_STEP_RECV, COLL_STEP_RECV_REDUCE, COLL_STEP_
 
 typedef struct {
   uint8_t kind;
+  /* SEND: a receive from the same peer waits for this send to complete (an
+   * exchange, as butterfly's), so it never goes by single copy: the peer's
+   * matching receive may wait the same way for its own send, and only the
+   * ring's buffering breaks that cycle. Set by the executor. */
+  uint8_t no_sc;
   int peer;
   void *dst;
   const void *src;  /* SEND: payload; RECV_REDUCE: local operand; COPY: source */
@@ -108,6 +113,19 @@ int coll_link_pollfds(const coll_link_t *link, int ev, struct pollfd *pfs);
 /* Hands the results in pfs[0, npf) that concern `link` to its transport;
  * sets *hup when its socket hung up. */
 coll_result_t coll_link_polled(coll_link_t *link, const struct pollfd *pfs, int npf, int *hup);
+
+/* The receive of a single-copy message whose header (flagged
+ * COLL_WIRE_SC_DESC) has been checked: reads the rest of the descriptor
+ * (desc, *desc_got bytes so far), then the payload from the peer's memory,
+ * and acknowledges it; *done when the step is complete (schedule/single_copy.c). */
+coll_result_t coll_sched_sc_recv(coll_sched_t *s, coll_link_t *link, coll_step_t *st, uint8_t *desc,
+                                 size_t *desc_got, int *moved, int *done);
+
+/* A small allreduce run without a schedule where it can (schedule/fast.c):
+ * butterfly's full exchange over shared-memory links that exist already,
+ * wire-identical to the schedule. *handled = 0: take the general path. */
+coll_result_t coll_fast_allreduce(coll_comm_t *comm, const coll_args_t *a, coll_algo_t algo,
+                                  int *handled);
 
 /* For the executors: each step's successor range in succ (nedges entries)
  * and its predecessor count; cnt is n ints of scratch. */

@@ -49,38 +49,7 @@
 #include "base/param.h"
 #include "base/status.h"
 #include "transport/transport.h"
-
-typedef struct {
-  _Atomic uint64_t head; /* bytes written, by the writer */
-  char pad0[56];
-  _Atomic uint64_t tail; /* bytes consumed, by the reader */
-  char pad1[56];
-  _Atomic uint32_t reader_waiting;
-  _Atomic uint32_t writer_waiting;
-  char pad2[56];
-} ring_ctl_t;
-
-#define SEG_MAGIC 0x4d48534cu /* "LSHM" */
-
-typedef struct {
-  uint32_t magic;
-  uint32_t ring_bytes;
-  uint64_t token;
-  char pad[48];
-  ring_ctl_t ctl[2];
-  /* then ring 0 data, ring 1 data */
-} seg_t;
-
-typedef struct {
-  seg_t *seg;
-  size_t map_bytes;
-  size_t ring;          /* bytes per ring, a power of two */
-  ring_ctl_t *out_ctl, *in_ctl;
-  unsigned char *out, *in;
-  char path[80];        /* connecting side, until settled */
-  int wake_in, wake_out; /* my doorbell FIFO, the peer's */
-  int dead;             /* the socket reported EOF */
-} shm_t;
+#include "transport/shm_priv.h"
 
 /* The doorbell FIFO that wakes the lower (side 0) or higher (side 1) rank. */
 static void fifo_path(char *out, size_t n, const char *seg_path, int side) {
@@ -118,6 +87,7 @@ static void unlink_all(const char *seg_path) {
 }
 
 static void shm_free(shm_t *s) {
+  coll_shm_cma_close(s);
   munmap(s->seg, s->map_bytes);
   if (s->wake_in >= 0) close(s->wake_in);
   if (s->wake_out >= 0) close(s->wake_out);
@@ -170,6 +140,7 @@ coll_result_t coll_shm_make_offer(coll_link_t *link, int want_shm, unsigned char
   shm_t *s = calloc(1, sizeof *s);
   if (!s) return COLL_SUCCESS;
   s->wake_in = s->wake_out = -1;
+  s->peer_pidfd = -1;
   s->ring = ring_bytes_param();
   s->map_bytes = sizeof(seg_t) + 2 * s->ring;
   uint64_t token = ((uint64_t)rand() << 32) ^ (uint64_t)rand() ^ ((uint64_t)getpid() << 16) ^
@@ -219,6 +190,8 @@ coll_result_t coll_shm_make_offer(coll_link_t *link, int want_shm, unsigned char
   s->seg->magic = SEG_MAGIC;
   s->seg->ring_bytes = (uint32_t)s->ring;
   s->seg->token = token;
+  s->seg->pid[0] = (int32_t)getpid();
+  s->seg->addr[0] = (uint64_t)(uintptr_t)p;
   map_rings(s, 1);
   link->priv = s;
   uint32_t kind = 1;
@@ -276,6 +249,8 @@ coll_result_t coll_shm_take_offer(coll_link_t *link, const unsigned char *offer,
   shm_t *s = calloc(1, sizeof *s);
   if (!s) { munmap(p, (size_t)st.st_size); return COLL_SUCCESS; }
   s->seg = seg;
+  s->side = 1;
+  s->peer_pidfd = -1;
   s->ring = ring;
   s->map_bytes = (size_t)st.st_size;
   if (open_doorbells(s, path, 0) != 0) {
@@ -287,6 +262,10 @@ coll_result_t coll_shm_take_offer(coll_link_t *link, const unsigned char *offer,
   unlink_all(path); /* both sides have them open; nothing left to clean up on a crash */
   link->priv = s;
   link->wake_fd = s->wake_in;
+  /* Before the answer: the connecting side probes us once it has it. */
+  seg->pid[1] = (int32_t)getpid();
+  seg->addr[1] = (uint64_t)(uintptr_t)p;
+  coll_shm_cma_probe(link);
   *ok = 1;
   return COLL_SUCCESS;
 }
@@ -300,6 +279,7 @@ void coll_shm_settle(coll_link_t *link, int ok) {
     link->priv = NULL;
   } else {
     link->wake_fd = s->wake_in;
+    coll_shm_cma_probe(link);
   }
 }
 
@@ -313,12 +293,12 @@ static void ring_doorbell(coll_link_t *link) {
 
 /* After moving head or tail (and the full fence): wake the peer if it said
  * it sleeps. A plain load first: the locked exchange only when it does. */
-static void wake_if_waiting(coll_link_t *link, _Atomic uint32_t *waiting) {
+void coll_shm_wake_if_waiting(coll_link_t *link, _Atomic uint32_t *waiting) {
   if (atomic_load_explicit(waiting, memory_order_relaxed) && atomic_exchange(waiting, 0))
     ring_doorbell(link);
 }
 
-static coll_result_t shm_dead(coll_link_t *link) {
+coll_result_t coll_shm_dead(coll_link_t *link) {
   return coll_error(link->comm, COLL_REMOTE_ERROR,
                     "rank %d: rank %d closed the connection (it exited or failed)", link->comm->rank,
                     link->peer);
@@ -327,7 +307,7 @@ static coll_result_t shm_dead(coll_link_t *link) {
 static coll_result_t shm_send(coll_link_t *link, const struct iovec *iov, int iovcnt, size_t *n) {
   shm_t *s = link->priv;
   *n = 0;
-  if (s->dead) return shm_dead(link);
+  if (s->dead) return coll_shm_dead(link);
   ring_ctl_t *c = s->out_ctl;
   uint64_t head = atomic_load_explicit(&c->head, memory_order_relaxed);
   uint64_t tail = atomic_load_explicit(&c->tail, memory_order_acquire);
@@ -346,7 +326,7 @@ static coll_result_t shm_send(coll_link_t *link, const struct iovec *iov, int io
   if (moved) {
     atomic_store_explicit(&c->head, head + moved, memory_order_release);
     atomic_thread_fence(memory_order_seq_cst);
-    wake_if_waiting(link, &c->reader_waiting);
+    coll_shm_wake_if_waiting(link, &c->reader_waiting);
   }
   *n = moved;
   return COLL_SUCCESS;
@@ -358,7 +338,7 @@ static coll_result_t shm_recv_peek(coll_link_t *link, const void **p, size_t *n)
   uint64_t tail = atomic_load_explicit(&c->tail, memory_order_relaxed);
   uint64_t head = atomic_load_explicit(&c->head, memory_order_acquire);
   size_t avail = (size_t)(head - tail), pos = (size_t)tail & (s->ring - 1);
-  if (avail == 0 && s->dead) return shm_dead(link);
+  if (avail == 0 && s->dead) return coll_shm_dead(link);
   *p = s->in + pos;
   *n = avail < s->ring - pos ? avail : s->ring - pos;
   return COLL_SUCCESS;
@@ -370,7 +350,7 @@ static void shm_recv_consume(coll_link_t *link, size_t n) {
   uint64_t tail = atomic_load_explicit(&c->tail, memory_order_relaxed);
   atomic_store_explicit(&c->tail, tail + n, memory_order_release);
   atomic_thread_fence(memory_order_seq_cst);
-  wake_if_waiting(link, &c->writer_waiting);
+  coll_shm_wake_if_waiting(link, &c->writer_waiting);
 }
 
 static int shm_in_empty(coll_link_t *link) {
@@ -413,7 +393,10 @@ static int shm_wait_events(coll_link_t *link, int sending, int receiving) {
     ring_ctl_t *c = s->out_ctl;
     atomic_store(&c->writer_waiting, 1);
     atomic_thread_fence(memory_order_seq_cst);
-    if (atomic_load(&c->head) - atomic_load(&c->tail) < s->ring) {
+    /* A single-copy send waits for the ack, which the reader signals on
+     * this same flag, rather than for room. */
+    if (coll_shm_sc_waiting(link) ? atomic_load(&c->acked) == s->posted
+                                  : atomic_load(&c->head) - atomic_load(&c->tail) < s->ring) {
       atomic_store(&c->writer_waiting, 0);
       return -1;
     }
@@ -466,4 +449,10 @@ const coll_transport_t coll_transport_shm = {
     .after_poll = shm_after_poll,
     .recv_peek = shm_recv_peek,
     .recv_consume = shm_recv_consume,
+    .sc_wanted = coll_shm_sc_wanted,
+    .sc_post = coll_shm_sc_post,
+    .sc_acked = coll_shm_sc_acked,
+    .sc_can_read = coll_shm_sc_can_read,
+    .sc_read = coll_shm_sc_read,
+    .sc_done = coll_shm_sc_done,
 };

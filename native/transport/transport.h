@@ -71,7 +71,24 @@ struct coll_transport {
    * releasing them. NULL where the transport has no such memory. */
   coll_result_t (*recv_peek)(coll_link_t *link, const void **p, size_t *n);
   void (*recv_consume)(coll_link_t *link, size_t n);
+  /* Optional single copy (shm over CMA, transport/shm_cma.c); NULL where
+   * the transport has none. A message of n bytes for which sc_wanted says
+   * yes goes as a header flagged COLL_WIRE_SC_DESC and a descriptor
+   * (sc_post fills COLL_SC_DESC_BYTES) instead of its bytes; the sender
+   * leaves its buffer alone until sc_acked says the peer read it. The
+   * receiver (if sc_can_read: it told the peer it could) reads the bytes
+   * with sc_read, bounded by the receive it posted, then sc_done. */
+  int (*sc_wanted)(coll_link_t *link, size_t n);
+  void (*sc_post)(coll_link_t *link, const void *src, size_t n, uint8_t *desc);
+  coll_result_t (*sc_acked)(coll_link_t *link, int *acked);
+  int (*sc_can_read)(coll_link_t *link);
+  coll_result_t (*sc_read)(coll_link_t *link, const uint8_t *desc, size_t expect, size_t off,
+                           void *dst, size_t len);
+  void (*sc_done)(coll_link_t *link);
 };
+
+/* A single-copy descriptor: u64 address, u64 length, in the sender's memory. */
+#define COLL_SC_DESC_BYTES 16
 
 extern const coll_transport_t coll_transport_tcp;
 extern const coll_transport_t coll_transport_shm;

@@ -62,6 +62,7 @@ const char *coll_wire_flags_text(uint32_t flags) {
     case 0: return "bytes on the link";
     case COLL_WIRE_IPC_DESC: return "a CUDA IPC descriptor";
     case COLL_WIRE_IPC_ACK: return "a CUDA IPC acknowledgement";
+    case COLL_WIRE_SC_DESC: return "a single-copy descriptor (shared memory)";
     default: return "unknown flags";
   }
 }

@@ -20,7 +20,8 @@
  *        20  u32 flags    0: nbytes of payload follow; COLL_WIRE_IPC_DESC or
  *                         COLL_WIRE_IPC_ACK: a CUDA IPC record follows instead
  *                         (transport/cuda_ipc.c), and nbytes/offset name the
- *                         device bytes it is about
+ *                         device bytes it is about; COLL_WIRE_SC_DESC: the
+ *                         same for host bytes a same-host peer reads (shm)
  *        24  u64 count    elements of the whole collective (as the sender sees it)
  *        32  u64 offset   byte offset of this payload in the collective's buffer
  *        40  u32 ctx      the communicator's context id: 0 for a communicator made by
@@ -99,6 +100,9 @@ typedef enum {
 
 #define COLL_WIRE_IPC_DESC 1u /* "read my bytes here" */
 #define COLL_WIRE_IPC_ACK 2u  /* "done reading them" */
+#define COLL_WIRE_SC_DESC 3u  /* "read my bytes from my memory" (shm single copy,
+                                 transport/shm_cma.c): a COLL_SC_DESC_BYTES
+                                 descriptor follows, nbytes names the bytes */
 
 typedef struct {
   uint8_t coll, redop, dtype;
