@@ -692,6 +692,20 @@ class Comm(_CommBase):
         """Collective: a new communicator over the same ranks with its own context."""
         return _mpi_comms.dup(self)
 
+    def Shrink(self) -> "Comm":
+        """ULFM's MPIX_Comm_shrink on the world communicator: the live ranks' new world
+        (see collectives.shrink)."""
+        from . import _reform
+        _reform.check_world(self, "Shrink")
+        return _reform.shrink(None, Comm._from_core)
+
+    def Agree(self, flag: int) -> int:
+        """ULFM's MPIX_Comm_agree on the world communicator: the bitwise AND of flag over
+        the live ranks, the same on every one of them, even if ranks die meanwhile."""
+        from . import _reform
+        _reform.check_world(self, "Agree")
+        return _reform.agree(flag)
+
     def __repr__(self) -> str:
         return f"<collectives.MPI.Comm rank {self.rank} of {self.size}>"
 

@@ -8,7 +8,8 @@ on first use (``MPI.COMM_WORLD``) or by ``init()``.
 from __future__ import annotations
 
 __version__ = "0.1.0"
-__all__ = ["init", "finalize", "is_initialized", "cuda_available", "cuda_built", "__version__"]
+__all__ = ["init", "finalize", "is_initialized", "shrink", "grow", "join", "cuda_available",
+           "cuda_built", "__version__"]
 
 
 def init(timeout: float | None = None):
@@ -31,6 +32,72 @@ def finalize() -> None:
     from . import _world
 
     _world.finalize()
+
+
+def shrink(timeout: float | None = None):
+    """Collective over the survivors: after a rank failed, a new world of the ranks alive.
+
+    Every surviving rank calls it (typically after a collective raised naming the dead
+    rank). They agree through the job's store on who is alive (a rank that died, before
+    or during the agreement, is left out; the agreement is bounded by the timeout), and
+    get a new world communicator of those ranks, renumbered 0..n-1 in their old order,
+    with fresh links and the next communicator generation (a message from an earlier
+    generation is refused). It becomes the world: ``MPI.COMM_WORLD`` and ``init()``
+    return it; the broken one is closed. Works on a world that is not broken, too.
+
+    Args:
+        timeout: seconds for the agreement, and again for the new world to form
+            (default COLLECTIVES_TIMEOUT); a rank that neither answers nor is seen dead
+            (its listener refuses connections) is left out when the first passes.
+
+    Returns:
+        The new world ``collectives.MPI.Comm``.
+
+    Raises:
+        RuntimeError: (collectives._membership.ElasticError) the store is gone (it lives
+            in rank 0 when collectives-run or a plain environment started the job, so
+            the world cannot re-form once rank 0 died), this rank was left out, or the
+            deadline passed; the text names the ranks.
+    """
+    from . import _reform
+    from .MPI import Comm
+    return _reform.shrink(timeout, Comm._from_core)
+
+
+def grow(min_new: int = 0, timeout: float | None = None):
+    """Collective at a step boundary: a new world with the processes waiting in join().
+
+    Every rank of the world calls it; the processes that called ``collectives.join()``
+    by then (at least ``min_new`` of them: it waits up to the timeout for them) are
+    admitted after the current ranks (which keep their numbers). The new world has
+    fresh links and the next generation, and becomes the world as for shrink().
+
+    Args:
+        min_new: joiners to wait for (0: admit those waiting, maybe none).
+        timeout: seconds (default COLLECTIVES_TIMEOUT).
+
+    Returns:
+        The new world ``collectives.MPI.Comm``.
+    """
+    from . import _reform
+    from .MPI import Comm
+    return _reform.grow(min_new, timeout, Comm._from_core)
+
+
+def join(timeout: float | None = None):
+    """Join a running job as a new process: wait until its ranks call grow(), then return
+    the new world communicator (this process has the last ranks).
+
+    The process finds the job's store as its ranks do (COLLECTIVES_STORE_ADDR, else
+    MASTER_ADDR/MASTER_PORT) and proves the same job secret (COLLECTIVES_JOB_SECRET).
+
+    Args:
+        timeout: seconds to wait for admission and for the world to form (default
+            COLLECTIVES_TIMEOUT).
+    """
+    from . import _reform
+    from .MPI import Comm
+    return _reform.join(timeout, Comm._from_core)
 
 
 def is_initialized() -> bool:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 # mpi4py: methods and attributes of MPI.Intracomm (and its bases) that collectives.MPI.Comm lacks.
 MPI4PY_COMM = frozenset("""
-    Accept Ack_failed Agree Allgather_init Allgatherv_init Allreduce_init Alltoall_init
+    Accept Ack_failed Allgather_init Allgatherv_init Allreduce_init Alltoall_init
     Alltoallv_init Alltoallw Alltoallw_init Attach_buffer Barrier_init Bcast_init Bsend
     Bsend_init Call_errhandler Cart_map Clone Compare Connect Create Create_cart
     Create_dist_graph Create_dist_graph_adjacent Create_errhandler Create_from_group
@@ -27,7 +27,7 @@ MPI4PY_COMM = frozenset("""
     Issend Join Mprobe Precv_init Probe Psend_init Recv_init Reduce_init Reduce_scatter
     Reduce_scatter_block_init Reduce_scatter_init Revoke Rsend Rsend_init Scan Scan_init
     Scatter_init Scatterv_init Send_init Sendrecv_replace Set_attr Set_errhandler Set_info
-    Set_name Shrink Spawn Spawn_multiple Split_type Ssend Ssend_init bsend exscan f2py
+    Set_name Spawn Spawn_multiple Split_type Ssend Ssend_init bsend exscan f2py
     free fromhandle fromint group handle ibsend improbe info iprobe is_inter is_intra is_topo
     issend mprobe name probe py2f reduce scan ssend toint topology
 """.split())

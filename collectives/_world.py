@@ -44,13 +44,17 @@ JOIN_WAIT = 10.0
 class _World:
     """What init() built: the communicator and, at rank 0, the store server."""
 
-    def __init__(self, comm, core, server, client) -> None:
+    def __init__(self, comm, core, server, client, prefix: str = "", membership=None) -> None:
         self.comm = comm
         self.core = core
         self.server = server
         self.client = client
         self.failed = False
         self.cause = ""
+        # A world made by shrink or grow (collectives/_membership.py) keeps its store keys
+        # under its own prefix, so no rank reads what an earlier generation left there.
+        self.prefix = prefix
+        self.membership = membership
 
     def close(self) -> None:
         self.core.close()
@@ -59,7 +63,7 @@ class _World:
             # others' addresses from it, or, after a failure, their reports:
             # give them a moment (bounded) before it goes.
             stage, seconds = ("explained", 2.0) if self.failed else ("joined", JOIN_WAIT)
-            keys = [f"{stage}/{r}" for r in range(self.comm.size)]
+            keys = [f"{self.prefix}{stage}/{r}" for r in range(self.comm.size)]
             deadline = time.monotonic() + seconds
             try:
                 while time.monotonic() < deadline and not self.client.check(keys):
@@ -202,10 +206,10 @@ _START_CHECKS = ("check that every rank runs the same command with the same stor
 START_LINGER = 2.0
 
 
-def _missing_ranks(client, size: int) -> list:
+def _missing_ranks(client, size: int, prefix: str = "") -> list:
     """The ranks that have not published their address ([] if the store is gone)."""
     try:
-        return [r for r in range(size) if not client.check([f"addr/{r}"])]
+        return [r for r in range(size) if not client.check([f"{prefix}addr/{r}"])]
     except (OSError, TimeoutError, ConnectionError):
         return []
 
@@ -278,12 +282,21 @@ def _connect_store(info: _env.WorldInfo, generation: int, timeout: float,
         time.sleep(0.005)
 
 
+def store_external() -> bool:
+    """COLLECTIVES_STORE_EXTERNAL=1: a launcher hosts the job's store at the store address
+    and keeps it for the whole job, so rank 0 starts none, and the store outlives any
+    rank (an elastic world can then shrink after rank 0 died, collectives/_membership.py).
+    Such a store outlives each world too: a world's keys then carry its number."""
+    return os.environ.get("COLLECTIVES_STORE_EXTERNAL", "").strip() == "1"
+
+
 def _rendezvous(info: _env.WorldInfo, timeout: float, generation: int = 0):
     from ._core import Communicator
 
     secret = _auth.job_secret()
     server = None
-    if info.rank == 0:
+    p = f"w{generation}/" if store_external() else ""
+    if info.rank == 0 and not p:
         server = _start_store(info.store_host, info.store_port, secret)
     try:
         client = _connect_store(info, generation, timeout, secret)
@@ -302,21 +315,22 @@ def _rendezvous(info: _env.WorldInfo, timeout: float, generation: int = 0):
     try:
         advertise = _env.advertise_address(info.store_host, info.store_port)
         if info.rank == 0:
-            client.set("comm_id", os.urandom(16))
-        comm_id = client.get("comm_id", timeout=timeout)
+            client.set(f"{p}comm_id", os.urandom(16))
+        comm_id = client.get(f"{p}comm_id", timeout=timeout)
         core = Communicator(info.rank, info.size, advertise, comm_id)
         core.set_link_key(_auth.link_key(secret))
-        hosts, host_cpus = exchange_addresses(core, info.rank, info.size, advertise, client.set,
-                                              lambda key: client.get(key, timeout=timeout))
-        client.set(f"joined/{info.rank}", b"")
+        hosts, host_cpus = exchange_addresses(core, info.rank, info.size, advertise,
+                                              lambda key, value: client.set(p + key, value),
+                                              lambda key: client.get(p + key, timeout=timeout))
+        client.set(f"{p}joined/{info.rank}", b"")
     except (TimeoutError, ConnectionError) as exc:
-        missing = _missing_ranks(client, info.size)
+        missing = _missing_ranks(client, info.size, p)
         try:
-            client.set(f"gave_up/{info.rank}", b"")
+            client.set(f"{p}gave_up/{info.rank}", b"")
             if server is not None:
                 # Keep the store a moment (bounded) for the ranks that came: each
                 # reads who is missing before it gives up too.
-                came = [f"gave_up/{r}" for r in range(info.size) if r not in missing]
+                came = [f"{p}gave_up/{r}" for r in range(info.size) if r not in missing]
                 deadline = time.monotonic() + START_LINGER
                 while time.monotonic() < deadline and not client.check(came):
                     time.sleep(0.05)
@@ -335,7 +349,7 @@ def _rendezvous(info: _env.WorldInfo, timeout: float, generation: int = 0):
     local_size = info.local_size
     if local_rank is None or local_size is None:
         local_rank, local_size = local_place(hosts, info.rank)
-    return core, server, client, local_rank, local_size, host_cpus
+    return core, server, client, local_rank, local_size, host_cpus, p
 
 
 def init(timeout: Optional[float], wrap: Callable):
@@ -364,15 +378,15 @@ def init(timeout: Optional[float], wrap: Callable):
             _auth.job_secret()  # refuses (COLLECTIVES_REQUIRE_AUTH) before any socket
         t = float(timeout) if timeout else _default_timeout()
         if info.size == 1:
-            core, server, client = Communicator(0, 1), None, None
+            core, server, client, prefix = Communicator(0, 1), None, None, ""
             local_rank, local_size, host_cpus = 0, 1, set(process_cpus())
         else:
             _generation += 1
-            core, server, client, local_rank, local_size, host_cpus = \
+            core, server, client, local_rank, local_size, host_cpus, prefix = \
                 _rendezvous(info, t, _generation)
         apply_host_policy(core, local_rank, local_size, host_cpus)
         comm = wrap(core, local_rank, local_size)
-        _state = _World(comm, core, server, client)
+        _state = _World(comm, core, server, client, prefix)
         return comm
 
 
@@ -433,6 +447,7 @@ def explain_failure(rank: int, message: str, peers: Optional[Sequence[int]] = No
         return message + (f"; {state.cause}" if state.cause else "")
     state.failed = True
     client = state.client
+    prefix = state.prefix
     end = time.monotonic() + REPORT_S
 
     class OutOfTime(Exception):
@@ -446,7 +461,7 @@ def explain_failure(rank: int, message: str, peers: Optional[Sequence[int]] = No
 
     causes: list = []
     try:
-        client.set(f"failed/{rank}", message.encode(), timeout=left())
+        client.set(f"{prefix}failed/{rank}", message.encode(), timeout=left())
         if any(echo in message for echo in _ECHOES):
             deadline = min(end, time.monotonic() + 1.0)
             silent: list = []
@@ -456,10 +471,10 @@ def explain_failure(rank: int, message: str, peers: Optional[Sequence[int]] = No
                 for peer in (range(state.comm.size) if peers is None else peers):
                     if peer == rank:
                         continue
-                    if not client.check([f"failed/{peer}"], timeout=left()):
+                    if not client.check([f"{prefix}failed/{peer}"], timeout=left()):
                         silent.append(peer)
                         continue
-                    text = client.get(f"failed/{peer}", timeout=0.5,
+                    text = client.get(f"{prefix}failed/{peer}", timeout=0.5,
                                       io_timeout=left()).decode()
                     if not any(echo in text for echo in _ECHOES):
                         found = True
@@ -472,7 +487,7 @@ def explain_failure(rank: int, message: str, peers: Optional[Sequence[int]] = No
                 # ranks that said nothing are the ones that died or hung.
                 names = ", ".join(str(p) for p in silent)
                 causes.append(f"rank {names} reported nothing: it exited, was killed or is stuck")
-        client.set(f"explained/{rank}", b"", timeout=left())
+        client.set(f"{prefix}explained/{rank}", b"", timeout=left())
     except OutOfTime:  # the store answered, slowly: report what was found
         pass
     except (OSError, TimeoutError, ConnectionError) as exc:

@@ -217,6 +217,14 @@ coll_result_t coll_comm_free(coll_comm_t *comm);
  * a rank of comm, or -1 (coll_comm_local_rank). */
 int coll_comm_world_rank(const coll_comm_t *comm, int rank);
 int coll_comm_local_rank(const coll_comm_t *comm, int world_rank);
+/* The generation in every header of comm (its root's; transport/wire.h):
+ * set it on a root before its first message, equal on every rank (the elastic
+ * layer numbers the worlds a job forms after a shrink or grow); a message of
+ * another generation fails the receiving call with COLL_REMOTE_ERROR naming
+ * both. COLL_INVALID_USAGE once a message went; COLL_INVALID_ARGUMENT on a
+ * subcommunicator. New communicators are generation 0. */
+coll_result_t coll_comm_set_generation(coll_comm_t *comm, uint32_t gen);
+uint32_t coll_comm_generation(const coll_comm_t *comm);
 /* The context id in comm's headers (0 on a root). */
 uint32_t coll_comm_ctx(const coll_comm_t *comm);
 int coll_comm_rank(const coll_comm_t *comm);

@@ -308,18 +308,32 @@ def _communicator(store: Any, rank: int, size: int, timeout: timedelta) -> tuple
     # (native/wire.h), and a rank that finds an impostor at a peer's address
     # fails naming it instead of talking to it.
     secret = _auth.job_secret()
+    ns = _round_prefix(store, size)
     if rank == 0:
-        store.set("collectives/comm_id", os.urandom(16).hex())
-    comm_id = bytes.fromhex(store.get("collectives/comm_id").decode())
+        store.set(f"{ns}comm_id", os.urandom(16).hex())
+    comm_id = bytes.fromhex(store.get(f"{ns}comm_id").decode())
     master, port = _store_address(store)
     host = _env.advertise_address(master, port)
     core = Communicator(rank, size, host, comm_id)
     core.set_link_key(_auth.link_key(secret))
     hosts, host_cpus = _world.exchange_addresses(
-        core, rank, size, host, lambda key, value: store.set(f"collectives/{key}", value),
-        lambda key: store.get(f"collectives/{key}"))
+        core, rank, size, host, lambda key, value: store.set(f"{ns}{key}", value),
+        lambda key: store.get(f"{ns}{key}"))
     _world.apply_host_policy(core, *_world.local_place(hosts, rank), host_cpus)
     return core, True
+
+
+def _round_prefix(store: Any, size: int) -> str:
+    """This formation's own key prefix in torch's store, so that no key of an earlier one
+    is read. torchrun's agent keeps one store for all its rounds and hands the workers
+    of every round the same unprefixed one, so after a restart the failed round's keys
+    are still there: the prefix names the restart (TORCHELASTIC_RESTART_COUNT, which a
+    failed round increments) and, within it, the formation (an atomic count of the ranks
+    that arrived, divided by the group size: a round of the same restart that re-forms
+    after a membership change comes whole, so the count stays in step)."""
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    arrived = store.add(f"collectives/{restart}/arrivals", 1)
+    return f"collectives/{restart}.{(arrived - 1) // size}/"
 
 
 def _store_address(store: Any) -> tuple[Optional[str], Optional[int]]:

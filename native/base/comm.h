@@ -93,6 +93,8 @@ struct coll_comm {
   int *world;            /* sub: the root rank of each of its ranks */
   int *local;            /* sub: its rank for each root rank, or -1 */
   uint32_t ctx;          /* in every header (transport/wire.h) */
+  uint32_t gen;          /* a root's generation (coll_comm_set_generation), in every header;
+                            a subcommunicator's messages carry its root's */
   uint32_t nsplits;      /* splits and dups made from this communicator */
   int nchildren;         /* live subcommunicators made from it */
   int zombie;            /* destroyed while subcommunicators lived: everything but the

@@ -123,6 +123,11 @@ static const coll_param_decl_t params[COLL_NUM_PARAMS] = {
                                   "tests only: refuse makes the single-copy probe fail as if "
                                   "ptrace were not permitted; overlong makes descriptors claim "
                                   "more bytes than the message has", "one of: 0, refuse, overlong"},
+    [COLL_PARAM_STORE_EXTERNAL] = {"COLLECTIVES_STORE_EXTERNAL", "0",
+                                   "1: a launcher hosts the store at the store address for the "
+                                   "whole job, so rank 0 starts none and collectives.shrink() "
+                                   "works after rank 0 died (set by such a launcher)",
+                                   "one of: 0, 1"},
 };
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;

@@ -19,6 +19,7 @@ include "p2p.pxi"
 include "rooted.pxi"
 include "alltoall.pxi"
 include "subcomm.pxi"
+include "generation.pxi"
 include "dgc.pxi"
 
 

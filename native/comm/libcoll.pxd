@@ -107,6 +107,8 @@ cdef extern from "coll.h" nogil:
     int coll_comm_world_rank(const coll_comm_t *comm, int rank)
     int coll_comm_local_rank(const coll_comm_t *comm, int world_rank)
     unsigned int coll_comm_ctx(const coll_comm_t *comm)
+    coll_result_t coll_comm_set_generation(coll_comm_t *comm, unsigned int gen)
+    unsigned int coll_comm_generation(const coll_comm_t *comm)
     int coll_comm_rank(const coll_comm_t *comm)
     int coll_comm_size(const coll_comm_t *comm)
     const char *coll_comm_last_error(const coll_comm_t *comm)

@@ -312,6 +312,7 @@ coll_result_t p2p_push_sends(coll_comm_t *comm, p2p_peer_t *pp, coll_link_t *lin
       h.aux = (uint32_t)op->tag;
       h.count = op->count;
       h.ctx = op->ctx;
+      h.gen = coll_comm_root(comm)->gen;
       coll_wire_encode(pp->shdr, &h);
       pp->shdr_done = pp->sdone = 0;
       pp->sending = 1;
@@ -355,8 +356,12 @@ static coll_result_t header_arrived(coll_comm_t *comm, p2p_peer_t *pp, int peer,
   uint64_t count = get64(b + 24), offset = get64(b + 32);
   uint32_t ctx = get32(b + 40); /* any: a message for a communicator with no receive posted is kept */
   unsigned dtype = b[7];
+  if (get32(b + 44) != coll_comm_root(comm)->gen)
+    return coll_error(comm, COLL_REMOTE_ERROR,
+                      "rank %d: rank %d sent a point-to-point message of communicator generation "
+                      "%u to generation %u (a stale peer from before a shrink or grow)",
+                      comm->rank, peer, get32(b + 44), coll_comm_root(comm)->gen);
   if (dtype >= COLL_NUM_DTYPES || b[6] != 0 || flags != 0 || offset != 0 || tag > COLL_TAG_MAX ||
-      get32(b + 44) != 0 ||
       count > MAX_BYTES / coll_dtype_size((coll_dtype_t)dtype) ||
       nb32 != (uint32_t)(count * coll_dtype_size((coll_dtype_t)dtype)))
     return coll_error(comm, COLL_REMOTE_ERROR,

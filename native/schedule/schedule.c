@@ -37,6 +37,7 @@ void coll_sched_init(coll_sched_t *s, coll_comm_t *comm, coll_kind_t kind, const
   s->hdr.dtype = (uint8_t)args->dtype;
   s->hdr.seq = comm->seq++;
   s->hdr.ctx = comm->ctx;
+  s->hdr.gen = coll_comm_root(comm)->gen;
   s->hdr.aux = aux;
   s->hdr.count = args->count;
   s->elem = coll_dtype_size(args->dtype);

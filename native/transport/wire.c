@@ -54,7 +54,7 @@ void coll_wire_encode(uint8_t out[COLL_WIRE_HDR_BYTES], const coll_wire_hdr_t *h
   put64(out + 24, h->count);
   put64(out + 32, h->offset);
   put32(out + 40, h->ctx);
-  put32(out + 44, 0);
+  put32(out + 44, h->gen);
 }
 
 const char *coll_wire_flags_text(uint32_t flags) {
@@ -83,8 +83,14 @@ coll_result_t coll_wire_check(coll_comm_t *comm, int peer, const uint8_t got[COL
                       coll_kind_name(e->coll), e->seq);
   coll_wire_hdr_t g = {got[5],          got[6],           got[7],
                        get32(got + 8),  get32(got + 12),  get32(got + 16),
-                       get32(got + 20), get64(got + 24),  get64(got + 32), get32(got + 40)};
-  if (g.ctx != e->ctx || get32(got + 44) != 0)
+                       get32(got + 20), get64(got + 24),  get64(got + 32), get32(got + 40),
+                       get32(got + 44)};
+  if (g.gen != e->gen)
+    return coll_error(comm, COLL_REMOTE_ERROR,
+                      "rank %d: rank %d sent a message of communicator generation %u during %s "
+                      "#%u on generation %u (a stale peer from before a shrink or grow)",
+                      comm->rank, peer, g.gen, coll_kind_name(e->coll), e->seq, e->gen);
+  if (g.ctx != e->ctx)
     return coll_error(comm, COLL_REMOTE_ERROR,
                       "rank %d: rank %d sent a message for communicator context 0x%08x during "
                       "%s #%u on communicator context 0x%08x (ranks called collectives on "

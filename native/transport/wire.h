@@ -28,7 +28,13 @@
  *                         coll_comm_create, derived at split for a subcommunicator
  *                         (comm/subcomm.c), which shares its parent's links; a
  *                         message is only ever matched by the communicator it names
- *        44  u32 reserved 0
+ *        44  u32 gen      the generation of the root communicator (coll_comm_set_generation):
+ *                         the world is generation 0, each shrink or grow makes the next
+ *                         one (collectives/_membership.py), so a message from a rank of an
+ *                         earlier generation is refused, naming both, never taken for one
+ *                         of the new world (its comm_id differs too, which already keeps
+ *                         its link openings out: this catches a stale link or a peer
+ *                         that kept the old id)
  *
  * Link opening, authenticated with the job's link key K (auth.h), in three
  * steps on the new connection (transport/select.c, transport/tcp.c):
@@ -103,6 +109,7 @@ typedef struct {
   uint32_t seq, nbytes, aux, flags;
   uint64_t count, offset;
   uint32_t ctx;
+  uint32_t gen;
 } coll_wire_hdr_t;
 
 const char *coll_kind_name(int kind);
