@@ -40,15 +40,42 @@ def _seconds(timeout: Any) -> Optional[float]:
     return secs if secs > 0 else None
 
 
-class _Work(dist._Work):
-    """A collective's completion: a torch Future, completed by a delivery thread."""
+class _Failed:
+    """A failed request's error, as the value of its source Future."""
 
-    def __init__(self, future: Future, what: str = "collective") -> None:
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+def _unwrap(source: Future) -> Any:
+    """The result, or the request's error raised (torch then fails the Future in C++)."""
+    value = source.value()
+    if isinstance(value, _Failed):
+        raise value.exc
+    return value
+
+
+class _Work(dist._Work):
+    """A collective's completion: a torch Future, completed by a delivery thread.
+
+    The request completes a source Future with its result or a ``_Failed``;
+    the Future handed out is ``source.then(_unwrap)``. Python's
+    ``Future.set_exception`` only stores the exception as the value, which C++
+    consumers take for a result: DDP's reducer read tensors out of it and
+    crashed the process when a peer died. An error raised in a ``then``
+    callback fails the Future for C++ and Python alike; ``wait()`` raises the
+    original exception.
+    """
+
+    def __init__(self, source: Future, what: str = "collective") -> None:
         super().__init__()
-        self._future = future
+        self._src = source
+        self._future = source.then(_unwrap)
         self._what = what
         done = self._done = threading.Event()
-        future.add_done_callback(lambda _f: done.set())  # no reference back to self
+        source.add_done_callback(lambda _f: done.set())  # no reference back to self
 
     def wait(self, timeout: Any = None) -> bool:
         """Block until the work completes; raise its error if it failed.
@@ -61,24 +88,27 @@ class _Work(dist._Work):
         if secs is not None and not self._done.wait(secs):
             raise RuntimeError(f"collectives backend: {self._what} did not complete within "
                                f"Work.wait's timeout of {secs:g} s (it is still in flight)")
+        self._raise_failure()
         self._future.wait()
         return True
 
+    def _raise_failure(self) -> None:
+        value = self._src.wait()
+        if isinstance(value, _Failed):
+            raise value.exc
+
     def is_completed(self) -> bool:
         """True once the work has completed."""
-        return self._future.done()
+        return self._src.done()
 
     def is_success(self) -> bool:
         """True if it completed without error."""
-        return self._future.done() and self.exception() is None
+        return self._src.done() and self.exception() is None
 
     def exception(self) -> Any:
         """The error, if it failed (None otherwise)."""
-        try:
-            self._future.value()
-        except Exception as exc:
-            return exc
-        return None
+        value = self._src.value()
+        return value.exc if isinstance(value, _Failed) else None
 
     def get_future(self) -> Future:
         """The Future that completes with the output tensors."""
@@ -86,6 +116,7 @@ class _Work(dist._Work):
 
     def result(self) -> list:
         """The output tensors."""
+        self._raise_failure()
         return self._future.value()
 
 
@@ -116,7 +147,7 @@ class P2PWork(_Work):
     def _complete(self, block: bool, secs: Optional[float] = None) -> bool:
         """Wait for (block) or test the request; completes the Future once it is done."""
         with self._lock:
-            if self._future.done():
+            if self._src.done():
                 return True
             try:
                 if block:
@@ -128,10 +159,10 @@ class P2PWork(_Work):
                 value = self._finish(status)
             except BaseException as exc:  # delivered to whoever waits on the Future
                 self._request = self._keep = None
-                self._future.set_exception(exc)
+                self._src.set_result(_Failed(exc))
                 return True
             self._request = self._keep = None
-        self._future.set_result(value)
+        self._src.set_result(value)
         return True
 
     def wait(self, timeout: Any = None) -> bool:
@@ -148,6 +179,7 @@ class P2PWork(_Work):
                                        f"within Work.wait's timeout of {secs:g} s (it is still "
                                        "in flight)")
                 time.sleep(0.001)
+        self._raise_failure()
         self._future.wait()
         return True
 
@@ -157,7 +189,7 @@ class P2PWork(_Work):
 
     def get_future(self) -> Future:
         """The Future; a thread waits for the request so that it completes unaided."""
-        if not self._future.done():  # not a daemon: see Completer (ends within the timeout)
+        if not self._src.done():  # not a daemon: see Completer (ends within the timeout)
             threading.Thread(target=self._complete, args=(True,),
                              name="collectives-torch-p2p").start()
         return self._future
@@ -245,10 +277,8 @@ class Completer:
                     self._cv.wait()
                     self._parked -= 1
                 fut, value, exc = self._ready.popleft()
-            if exc is not None:
-                fut.set_exception(exc)  # torch runs the callbacks here
-            else:
-                fut.set_result(value)
+            # torch runs the callbacks here
+            fut.set_result(_Failed(exc) if exc is not None else value)
             del fut, value, exc
 
     def stop(self) -> None:
