@@ -571,7 +571,11 @@ def test_rows_stream_as_measured_and_progress_goes_to_stderr() -> None:
     try:
         first = proc.stdout.readline()
         running = proc.poll() is None
-        rest, err = proc.communicate(timeout=100)
+        # Not communicate(): it reads the pipes below the text layer, and the rows that
+        # readline() had already buffered (several, when the host is busy) were lost.
+        rest = proc.stdout.read()
+        err = proc.stderr.read()
+        proc.wait(timeout=100)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, 9)
