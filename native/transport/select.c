@@ -16,10 +16,16 @@
 #include "base/status.h"
 #include "transport/transport.h"
 
-/* Blocking exchange of a few bytes on a fresh link's socket, by deadline. */
+/* Blocking exchange of a few bytes on a fresh link's socket, by deadline.
+ * While it waits, our own listener is served too: other ranks' openings are
+ * taken, and an abort notice (a rank whose communicator broke, telling the
+ * ranks it has no link with) fails this wait at once, naming that rank. A
+ * dialer that watched only its socket waited out the whole timeout when the
+ * peer it dialed had broken and stopped answering. */
 static coll_result_t xfer(coll_comm_t *comm, int fd, int peer, void *buf, size_t n, int sending,
                           double deadline) {
   size_t done = 0;
+  struct pollfd pfs[COLL_MAX_PENDING + 2];
   while (done < n) {
     ssize_t r = sending ? send(fd, (char *)buf + done, n - done, MSG_NOSIGNAL | MSG_DONTWAIT)
                         : recv(fd, (char *)buf + done, n - done, MSG_DONTWAIT);
@@ -27,11 +33,24 @@ static coll_result_t xfer(coll_comm_t *comm, int fd, int peer, void *buf, size_t
     if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
       return coll_error(comm, COLL_REMOTE_ERROR,
                         "rank %d: rank %d closed the connection while setting up the link", comm->rank, peer);
-    struct pollfd p = {fd, sending ? POLLOUT : POLLIN, 0};
+    if (comm->abort_from >= 0)
+      return coll_error(comm, COLL_REMOTE_ERROR,
+                        "rank %d: rank %d failed and broke the communicator (%s)", comm->rank,
+                        comm->abort_from, comm->abort_reason);
+    pfs[0] = (struct pollfd){fd, sending ? POLLOUT : POLLIN, 0};
+    int nl = coll_tcp_listen_pollfds(comm, pfs + 1);
     double left = deadline - coll_now();
-    if (left <= 0 || poll(&p, 1, (int)(left * 1000) + 1) == 0)
+    int ready = left > 0 ? poll(pfs, (nfds_t)(1 + nl), (int)(left * 1000) + 1) : 0;
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0)
       return coll_error(comm, COLL_TIMEOUT, "rank %d: timed out setting up the link to rank %d",
                         comm->rank, peer);
+    for (int i = 1; i <= nl; i++) {
+      if (pfs[i].revents) {
+        coll_tcp_serve(comm);
+        break;
+      }
+    }
   }
   return COLL_SUCCESS;
 }
