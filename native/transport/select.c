@@ -33,10 +33,7 @@ static coll_result_t xfer(coll_comm_t *comm, int fd, int peer, void *buf, size_t
     if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
       return coll_error(comm, COLL_REMOTE_ERROR,
                         "rank %d: rank %d closed the connection while setting up the link", comm->rank, peer);
-    if (comm->abort_from >= 0)
-      return coll_error(comm, COLL_REMOTE_ERROR,
-                        "rank %d: rank %d failed and broke the communicator (%s)", comm->rank,
-                        comm->abort_from, comm->abort_reason);
+    COLL_CHECK(coll_tcp_aborted(comm));
     pfs[0] = (struct pollfd){fd, sending ? POLLOUT : POLLIN, 0};
     int nl = coll_tcp_listen_pollfds(comm, pfs + 1);
     double left = deadline - coll_now();

@@ -348,13 +348,16 @@ void coll_tcp_serve(coll_comm_t *comm) {
   accept_all(comm);
 }
 
+coll_result_t coll_tcp_aborted(coll_comm_t *comm) {
+  if (comm->abort_from < 0) return COLL_SUCCESS;
+  return coll_error(comm, COLL_REMOTE_ERROR, "rank %d: rank %d failed and broke the communicator (%s)",
+                    comm->rank, comm->abort_from, comm->abort_reason);
+}
+
 coll_result_t coll_tcp_accept_until(coll_comm_t *comm, int peer, double deadline) {
   struct pollfd pfs[COLL_MAX_PENDING + 1];
   while (!comm->peers[peer].link) {
-    if (comm->abort_from >= 0)
-      return coll_error(comm, COLL_REMOTE_ERROR,
-                        "rank %d: rank %d failed and broke the communicator (%s)", comm->rank,
-                        comm->abort_from, comm->abort_reason);
+    COLL_CHECK(coll_tcp_aborted(comm));
     pfs[0].fd = comm->listen_fd;
     pfs[0].events = POLLIN;
     for (int i = 0; i < comm->npending; i++) {

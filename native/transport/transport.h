@@ -132,6 +132,8 @@ coll_result_t coll_link_dial_poll(coll_comm_t *comm, int peer, int *done);
  * (transport/tcp.c); listener and half-open descriptors go in pfs (at most
  * COLL_MAX_PENDING + 1) for a caller's poll(). */
 void coll_tcp_serve(coll_comm_t *comm);
+/* COLL_SUCCESS, or the error naming the rank whose abort notice reached us. */
+coll_result_t coll_tcp_aborted(coll_comm_t *comm);
 int coll_tcp_listen_pollfds(const coll_comm_t *comm, struct pollfd *pfs);
 
 /* Closes every link (after an error, so peers fail fast, and at destroy). */
