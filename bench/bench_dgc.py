@@ -8,7 +8,8 @@
     bench/netns.sh down 4
     # end to end on a ~25 M parameter MLP (~100 MB fp32 gradient), interleaved:
     # dense fp32, fp16, DGC 0.1 % and PowerSGD rank 4 (DDP powerSGD_hook over the
-    # torch.distributed backend "collectives"): step time, bytes, accuracy
+    # torch.distributed backend "collectives"), and local SGD with no exchange (the
+    # floor of a step on this host): step time, bytes, accuracy
     PYTHONPATH=$PWD bench/netns.sh run 4 python bench/bench_dgc.py e2e --width 3300
     # compression time per step, fused native pass vs the torch-op reference (1 process):
     PYTHONPATH=$PWD python bench/bench_dgc.py compress --width 3300
@@ -195,7 +196,9 @@ def run_time(args: argparse.Namespace) -> None:
 
 # ------------------------------------------------------------------ end to end
 
-E2E_METHODS = ["dense", "fp16", "dgc", "powersgd"]
+# "local": plain SGD with no exchange at all, the step time no method that still
+# communicates can beat (forward, backward and the update on this host)
+E2E_METHODS = ["dense", "fp16", "dgc", "powersgd", "local"]
 
 
 def e2e_data(n: int, seed: int, din: int) -> tuple:
@@ -246,6 +249,8 @@ def run_e2e(args: argparse.Namespace) -> None:
                                        start_powerSGD_iter=2, min_compression_rate=2)
             net.register_comm_hook(state, psgd.powerSGD_hook)
             opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+        elif method == "local":
+            opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
         elif method == "dgc":
             comp = DGC(compress_ratio=args.density, momentum=0.9, warmup_epochs=2,
                        steps_per_epoch=warm)
@@ -283,6 +288,8 @@ def run_e2e(args: argparse.Namespace) -> None:
             run["parts"].append(dt[1:].tolist())
             if method == "powersgd":
                 run["bytes"].append(powersgd_bytes(run["model"], 4))
+            elif method == "local":
+                run["bytes"].append(0)
             elif run["comp"] is not None:
                 st = run["comp"].stats
                 run["bytes"].append(st["dense_bytes"] + st["sparse_bytes"])
@@ -292,12 +299,13 @@ def run_e2e(args: argparse.Namespace) -> None:
     for rnd in range(args.rounds):
         for method, run in runs.items():
             opt = run["opt"]
-            if method != "powersgd":
+            hooked = method not in ("powersgd", "local")
+            if hooked:
                 opt._hooks = [p.register_post_accumulate_grad_hook(opt._on_grad)
                               for p in run["model"].parameters()]
             for _ in range(args.steps):
                 one_step(run, method)
-            if method != "powersgd":
+            if hooked:
                 opt.remove_hooks()
         if r == 0:
             print(f"# round {rnd + 1}/{args.rounds} done", flush=True)
@@ -322,6 +330,9 @@ def run_e2e(args: argparse.Namespace) -> None:
             print(f"{method:>9} {med * 1e3:9.1f} {base / med:7.2f}x {parts[0]:7.1f} "
                   f"{parts[1]:8.1f} {parts[2]:9.1f} {statistics.mean(run['bytes']):12.0f} "
                   f"{accs[method] * 100:8.2f}%")
+        floor = statistics.median(runs["local"]["times"])
+        print(f"# the floor: no exchange at all takes {floor * 1e3:.1f} ms a step, so no method "
+              f"that communicates can be more than {base / floor:.2f}x faster than fp16 here")
     dist.destroy_process_group()
 
 

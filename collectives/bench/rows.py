@@ -140,12 +140,12 @@ def print_table(rows: Sequence[Row], out: Any = None) -> None:
 
 
 def run_ratios(runs: Sequence[Sequence[Row]], ours: str, peer: str, size: int,
-               mode: str = BARRIER) -> list[float]:
-    """ours / peer in-place speed (their time over ours) in each run that timed both, in
-    timing mode `mode`."""
+               mode: str = BARRIER, inplace: bool = True) -> list[float]:
+    """ours / peer speed (their time over ours) in each run that timed both, in timing
+    mode `mode`, in place or out of place."""
     out = []
     for run in runs:
-        cell = {r.impl: r for r in run if r.size == size and r.inplace and r.mode == mode}
+        cell = {r.impl: r for r in run if r.size == size and r.inplace == inplace and r.mode == mode}
         a, b = cell.get(ours), cell.get(peer)
         if a and b and a.time_us and b.time_us:
             out.append(b.time_us / a.time_us)
@@ -154,17 +154,18 @@ def run_ratios(runs: Sequence[Sequence[Row]], ours: str, peer: str, size: int,
 
 def print_comparison(rows: Sequence[Row], out: Any = None,
                      runs: Sequence[Sequence[Row]] = ()) -> None:
-    """Per size, every implementation's in-place busbw and the ratios ours / each peer;
-    with several runs, also each ratio's lowest and highest over the runs. One comparison
-    per timing mode measured (barrier per call, then back-to-back)."""
-    for mode in (BARRIER, BACK_TO_BACK):
+    """Per size, every implementation's busbw and the ratios ours / each peer; with
+    several runs, also each ratio's lowest and highest over the runs. One comparison per
+    timing mode measured: barrier per call, in place; back-to-back, in place; and
+    back-to-back out of place, the way a training loop calls (a fresh output buffer)."""
+    for mode, inplace in ((BARRIER, True), (BACK_TO_BACK, True), (BACK_TO_BACK, False)):
         some = [r for r in rows if r.mode == mode]
-        if some:
-            _print_comparison(some, out or sys.stdout, runs, mode)
+        if some and any(r.time_us is not None for r in some if r.inplace == inplace):
+            _print_comparison(some, out or sys.stdout, runs, mode, inplace)
 
 
 def _print_comparison(rows: Sequence[Row], out: Any, runs: Sequence[Sequence[Row]],
-                      mode: str) -> None:
+                      mode: str, inplace: bool = True) -> None:
     impls = list(dict.fromkeys(r.impl for r in rows))
     ours = [i for i in impls if i.startswith("collectives")]
     peers = [i for i in impls if not i.startswith("collectives")]
@@ -172,7 +173,7 @@ def _print_comparison(rows: Sequence[Row], out: Any, runs: Sequence[Sequence[Row
         return
     ref = next((i for i in (ALONE, "collectives-auto") if i in ours), ours[-1])
     short = {i: i.split("-", 1)[1] if i.startswith("collectives-") else i for i in impls}
-    cell = {(r.impl, r.size): r for r in rows if r.inplace}
+    cell = {(r.impl, r.size): r for r in rows if r.inplace == inplace}
     sizes = sorted({r.size for r in rows})
     spread = len(runs) > 1
     cols = [short[i] for i in ours + peers] + [f"{short[ref]}/{p}" for p in peers]
@@ -180,7 +181,8 @@ def _print_comparison(rows: Sequence[Row], out: Any, runs: Sequence[Sequence[Row
         cols += [f"{short[ref]}/{p} in runs" for p in peers]
     widths = [max(10, len(c) + 2) for c in cols]
     timing = ", back-to-back calls" if mode == BACK_TO_BACK else ""
-    print(f"#\n# Comparison{timing}: in-place busbw (GB/s), {rows[0].coll} on {rows[0].nranks} ranks; "
+    where = "in-place" if inplace else "out-of-place"
+    print(f"#\n# Comparison{timing}: {where} busbw (GB/s), {rows[0].coll} on {rows[0].nranks} ranks; "
           f"ratio = {ref} / peer (>1: ours faster)"
           + (f"; 'in runs': the lowest and highest ratio of the {len(runs)} runs" if spread else ""),
           file=out)
@@ -194,13 +196,13 @@ def _print_comparison(rows: Sequence[Row], out: Any, runs: Sequence[Sequence[Row
             ok = base and theirs and base.busbw and theirs.busbw
             text.append(f"{base.busbw / theirs.busbw:.2f}x" if ok else "-")
         for p in peers if spread else ():
-            each = run_ratios(runs, ref, p, size, mode)
+            each = run_ratios(runs, ref, p, size, mode, inplace)
             text.append(f"{min(each):.2f}-{max(each):.2f}x" if each else "-")
         print(f"{size:>11}" + "".join(f"{t:>{w}}" for t, w in zip(text, widths)), file=out)
     small = sizes[0]
     lat = "  ".join(f"{i} {_num(cell[(i, small)].time_us if (i, small) in cell else None, TIME_FMT)}"
                     for i in ours + peers)
-    print(f"# latency at {small} B (in-place time, us): {lat}", file=out)
+    print(f"# latency at {small} B ({where} time, us): {lat}", file=out)
 
 
 def live_lines(rows: Sequence[Row], label: str = "") -> list[str]:
