@@ -85,8 +85,10 @@ Devices
     float16, bfloat16, float32, float64 (float64 needs ``jax_enable_x64``);
     allgather and broadcast move any dtype.
 
-A jitted function captures the communicator's native handle: do not call it
-after ``collectives.finalize()``.
+A jitted function captures the communicator by id: called after that
+communicator was freed (``Comm.Free()``, ``collectives.finalize()``) it raises
+JAX's runtime error saying so (trace it again with a live communicator); it
+never touches the freed memory.
 """
 from __future__ import annotations
 
@@ -440,7 +442,7 @@ def _prepare(x: Any, comm: Any):
                 _gpu_lowering(None)  # raises the GPU error
         arrays.append(leaf if isinstance(leaf, jax.Array) else jnp.asarray(leaf))
     _ensure_registered()
-    params = {"comm": core.handle, "api": _api_table()}
+    params = {"comm": core.ffi_id, "api": _api_table()}
     return core, arrays, tree, params
 
 
@@ -617,7 +619,7 @@ def _start(x: Any, comm: Any):
     core = _core_of(comm)
     a = _array(x)
     _ensure_registered()
-    return core, a, {"comm": core.handle, "api": _api_table()}
+    return core, a, {"comm": core.ffi_id, "api": _api_table()}
 
 
 def _rank(value: Any, size: int, name: str, any_ok: bool = False) -> int:

@@ -363,7 +363,7 @@ coll_algo_t coll_tune_choose(int size, size_t nbytes);
 /* The core's entry points as a table of function pointers, for adapters that
  * are compiled separately and must call the same core as the Python module
  * (the JAX FFI handler): collectives._core.api_table() returns its address. */
-#define COLL_API_VERSION 2
+#define COLL_API_VERSION 3
 typedef struct {
   int version; /* COLL_API_VERSION */
   coll_result_t (*allreduce)(coll_comm_t *, const coll_args_t *);
@@ -381,7 +381,16 @@ typedef struct {
   coll_result_t (*recv)(coll_comm_t *, const coll_args_t *, coll_status_t *);
   coll_result_t (*sendrecv)(coll_comm_t *, const coll_args_t *, const coll_args_t *,
                             coll_status_t *);
+  /* version 3: communicators by id (coll_comm_id), NULL once freed */
+  coll_comm_t *(*comm_from_id)(int64_t);
 } coll_api_t;
+
+/* A number for comm, never reused in this process (0: out of memory), for
+ * callers that may outlive it (a compiled JAX function): coll_comm_from_id
+ * gives the communicator back, or NULL once coll_comm_destroy freed it. */
+int64_t coll_comm_id(coll_comm_t *comm);
+coll_comm_t *coll_comm_from_id(int64_t id);
+void coll_comm_forget_id(coll_comm_t *comm);
 
 /* Declared tunables: index -> name, default text, description, current value. */
 int coll_param_count(void);

@@ -88,6 +88,19 @@ try:
     fail("freed", "accepted")
 except MPI.Exception as e:
     expect("freed" in str(e), "freed", str(e))
+# a function compiled with a communicator, called after it was freed: a clear error from
+# the handler (it holds the communicator's id, not its freed memory), and the world goes on
+tmp = w.Dup()
+compiled = jax.jit(lambda x: cj.allreduce(x, comm=tmp))
+same("compiled before free", compiled(jnp.ones(2)), np.full(2, float(n), np.float32))
+tmp.Free()
+for _ in range(2):
+    try:
+        jax.block_until_ready(compiled(jnp.ones(2)))
+        fail("compiled after free", "ran")
+    except Exception as e:
+        expect("is freed" in str(e) and "trace it again" in str(e), "compiled after free",
+               f"{type(e).__name__}: {e}")
 same("world after", cj.allreduce(jnp.ones(2)), np.full(2, float(n), np.float32))
 """
 

@@ -5,7 +5,7 @@ Each method is: resolve and check buffers -> ``with nogil:`` -> one checked C
 call. Argument errors raise ValueError/TypeError before any byte is sent;
 everything else raises CollectivesError naming the rank and the peer.
 """
-from libc.stdint cimport uint8_t
+from libc.stdint cimport int64_t, uint8_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memset
 
@@ -167,6 +167,16 @@ cdef class Communicator:
         """The native coll_comm_t* as an integer, for native adapters (JAX FFI) that
         call the C API through api_table(); valid until close()."""
         return <size_t>self._live()
+
+    @property
+    def ffi_id(self) -> int:
+        """A number for this communicator that native adapters holding it past its life
+        (a compiled JAX function) pass to the API table's comm_from_id, which finds
+        nothing once it is closed: never reused in the process."""
+        cdef int64_t i = coll_comm_id(self._live())
+        if i == 0:
+            raise MemoryError("no memory to register the communicator")
+        return i
 
     @property
     def closed(self) -> bool:
@@ -549,7 +559,7 @@ cdef extern from *:
       COLL_API_VERSION, coll_allreduce, coll_allgatherv, coll_broadcast,
       coll_reduce_scatter_block, coll_barrier, coll_comm_last_error,
       coll_reduce, coll_gatherv, coll_scatterv, coll_alltoallv,
-      coll_send, coll_recv, coll_sendrecv};
+      coll_send, coll_recv, coll_sendrecv, coll_comm_from_id};
     """
     ctypedef struct coll_api_t:
         int version

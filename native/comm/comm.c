@@ -586,6 +586,7 @@ void coll_request_free(coll_request_t *req) {
 
 void coll_comm_destroy(coll_comm_t *comm) {
   if (!comm) return;
+  coll_comm_forget_id(comm);
   if (comm->root) {
     coll_subcomm_destroy(comm);
     return;

@@ -1,6 +1,6 @@
 # libcoll.pxd -- declarations of the C API in coll.h (and the pure rank arithmetic of
 # pattern.h, exposed for tests). Nothing but extern declarations here.
-from libc.stdint cimport uint8_t, uint64_t
+from libc.stdint cimport int64_t, uint8_t, uint64_t
 
 cdef extern from "coll.h" nogil:
     ctypedef enum coll_result_t:
@@ -113,6 +113,8 @@ cdef extern from "coll.h" nogil:
     int coll_comm_size(const coll_comm_t *comm)
     const char *coll_comm_last_error(const coll_comm_t *comm)
     int coll_comm_is_broken(const coll_comm_t *comm)
+    int64_t coll_comm_id(coll_comm_t *comm)
+    coll_comm_t *coll_comm_from_id(int64_t id)
     int coll_comm_num_links(const coll_comm_t *comm)
     size_t coll_comm_segment_bytes(coll_comm_t *comm)
 

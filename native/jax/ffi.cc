@@ -31,7 +31,7 @@
 //                            block i of x (axis 0) goes to rank i, block j of y
 //                            came from rank j
 //
-// `comm` is the native coll_comm_t* and `api` the address of the core's
+// `comm` is the communicator's id (coll_comm_id) and `api` the address of the core's
 // coll_api_t table (collectives._core.api_table()), both as int64: this library
 // links nothing of the core, so it calls exactly the core the Python process
 // loaded. A failed call returns ffi::Error carrying the core's message (rank,
@@ -82,17 +82,23 @@ void data_view(const ffi::AnyBuffer &b, coll_dtype_t *dtype, size_t *count) {
 
 ffi::Error resolve(int64_t comm_attr, int64_t api_attr, const char *what, coll_comm_t **comm,
                    const coll_api_t **api) {
-  *comm = reinterpret_cast<coll_comm_t *>(static_cast<intptr_t>(comm_attr));
   *api = reinterpret_cast<const coll_api_t *>(static_cast<intptr_t>(api_attr));
-  if (*comm == nullptr || *api == nullptr)
-    return ffi::Error::InvalidArgument(std::string("collectives ") + what +
-                                       ": null communicator or api table");
+  if (*api == nullptr)
+    return ffi::Error::InvalidArgument(std::string("collectives ") + what + ": null api table");
   if ((*api)->version != kApiVersion)
     return ffi::Error(
         ffi::ErrorCode::kFailedPrecondition,
         std::string("collectives ") + what + ": core api table version " +
         std::to_string((*api)->version) + ", this handler was built for " +
         std::to_string(kApiVersion) + " (rebuild the JAX FFI cache)");
+  // The attribute is the communicator's id (coll_comm_id), looked up per call:
+  // a function compiled before the communicator was freed finds nothing here.
+  *comm = (*api)->comm_from_id(comm_attr);
+  if (*comm == nullptr)
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                      std::string("collectives ") + what + ": the communicator this function "
+                      "was compiled with is freed (Comm.Free() or finalize); trace it again "
+                      "with a live one");
   return ffi::Error::Success();
 }
 
