@@ -24,9 +24,10 @@ import time
 from typing import Any, Callable, Optional, Sequence
 
 from . import _core, _missing
-from ._core import CollectivesError, CommBase as _CommBase, Request as _CoreRequest, count_of
+from ._core import CollectivesError, CommBase as _CommBase, count_of
 from ._core import _mpi_register, check_root, not_a_buffer
-from . import _mpi_comms, _world
+from . import _mpi_comms, _mpi_request, _world
+from ._mpi_request import Request
 from ._mpi_comms import COMM_NULL
 
 __all__ = [
@@ -40,7 +41,7 @@ ANY_SOURCE = _core.ANY_SOURCE  # a receive's source: any rank
 ANY_TAG = _core.ANY_TAG        # a receive's tag: any tag
 PROC_NULL = _core.PROC_NULL    # a peer that is not there: sends and receives complete at once
 TAG_UB = _core.TAG_MAX         # the largest tag
-UNDEFINED = -32766             # mpi4py's value: no index (Waitany), no whole count (Get_count)
+UNDEFINED = _mpi_request.UNDEFINED  # mpi4py's value: no index (Waitany), no whole count (Get_count)
 
 Exception = CollectivesError  # noqa: A001 -- mpi4py's name for its error class
 Exception.__doc__ = CollectivesError.__doc__
@@ -219,110 +220,6 @@ def _dtype_name(a: Optional[str], b: Optional[str]) -> Optional[str]:
     if a and b and a != b:
         raise TypeError(f"send datatype {a} differs from receive datatype {b}")
     return a or b
-
-
-class Request:
-    """A non-blocking operation (mpi4py's Request subset).
-
-    Uppercase Wait/Test finish it; lowercase wait/test also return the
-    object a pickled irecv brought (None for other requests).
-    """
-
-    def __init__(self, core_request: _CoreRequest, comm: "Comm", pickled: bool = False) -> None:
-        self._req = core_request
-        self._comm = comm
-        self._pickled = pickled
-
-    def _outcome(self, status: Optional[Status]) -> Any:
-        outcome = self._req._status
-        if status is not None:
-            status._fill(outcome)
-        if self._pickled and outcome is not None:
-            return None if outcome[0] == PROC_NULL else pickle.loads(outcome[3])
-        return None
-
-    def Wait(self, status: Optional[Status] = None) -> bool:
-        """Block until done (raising MPI.Exception if it failed); fills status."""
-        self._comm._call(self._req.Wait)
-        self._outcome(status)
-        return True
-
-    def Test(self, status: Optional[Status] = None) -> bool:
-        """True once done (raising if it failed); fills status then."""
-        done = self._comm._call(self._req.Test)
-        if done:
-            self._outcome(status)
-        return done
-
-    def wait(self, status: Optional[Status] = None) -> Any:
-        """Wait(); returns the object a pickled irecv received (else None)."""
-        self._comm._call(self._req.Wait)
-        return self._outcome(status)
-
-    def test(self, status: Optional[Status] = None) -> tuple:
-        """(done, object): the object a pickled irecv received once done, else None."""
-        if not self._comm._call(self._req.Test):
-            return False, None
-        return True, self._outcome(status)
-
-    @staticmethod
-    def Waitall(requests: Sequence["Request"], statuses: Optional[list] = None) -> bool:
-        """Wait for every request; the first failure is raised after all have finished."""
-        Request.waitall(requests, statuses)
-        return True
-
-    @staticmethod
-    def waitall(requests: Sequence["Request"], statuses: Optional[list] = None) -> list:
-        """Wait for every request; returns each one's object (see wait)."""
-        objs, first = [], None
-        for i, r in enumerate(requests):
-            st = statuses[i] if statuses is not None and i < len(statuses) else None
-            try:
-                objs.append(r.wait(st))
-            except CollectivesError as exc:
-                first = first or exc
-                objs.append(None)
-        if first is not None:
-            raise first
-        return objs
-
-    @staticmethod
-    def Waitany(requests: Sequence["Request"], status: Optional[Status] = None) -> int:
-        """Block until one unfinished request completes; its index (UNDEFINED if none left)."""
-        return Request.waitany(requests, status)[0]
-
-    @staticmethod
-    def waitany(requests: Sequence["Request"], status: Optional[Status] = None) -> tuple:
-        """(index, object) of the first request to complete (UNDEFINED, None if none left)."""
-        reqs = list(requests)
-        if not reqs:
-            return UNDEFINED, None
-        comm = reqs[0]._comm
-        i = comm._call(_core.request_wait_any, [r._req for r in reqs])
-        if i < 0:
-            return UNDEFINED, None
-        return i, reqs[i].wait(status)
-
-    @staticmethod
-    def Testall(requests: Sequence["Request"], statuses: Optional[list] = None) -> bool:
-        """True if every request has completed (then finished, statuses filled); else
-        False, and none is finished by this call beyond what completed meanwhile."""
-        return Request.testall(requests, statuses)[0]
-
-    @staticmethod
-    def testall(requests: Sequence["Request"], statuses: Optional[list] = None) -> tuple:
-        """(True, objects) once every request has completed, else (False, None)."""
-        if not all(r._comm._call(r._req.Test) for r in requests):
-            return False, None
-        return True, Request.waitall(requests, statuses)
-
-    @staticmethod
-    def Testany(requests: Sequence["Request"], status: Optional[Status] = None) -> tuple:
-        """(index, True) of a completed request, else (UNDEFINED, False)."""
-        for i, r in enumerate(requests):
-            if r.Test(status):
-                return i, True
-        return UNDEFINED, False
 
 
 class Comm(_CommBase):

@@ -84,6 +84,12 @@ MPI4PY_MODULE = frozenset("""
     WTIME_IS_GLOBAL Win buffer get_vendor memory
 """.split())
 
+# mpi4py: names of MPI.Request that collectives.MPI.Request lacks.
+MPI4PY_REQUEST = frozenset("""
+    Cancel Free Get_status_all Get_status_any Get_status_some cancel f2py free fromhandle
+    fromint get_status_all get_status_any get_status_some handle py2f toint
+""".split())
+
 # horovod.torch (0.28): public names that collectives.torch lacks.
 HOROVOD_TORCH: frozenset = frozenset()
 

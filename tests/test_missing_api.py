@@ -55,6 +55,19 @@ def test_missing_module_name_names_the_mpi4py_api(name) -> None:
     assert getattr(MPI, name, "default") == "default"
 
 
+def test_missing_request_names_the_mpi4py_api(comm) -> None:
+    """On the class (Request.Cancel) and on a request alike."""
+    req = comm.isend(1, MPI.PROC_NULL)
+    req.Wait()
+    for owner in (MPI.Request, req):
+        _raises_not_provided(lambda: owner.Cancel, "collectives.MPI.Request.Cancel",
+                             "mpi4py's MPI.Request")
+        assert not hasattr(owner, "Free")
+        with pytest.raises(AttributeError) as info:
+            owner.Canccel
+        assert not isinstance(info.value, NotImplementedError)
+
+
 def test_names_no_framework_has_are_plain_attribute_errors(comm) -> None:
     for get, text in ((lambda: comm.sendd, "'Comm' object has no attribute 'sendd'"),
                       (lambda: MPI.COMM_SELFF,
@@ -106,13 +119,18 @@ def _mpi4py_stub():
             if isinstance(base, ast.Name) and base.id in classes:
                 inherited |= members(base.id)
         return inherited | names(node.body)
-    return names(tree.body), members("Intracomm")
+    return names(tree.body), members("Intracomm"), members("Request")
 
 
 def test_mpi4py_lists_match_mpi4py(comm) -> None:
     """Every mpi4py name we lack is listed (no bare AttributeError), and every listed
     name is mpi4py's (no invented API)."""
-    module, intracomm = _mpi4py_stub()
+    module, intracomm, request = _mpi4py_stub()
+    ours_request = set(dir(MPI.Request))
+    assert request - ours_request <= _missing.MPI4PY_REQUEST, \
+        request - ours_request - _missing.MPI4PY_REQUEST
+    assert _missing.MPI4PY_REQUEST <= request, _missing.MPI4PY_REQUEST - request
+    assert not _missing.MPI4PY_REQUEST & ours_request, _missing.MPI4PY_REQUEST & ours_request
     ours_comm = set(dir(type(comm)))
     assert intracomm - ours_comm <= _missing.MPI4PY_COMM, intracomm - ours_comm - _missing.MPI4PY_COMM
     assert _missing.MPI4PY_COMM <= intracomm, _missing.MPI4PY_COMM - intracomm

@@ -192,8 +192,8 @@ reqs = [comm.irecv(source=left, tag=73 + k) for k in range(2)]
 for k in range(2):
     comm.isend([k, r], right, tag=73 + k).wait()
 expect(MPI.Request.waitall(reqs) == [[0, left], [1, left]], "waitall objects", "")
-flag, objs = MPI.Request.testall(reqs)
-expect(flag and objs == [[0, left], [1, left]], "testall objects", repr(objs))
+flag, objs = MPI.Request.testall(reqs)  # inactive after waitall, as in mpi4py: no objects
+expect(flag and objs == [None, None], "testall after waitall", repr(objs))
 if r == 0:
     got = sorted(comm.recv(source=MPI.ANY_SOURCE, tag=74) for _ in range(n - 1))
     expect(got == list(range(1, n)), "pickle any source", repr(got))

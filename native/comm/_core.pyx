@@ -58,6 +58,11 @@ cdef class Request:
             self._finish(res)
         return bool(done)
 
+    @property
+    def active(self) -> bool:
+        """True until a Wait or a Test has seen it complete."""
+        return self.req != NULL
+
     def wait(self) -> None:
         """Alias of Wait()."""
         self.Wait()
