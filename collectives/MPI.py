@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional, Sequence
 from . import _core, _missing
 from ._core import CollectivesError, CommBase as _CommBase, count_of
 from ._core import _mpi_register, check_root, not_a_buffer
-from . import _mpi_comms, _mpi_request, _world
+from . import _mpi_comms, _mpi_extras, _mpi_request, _world
 from ._mpi_request import Request
 from ._mpi_comms import COMM_NULL
 
@@ -222,7 +222,7 @@ def _dtype_name(a: Optional[str], b: Optional[str]) -> Optional[str]:
     return a or b
 
 
-class Comm(_CommBase):
+class Comm(_mpi_extras.CommExtras, _CommBase):
     """A communicator: mpi4py's names over the native core.
 
     Allreduce on plain buffers is inherited from the Cython base, which runs
@@ -629,7 +629,10 @@ def Get_processor_name() -> str:
 
 def _init_world(timeout: Optional[float] = None) -> "Comm":
     """The world communicator as a Comm, made on first call (collectives.init)."""
-    return _world.init(timeout, Comm._from_core)
+    comm = _world.init(timeout, Comm._from_core)
+    if comm._name is None:
+        comm._name = "MPI_COMM_WORLD"
+    return comm
 
 
 def Init() -> None:
@@ -662,6 +665,7 @@ def _comm_self() -> "Comm":
         from ._core import Communicator
 
         _self_comm = Comm._from_core(Communicator(0, 1), 0, 1)
+        _self_comm._name = "MPI_COMM_SELF"
     return _self_comm
 
 

@@ -2,7 +2,7 @@
 
 A script ported from mpi4py or Horovod that reaches for one of these gets a
 ``NotImplementedError`` naming the missing API instead of a bare
-``AttributeError``; a name that neither framework has is an ordinary
+``AttributeError``; a  that neither framework has is an ordinary
 ``AttributeError``. The error class is both, so ``hasattr`` and
 ``getattr(obj, name, default)`` keep working. The mpi4py lists are the public
 names of mpi4py 4's ``MPI`` module and ``Intracomm`` (its ``MPI.pyi``) minus
@@ -19,17 +19,16 @@ MPI4PY_COMM = frozenset("""
     Bsend_init Call_errhandler Cart_map Clone Compare Connect Create Create_cart
     Create_dist_graph Create_dist_graph_adjacent Create_errhandler Create_from_group
     Create_graph Create_group Create_intercomm Create_keyval Delete_attr Detach_buffer
-    Disconnect Dup_with_info Exscan Exscan_init Flush_buffer Free_keyval Gather_init
-    Gatherv_init Get_attr Get_errhandler Get_failed Get_group Get_info Get_name Get_parent
-    Get_topology Graph_map Iagree Ialltoall Ialltoallv Ialltoallw Ibsend Idup Idup_with_info
-    Iexscan Iflush_buffer Igather Igatherv Improbe Iprobe Ireduce Ireduce_scatter Irsend
-    Is_inter Is_intra Is_revoked Iscan Iscatter Iscatterv Isendrecv Isendrecv_replace Ishrink
-    Issend Join Mprobe Precv_init Probe Psend_init Recv_init Reduce_init Reduce_scatter
-    Reduce_scatter_block_init Reduce_scatter_init Revoke Rsend Rsend_init Scan Scan_init
-    Scatter_init Scatterv_init Send_init Sendrecv_replace Set_attr Set_errhandler Set_info
-    Set_name Spawn Spawn_multiple Split_type Ssend Ssend_init bsend exscan f2py
-    free fromhandle fromint group handle ibsend improbe info iprobe is_inter is_intra is_topo
-    issend mprobe name probe py2f reduce scan ssend toint topology
+    Disconnect Dup_with_info Exscan_init Flush_buffer Free_keyval Gather_init Gatherv_init
+    Get_attr Get_errhandler Get_failed Get_group Get_info Get_parent Get_topology Graph_map
+    Iagree Ialltoall Ialltoallv Ialltoallw Ibsend Idup Idup_with_info Iexscan Iflush_buffer
+    Igather Igatherv Improbe Iprobe Ireduce Ireduce_scatter Irsend Is_revoked Iscan Iscatter
+    Iscatterv Isendrecv Isendrecv_replace Ishrink Issend Join Mprobe Precv_init Probe
+    Psend_init Recv_init Reduce_init Reduce_scatter_block_init Reduce_scatter_init Revoke
+    Rsend Rsend_init Scan_init Scatter_init Scatterv_init Send_init Set_attr Set_errhandler
+    Set_info Spawn Spawn_multiple Split_type Ssend Ssend_init bsend f2py free fromhandle
+    fromint group handle ibsend improbe info iprobe is_topo issend mprobe probe py2f ssend
+    toint topology
 """.split())
 
 # mpi4py: module-level names of mpi4py.MPI that collectives.MPI lacks.
