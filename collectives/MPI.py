@@ -47,6 +47,12 @@ Exception = CollectivesError  # noqa: A001 -- mpi4py's name for its error class
 Exception.__doc__ = CollectivesError.__doc__
 
 
+class ArgumentError(CollectivesError, ValueError):
+    """An argument the call refused before sending anything (a rank, tag or root out of
+    range, counts that do not fit): an ``MPI.Exception``, as mpi4py raises for them, and
+    a ``ValueError``, as Python code expects; ``Get_error_code()`` is 1 (invalid argument)."""
+
+
 class Op:
     """A reduction operation: a core op for buffers, a Python function for objects."""
 
@@ -274,6 +280,8 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
             return fn(*args, **kwargs)
         except CollectivesError as exc:
             raise self._explained(exc) from None
+        except ValueError as exc:  # a bad rank, tag, root, count: mpi4py raises MPI.Exception
+            raise ArgumentError(1, str(exc)) from None
 
     def _explained(self, exc: CollectivesError) -> CollectivesError:
         """exc, or the same error with the cause other ranks reported appended."""
@@ -555,14 +563,14 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
         """The list of every rank's obj at root, None elsewhere (pickled; sent to the root only)."""
         from . import _objects
 
-        root = check_root(root, self.size)
+        root = self._call(check_root, root, self.size)
         return self._call(_objects.gather, self._core, obj, root)
 
     def scatter(self, objs: Optional[Sequence[Any]], root: int = 0) -> Any:
         """Rank i gets objs[i] from root (each rank receives only its own)."""
         from . import _objects
 
-        root = check_root(root, self.size)
+        root = self._call(check_root, root, self.size)
         if self.rank == root and (objs is None or len(objs) != self.size):
             raise ValueError(f"scatter needs a sequence of {self.size} objects at the root")
         return self._call(_objects.scatter, self._core, list(objs) if self.rank == root else None,

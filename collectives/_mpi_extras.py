@@ -85,7 +85,7 @@ class CommExtras:
         from . import MPI
 
         op = self._obj_op(MPI.SUM if op is None else op)
-        root = check_root(root, self.size)
+        root = self._call(check_root, root, self.size)
         objs = self.gather(sendobj, root)
         return functools.reduce(op, objs) if self.rank == root else None
 

@@ -91,6 +91,18 @@ comm.Sendrecv_replace(buf, right, 7, left, 7, st)
 same("Sendrecv_replace", buf, np.full(5, left, np.int32))
 same("Sendrecv_replace status", (st.Get_source(), st.Get_tag()), (left, 7))
 
+# a bad rank, tag or root: MPI.Exception as mpi4py raises, and still a ValueError
+for case, bad in [("dest", lambda: comm.send(1, n + 5, 0)), ("tag", lambda: comm.recv(None, r, -5)),
+                  ("Send dest", lambda: comm.Send(np.zeros(2), -3)),
+                  ("gather root", lambda: comm.gather(1, root=n)),
+                  ("reduce root", lambda: comm.reduce(1, root=-1)),
+                  ("Bcast root", lambda: comm.Bcast(np.zeros(2), root=n))]:
+    try:
+        bad()
+        expect(False, case, "accepted")
+    except MPI.Exception as e:
+        expect(isinstance(e, ValueError) and e.Get_error_code() == 1, case, repr(e))
+
 # names
 same("world name", comm.Get_name(), "MPI_COMM_WORLD")
 same("self name", MPI.COMM_SELF.Get_name(), "MPI_COMM_SELF")
