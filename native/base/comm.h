@@ -16,7 +16,9 @@
 #include "coll.h"
 #include "base/auth.h"
 
-#define COLL_MAX_PENDING 64
+/* Half-open connections a listener keeps before it evicts the oldest: room
+ * for several lower ranks dialing at once with COLLECTIVES_NSOCKS=16 each. */
+#define COLL_MAX_PENDING 256
 /* The longest abort notice text a peer may send (transport/wire.h). */
 #define COLL_ABORT_REASON_BYTES 96
 

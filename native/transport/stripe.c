@@ -26,8 +26,10 @@
  * The sockets are opened like one (transport/select.c): each with its own
  * authenticated opening whose hello names its index and k (wire.h), so the
  * accepting rank knows which slot each fills and ranks that disagree on k
- * fail naming each other. A link that negotiates shared memory keeps one
- * socket, as its doorbell.
+ * fail naming each other. A link whose first connection offers shared
+ * memory keeps that one socket, as its doorbell, and also when the peer
+ * declines the offer (both ends know what was offered and answered): same-host
+ * peers gain nothing from several loopback flows.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -94,9 +96,11 @@ static coll_result_t lost(coll_link_t *link, int sock, const char *what, int err
     return coll_error(comm, COLL_REMOTE_ERROR,
                       "rank %d: rank %d closed the connection (it exited or failed)", comm->rank,
                       link->peer);
+  /* Worded as on one socket ("connection to rank"), which collectives/_world.py
+   * knows for an echo of another rank's failure. */
   return coll_error(comm, COLL_REMOTE_ERROR,
-                    "rank %d: connection %d of %d to rank %d lost while %s: %s", comm->rank, sock,
-                    ((stripe_t *)link->priv)->k, link->peer, what, strerror(err));
+                    "rank %d: connection to rank %d lost while %s (socket %d of %d): %s",
+                    comm->rank, link->peer, what, sock, ((stripe_t *)link->priv)->k, strerror(err));
 }
 
 /* The next piece of iov (from entry *i, byte *off) that stays inside the
