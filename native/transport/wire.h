@@ -51,6 +51,8 @@
  *   connecting side: transport offer[96] | mac = HMAC(K, "collectives open" nonce_a
  *     hello nonce_c offer)                       (COLL_OPENING_BYTES in all)
  *   accepting side: u32 answer | HMAC(K, "collectives answer" nonce_a hello nonce_c answer)
+ *     (answer: 0 tcp, 1 shared memory taken, or a refusal naming why and the
+ *     acceptor's COLLECTIVES_NSOCKS, transport/transport.h)
  * Each side proves K over the other's fresh nonce, so a recorded opening
  * cannot be replayed, and an outsider can neither pose as a rank nor answer
  * as one. Nothing read before the MAC is checked sizes anything: the opening
