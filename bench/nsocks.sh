@@ -62,8 +62,8 @@ pair() { # env... -- cmd...: rank 0 in A, rank 1 in B; prints rank 0's busbw at 
   local r1=$!
   wait "$r0" || true
   wait "$r1" || true
-  # nccl-tests columns: size count type redop [algo] time algbw busbw ...; the in-place busbw
-  # is the third number after the out-of-place one's group: take the row's last busbw-like field
+  # nccl-tests row: size count type redop root, then time algbw busbw #wrong out of place
+  # and the same in place: the in-place busbw is the row's second-to-last field
   "$PY" - "$out" <<'EOF'
 import re, sys
 rows = [l.split() for l in open(sys.argv[1]) if re.match(r"\s*\d+\s+\d+\s+float", l)]
