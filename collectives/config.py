@@ -81,13 +81,13 @@ def _bytes(allowed: str, pow2: bool, positive: bool, lo: Optional[str], hi: Opti
     return check
 
 
-def _integer(allowed: str, minimum: int) -> Check:
+def _integer(allowed: str, minimum: int, maximum: Optional[int] = None) -> Check:
     def check(name: str, text: str) -> None:
         try:
             value = int(text.strip())
         except ValueError:
             raise ValueError(f"{name}={text!r} is not an integer: allowed: {allowed}") from None
-        if value < minimum:
+        if value < minimum or (maximum is not None and value > maximum):
             raise ValueError(f"{name}={value} is out of range: allowed: {allowed}")
     return check
 
@@ -119,6 +119,9 @@ def checker(allowed: str) -> Check:
     m = re.fullmatch(r"integer >= (\d+)", allowed)
     if m:
         return _integer(allowed, int(m.group(1)))
+    m = re.fullmatch(r"integer, (\d+) to (\d+)", allowed)
+    if m:
+        return _integer(allowed, int(m.group(1)), int(m.group(2)))
     if allowed == "host:port":
         return _address
     if allowed.startswith(("a ", "an ")):

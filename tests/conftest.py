@@ -84,6 +84,11 @@ def base_env(extra: Optional[Mapping[str, str]] = None) -> dict:
                                         ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("OMP_NUM_THREADS", "1")
+    # COLLECTIVES_TEST_ENV="COLLECTIVES_NSOCKS=4,COLLECTIVES_TRANSPORT=tcp": run
+    # every started process under those settings (a test's own env still wins).
+    for item in filter(None, os.environ.get("COLLECTIVES_TEST_ENV", "").split(",")):
+        name, _, value = item.partition("=")
+        env[name.strip()] = value.strip()
     if extra:
         env.update({k: str(v) for k, v in extra.items()})
     return env

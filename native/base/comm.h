@@ -16,7 +16,9 @@
 #include "coll.h"
 #include "base/auth.h"
 
-#define COLL_MAX_PENDING 64
+/* Half-open connections a listener keeps before it evicts the oldest: room
+ * for several lower ranks dialing at once with COLLECTIVES_NSOCKS=16 each. */
+#define COLL_MAX_PENDING 256
 /* The longest abort notice text a peer may send (transport/wire.h). */
 #define COLL_ABORT_REASON_BYTES 96
 
@@ -28,6 +30,8 @@ typedef struct {
   int port;
   coll_link_t *link;  /* NULL until an algorithm first needs this peer (or it connected) */
   coll_link_t *dialing; /* a link this rank dialed whose answer has not come (transport/select.c) */
+  coll_link_t *joining; /* a link from a lower rank whose sockets have not all arrived
+                           (COLLECTIVES_NSOCKS > 1, transport/select.c) */
   char host_id[160];  /* equal for ranks that share a host (and its /dev/shm) */
 } coll_peer_t;
 
@@ -60,6 +64,10 @@ struct coll_comm {
    * transport/tcp.c): its rank, or -1, and its text. */
   int abort_from;
   char abort_reason[COLL_ABORT_REASON_BYTES];
+  /* Why this rank refused a link opening that proved the job's key (a peer
+   * with another COLLECTIVES_NSOCKS, or one that broke the opening's rules,
+   * transport/select.c), or "": a wait for links fails with it at once. */
+  char link_refused[256];
   double timeout;        /* default deadline, seconds */
   size_t segment_bytes;  /* COLLECTIVES_SEGMENT_BYTES; 0: auto (coll_comm_segment_bytes) */
   int sockbuf;           /* COLLECTIVES_SOCKET_BUFFER; -1: auto (coll_tcp_link_buffer) */

@@ -11,7 +11,7 @@
  * collectives.config.check_env applies to the variable before the rendezvous;
  * its small grammar ("one of: a, b", "list of: ...", "seconds > 0",
  * "[power-of-two ]bytes[ > 0][, LO to HI][, or auto]", "microseconds >= 0",
- * "integer >= N", "host:port", free text starting with "a "/"an ") is
+ * "integer >= N", "integer, N to M", "host:port", free text starting with "a "/"an ") is
  * parsed there, and a test fails on any entry it cannot parse. */
 typedef struct {
   const char *name;
@@ -128,6 +128,11 @@ static const coll_param_decl_t params[COLL_NUM_PARAMS] = {
                                    "whole job, so rank 0 starts none and collectives.shrink() "
                                    "works after rank 0 died (set by such a launcher)",
                                    "one of: 0, 1"},
+    [COLL_PARAM_NSOCKS] = {"COLLECTIVES_NSOCKS", "1",
+                           "TCP connections per link between two ranks; each segment is striped "
+                           "over them in 64K units, round robin (equal on every rank; more than 1 "
+                           "helps only where one flow cannot fill the NIC)",
+                           "integer, 1 to 16"},
 };
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;

@@ -84,11 +84,15 @@ static coll_result_t link_ready(coll_comm_t *comm, coll_link_t *link, int shm) {
     return coll_error(comm, COLL_INVALID_USAGE,
                       "rank %d: COLLECTIVES_TRANSPORT=shm but rank %d cannot share memory with it",
                       comm->rank, link->peer);
-  char buffers[48] = "";
+  char buffers[80] = "";
   if (!shm) {
     int bytes = coll_tcp_link_buffer(comm);
     if (bytes > 0) snprintf(buffers, sizeof buffers, ", socket buffers %d B", bytes);
     else snprintf(buffers, sizeof buffers, ", socket buffers autotuned");
+  }
+  if (coll_stripe_sockets(link) > 1) {
+    size_t used = strlen(buffers);
+    snprintf(buffers + used, sizeof buffers - used, ", %d connections", coll_stripe_sockets(link));
   }
   COLL_INFO(COLL_LOG_NET, "rank %d <-> rank %d via %s (%s:%d%s)", comm->rank, link->peer,
             link->tp->name, p->host, p->port, buffers);
@@ -96,8 +100,103 @@ static coll_result_t link_ready(coll_comm_t *comm, coll_link_t *link, int shm) {
   return COLL_SUCCESS;
 }
 
+static void answer_send(coll_comm_t *comm, int fd, const unsigned char *opening,
+                        const unsigned char *challenge, uint32_t word, int *sent) {
+  unsigned char answer[COLL_ANSWER_BYTES];
+  memcpy(answer, &word, 4);
+  coll_answer_mac(comm->link_key, challenge, opening, word, answer + 4);
+  /* A challenge and an answer on a fresh socket always fit its buffer. */
+  *sent = send(fd, answer, sizeof answer, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)sizeof answer;
+}
+
+/* An opening that proved the key but breaks the link rules: the peer gets
+ * a refusal it can trust (and names us in its error), and this rank's waits
+ * for links fail at once with `why` (coll_tcp_aborted). */
+static void refuse(coll_comm_t *comm, int peer, int fd, const unsigned char *opening,
+                   const unsigned char *challenge, uint32_t reason, const char *why) {
+  int sent;
+  uint32_t word = COLL_ANSWER_REFUSED | reason << 8 | (uint32_t)coll_tcp_nsocks() << 16;
+  answer_send(comm, fd, opening, challenge, word, &sent);
+  close(fd);
+  COLL_WARN("rank %d: refused a link opening from rank %d: %s", comm->rank, peer, why);
+  if (!comm->link_refused[0])
+    snprintf(comm->link_refused, sizeof comm->link_refused, "rank %d: %s", comm->rank, why);
+  coll_peer_t *p = &comm->peers[peer];
+  if (p->joining) { /* it cannot complete now */
+    link_free(p->joining);
+    p->joining = NULL;
+  }
+}
+
+/* The error for a refusal answer (see refuse). */
+static coll_result_t refused(coll_comm_t *comm, int peer, uint32_t word) {
+  uint32_t reason = (word >> 8) & 0xff, theirs = (word >> 16) & 0xff;
+  if (reason == COLL_REFUSED_NSOCKS)
+    return coll_error(comm, COLL_INVALID_USAGE,
+                      "rank %d: rank %d refused the link: it uses COLLECTIVES_NSOCKS=%u TCP "
+                      "connections per link, this rank %d (set the same value on every rank)",
+                      comm->rank, peer, theirs, coll_tcp_nsocks());
+  return coll_error(comm, COLL_REMOTE_ERROR,
+                    "rank %d: rank %d refused the link (reason %u: a connection index it "
+                    "had already, or an offer it does not take)", comm->rank, peer, reason);
+}
+
 void coll_link_adopt(coll_comm_t *comm, int peer, int fd, const unsigned char *opening,
                      const unsigned char *challenge) {
+  coll_peer_t *p = &comm->peers[peer];
+  int sock = 0, k = 1, nsocks = coll_tcp_nsocks(), sent = 0;
+  uint32_t kind;
+  char why[200];
+  coll_hello_decode(opening, comm->id, comm->rank, &sock, &k); /* tcp.c checked it */
+  memcpy(&kind, opening + COLL_HELLO_PART_BYTES, 4);
+  if (sock >= k) {
+    snprintf(why, sizeof why, "rank %d named connection %d of a link of %d", peer, sock, k);
+    refuse(comm, peer, fd, opening, challenge, COLL_REFUSED_SOCKET, why);
+    return;
+  }
+  if (k != nsocks) {
+    snprintf(why, sizeof why,
+             "rank %d opens its links with COLLECTIVES_NSOCKS=%d TCP connections, this rank "
+             "with %d (set the same value on every rank)", peer, k, nsocks);
+    refuse(comm, peer, fd, opening, challenge, COLL_REFUSED_NSOCKS, why);
+    return;
+  }
+  if (kind != 0 && (sock > 0 || p->joining)) {
+    snprintf(why, sizeof why,
+             "rank %d offered shared memory on connection %d of a link of %d (only the "
+             "first connection of a link may)", peer, sock, k);
+    refuse(comm, peer, fd, opening, challenge, COLL_REFUSED_SOCKET, why);
+    return;
+  }
+  if (nsocks > 1 && kind == 0) { /* one of k connections: a slot of the joining link */
+    if (!p->joining) {
+      coll_link_t *link = link_new(comm, peer);
+      if (!link || coll_stripe_new(link, k) != COLL_SUCCESS) {
+        COLL_WARN("rank %d: out of memory accepting rank %d", comm->rank, peer);
+        if (link) link_free(link);
+        close(fd);
+        return;
+      }
+      p->joining = link;
+    }
+    int filled = coll_stripe_fill(p->joining, sock, fd);
+    if (!filled) {
+      snprintf(why, sizeof why, "rank %d opened connection %d of its link twice", peer, sock);
+      refuse(comm, peer, fd, opening, challenge, COLL_REFUSED_SOCKET, why);
+      return;
+    }
+    answer_send(comm, fd, opening, challenge, 0, &sent);
+    coll_link_t *link = p->joining;
+    if (!sent) {
+      COLL_WARN("rank %d: could not set up the link from rank %d", comm->rank, peer);
+      p->joining = NULL;
+      link_free(link);
+    } else if (filled == 2) {
+      p->joining = NULL;
+      if (link_ready(comm, link, 0) != COLL_SUCCESS) link_free(link);
+    }
+    return;
+  }
   coll_link_t *link = link_new(comm, peer);
   if (!link) {
     COLL_WARN("rank %d: out of memory accepting rank %d", comm->rank, peer);
@@ -107,32 +206,42 @@ void coll_link_adopt(coll_comm_t *comm, int peer, int fd, const unsigned char *o
   link->fd = fd;
   int ok = 0;
   coll_shm_take_offer(link, opening + COLL_HELLO_PART_BYTES, shm_allowed(comm, peer), &ok);
-  unsigned char answer[COLL_ANSWER_BYTES];
-  uint32_t word = ok ? 1 : 0;
-  memcpy(answer, &word, 4);
-  coll_answer_mac(comm->link_key, challenge, opening, word, answer + 4);
-  /* A challenge and an answer on a fresh socket always fit its buffer. */
-  if (send(fd, answer, sizeof answer, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof answer ||
-      link_ready(comm, link, ok) != COLL_SUCCESS) {
+  answer_send(comm, fd, opening, challenge, ok ? 1 : 0, &sent);
+  if (!sent || link_ready(comm, link, ok) != COLL_SUCCESS) {
     COLL_WARN("rank %d: could not set up the link from rank %d", comm->rank, peer);
     link_free(link);
   }
 }
 
-/* Connecting (lower) side, in two round trips (wire.h): send the hello part,
- * take the acceptor's challenge and send offer + MAC (dial_step, stage 0),
- * then read the answer and check its MAC (stage 1). The state between steps
- * lives on the link (link->dial), so that point-to-point waits can dial
- * without blocking (coll_link_dial_poll); link_dial runs the steps in one go.
- * The accepting side answers each part as soon as it reads it, so these waits
- * only depend on the peer reaching any accept loop. */
+/* Connecting (lower) side, in two round trips per connection (wire.h):
+ * send the hello part, take the acceptor's challenge and send offer + MAC
+ * (sock_step, stage 0), then read the answer and check its MAC (stage 1).
+ * A link of COLLECTIVES_NSOCKS = k > 1 connections dials all k at once, each
+ * naming its index; only the first carries a transport offer, and a link
+ * that offers shared memory keeps that one connection whatever the answer
+ * (both ends know what was offered). The state between steps lives on the
+ * link (link->dial), so that point-to-point waits can dial without blocking
+ * (coll_link_dial_poll); link_dial runs the steps in one go. The accepting
+ * side answers each part as soon as it reads it, so these waits only depend
+ * on the peer reaching any accept loop. */
 typedef struct {
+  int fd;
+  int stage; /* 0: waiting for the challenge; 1: waiting for the answer; 2: done */
+  uint32_t word; /* the answer */
   unsigned char opening[COLL_OPENING_BYTES];
   unsigned char challenge[COLL_NONCE_BYTES];
-  int stage; /* 0: waiting for the challenge; 1: waiting for the answer */
+} dial_sock_t;
+
+typedef struct {
+  int k; /* connections this link gets */
+  dial_sock_t s[COLL_MAX_NSOCKS];
 } dial_state_t;
 
 static void dial_abandon(coll_link_t *link) {
+  dial_state_t *d = link->dial;
+  for (int i = 0; d && i < d->k; i++)
+    if (d->s[i].fd >= 0) close(d->s[i].fd);
+  link->fd = -1; /* it was one of those */
   free(link->dial);
   link->dial = NULL;
   coll_shm_settle(link, 0);
@@ -147,59 +256,78 @@ static coll_result_t dial_begin(coll_comm_t *comm, int peer, double deadline, co
     return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory for a link", comm->rank);
   }
   link->dial = d;
-  coll_hello_encode(d->opening, comm->id, comm->rank, peer);
+  int nsocks = coll_tcp_nsocks();
+  for (int i = 0; i < COLL_MAX_NSOCKS; i++) d->s[i].fd = -1;
+  d->k = 1;
+  coll_hello_encode(d->s[0].opening, comm->id, comm->rank, peer, 0, nsocks);
   coll_result_t res = coll_shm_make_offer(link, shm_allowed(comm, peer),
-                                          d->opening + COLL_HELLO_PART_BYTES);
-  if (res == COLL_SUCCESS)
-    res = coll_tcp_dial(comm, peer, deadline, d->opening, COLL_HELLO_PART_BYTES, &link->fd);
+                                          d->s[0].opening + COLL_HELLO_PART_BYTES);
+  uint32_t kind = 0;
+  memcpy(&kind, d->s[0].opening + COLL_HELLO_PART_BYTES, 4);
+  if (res == COLL_SUCCESS && kind == 0) d->k = nsocks;
+  for (int i = 0; res == COLL_SUCCESS && i < d->k; i++) {
+    if (i > 0) coll_hello_encode(d->s[i].opening, comm->id, comm->rank, peer, i, nsocks);
+    res = coll_tcp_dial(comm, peer, deadline, d->s[i].opening, COLL_HELLO_PART_BYTES, &d->s[i].fd);
+  }
   if (res != COLL_SUCCESS) {
     dial_abandon(link);
     return res;
   }
+  link->fd = d->s[0].fd;
   *out = link;
   return COLL_SUCCESS;
 }
 
-/* One step of a dial (see above); *done = 1 once the link is ready. On
- * failure the link is freed. */
-static coll_result_t dial_step(coll_comm_t *comm, coll_link_t *link, double deadline, int *done) {
-  dial_state_t *d = link->dial;
+/* One step of connection i of a dial (see above); the caller abandons the
+ * dial on failure. */
+static coll_result_t sock_step(coll_comm_t *comm, coll_link_t *link, int i, double deadline) {
+  dial_sock_t *ds = &((dial_state_t *)link->dial)->s[i];
   int peer = link->peer;
-  coll_result_t res = COLL_SUCCESS;
-  *done = 0;
-  if (d->stage == 0) {
-    res = xfer(comm, link->fd, peer, d->challenge, sizeof d->challenge, 0, deadline);
-    if (res == COLL_SUCCESS) {
-      coll_opening_mac(comm->link_key, d->challenge, d->opening,
-                       d->opening + COLL_OPENING_BYTES - COLL_MAC_BYTES);
-      res = xfer(comm, link->fd, peer, d->opening + COLL_HELLO_PART_BYTES,
-                 COLL_OPENING_BYTES - COLL_HELLO_PART_BYTES, 1, deadline);
-    }
-    if (res == COLL_SUCCESS) d->stage = 1;
-  } else {
-    unsigned char answer[COLL_ANSWER_BYTES], mac[COLL_MAC_BYTES];
-    uint32_t word = 0;
-    res = xfer(comm, link->fd, peer, answer, sizeof answer, 0, deadline);
-    if (res == COLL_SUCCESS) {
-      memcpy(&word, answer, 4);
-      coll_answer_mac(comm->link_key, d->challenge, d->opening, word, mac);
-      if (!coll_ct_equal(mac, answer + 4, COLL_MAC_BYTES))
-        res = coll_error(comm, COLL_REMOTE_ERROR,
-                         "rank %d: the process at rank %d's address %s:%d does not prove this "
-                         "job's secret (another job, or a different COLLECTIVES_JOB_SECRET?)",
-                         comm->rank, peer, comm->peers[peer].host, comm->peers[peer].port);
-    }
-    if (res == COLL_SUCCESS) {
-      free(link->dial);
-      link->dial = NULL;
-      coll_shm_settle(link, word == 1);
-      res = link_ready(comm, link, word == 1);
-      if (res != COLL_SUCCESS) link_free(link);
-      *done = res == COLL_SUCCESS;
-      return res;
-    }
+  if (ds->stage == 0) {
+    COLL_CHECK(xfer(comm, ds->fd, peer, ds->challenge, sizeof ds->challenge, 0, deadline));
+    coll_opening_mac(comm->link_key, ds->challenge, ds->opening,
+                     ds->opening + COLL_OPENING_BYTES - COLL_MAC_BYTES);
+    COLL_CHECK(xfer(comm, ds->fd, peer, ds->opening + COLL_HELLO_PART_BYTES,
+                    COLL_OPENING_BYTES - COLL_HELLO_PART_BYTES, 1, deadline));
+    ds->stage = 1;
+    return COLL_SUCCESS;
   }
-  if (res != COLL_SUCCESS) dial_abandon(link);
+  unsigned char answer[COLL_ANSWER_BYTES], mac[COLL_MAC_BYTES];
+  COLL_CHECK(xfer(comm, ds->fd, peer, answer, sizeof answer, 0, deadline));
+  memcpy(&ds->word, answer, 4);
+  coll_answer_mac(comm->link_key, ds->challenge, ds->opening, ds->word, mac);
+  if (!coll_ct_equal(mac, answer + 4, COLL_MAC_BYTES))
+    return coll_error(comm, COLL_REMOTE_ERROR,
+                      "rank %d: the process at rank %d's address %s:%d does not prove this "
+                      "job's secret (another job, or a different COLLECTIVES_JOB_SECRET?)",
+                      comm->rank, peer, comm->peers[peer].host, comm->peers[peer].port);
+  if ((ds->word & 0xff) == COLL_ANSWER_REFUSED) return refused(comm, peer, ds->word);
+  if (ds->word > 1 || (ds->word == 1 && (i > 0 || !link->priv)))
+    return coll_error(comm, COLL_REMOTE_ERROR,
+                      "rank %d: rank %d answered connection %d of its link with 0x%x, an answer "
+                      "to an offer this rank did not make", comm->rank, peer, i, ds->word);
+  ds->stage = 2;
+  return COLL_SUCCESS;
+}
+
+/* Every connection answered: the link is ready (freed on failure). */
+static coll_result_t dial_finish(coll_comm_t *comm, coll_link_t *link) {
+  dial_state_t *d = link->dial;
+  int k = d->k, shm = d->s[0].word == 1, fds[COLL_MAX_NSOCKS];
+  for (int i = 0; i < k; i++) fds[i] = d->s[i].fd;
+  free(link->dial);
+  link->dial = NULL;
+  coll_shm_settle(link, shm);
+  coll_result_t res = COLL_SUCCESS;
+  if (k > 1) {
+    link->fd = -1;
+    res = coll_stripe_new(link, k);
+    for (int i = 0; i < k; i++)
+      if (res != COLL_SUCCESS) close(fds[i]);
+      else coll_stripe_fill(link, i, fds[i]);
+  }
+  if (res == COLL_SUCCESS) res = link_ready(comm, link, shm);
+  if (res != COLL_SUCCESS) link_free(link);
   return res;
 }
 
@@ -207,9 +335,17 @@ static coll_result_t link_dial(coll_comm_t *comm, int peer, double deadline) {
   coll_link_t *link = comm->peers[peer].dialing;
   comm->peers[peer].dialing = NULL;
   if (!link) COLL_CHECK(dial_begin(comm, peer, deadline, &link));
-  int done = 0;
-  while (!done) COLL_CHECK(dial_step(comm, link, deadline, &done));
-  return COLL_SUCCESS;
+  dial_state_t *d = link->dial;
+  coll_result_t res = COLL_SUCCESS;
+  /* All challenges first, then all answers: one round trip for k connections. */
+  for (int stage = 0; stage < 2 && res == COLL_SUCCESS; stage++)
+    for (int i = 0; i < d->k && res == COLL_SUCCESS; i++)
+      if (d->s[i].stage == stage) res = sock_step(comm, link, i, deadline);
+  if (res != COLL_SUCCESS) {
+    dial_abandon(link);
+    return res;
+  }
+  return dial_finish(comm, link);
 }
 
 
@@ -224,23 +360,35 @@ coll_result_t coll_link_dial_start(coll_comm_t *comm, int peer, double deadline)
 coll_result_t coll_link_dial_poll(coll_comm_t *comm, int peer, int *done) {
   coll_peer_t *p = &comm->peers[peer];
   *done = p->link != NULL;
-  while (!*done && p->dialing) {
-    dial_state_t *d = p->dialing->dial;
-    unsigned char peek[COLL_ANSWER_BYTES > COLL_NONCE_BYTES ? COLL_ANSWER_BYTES : COLL_NONCE_BYTES];
-    size_t want = d->stage == 0 ? COLL_NONCE_BYTES : COLL_ANSWER_BYTES;
-    ssize_t r = recv(p->dialing->fd, peek, want, MSG_PEEK | MSG_DONTWAIT);
-    if (!(r == (ssize_t)want || r == 0 ||
-          (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)))
-      return COLL_SUCCESS;  /* not there yet */
-    /* What this step waits for (or the peer's end) is there: its blocking
-     * reads return at once, and the bytes it sends fit a fresh socket. */
-    coll_link_t *link = p->dialing;
-    int ready = 0;
-    coll_result_t res = dial_step(comm, link, coll_now() + 1.0, &ready);
-    if (res != COLL_SUCCESS || ready) p->dialing = NULL;
-    COLL_CHECK(res);
-    *done = ready;
+  if (*done || !p->dialing) return COLL_SUCCESS;
+  coll_link_t *link = p->dialing;
+  dial_state_t *d = link->dial;
+  int waiting = 0;
+  for (int i = 0; i < d->k; i++) {
+    dial_sock_t *ds = &d->s[i];
+    while (ds->stage < 2) {
+      unsigned char peek[COLL_ANSWER_BYTES > COLL_NONCE_BYTES ? COLL_ANSWER_BYTES : COLL_NONCE_BYTES];
+      size_t want = ds->stage == 0 ? COLL_NONCE_BYTES : COLL_ANSWER_BYTES;
+      ssize_t r = recv(ds->fd, peek, want, MSG_PEEK | MSG_DONTWAIT);
+      if (!(r == (ssize_t)want || r == 0 ||
+            (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)))
+        break; /* not there yet */
+      /* What this step waits for (or the peer's end) is there: its blocking
+       * reads return at once, and the bytes it sends fit a fresh socket. */
+      coll_result_t res = sock_step(comm, link, i, coll_now() + 1.0);
+      if (res != COLL_SUCCESS) {
+        p->dialing = NULL;
+        dial_abandon(link);
+        return res;
+      }
+    }
+    /* The waits in p2p_wait.c poll dialing->fd: the first connection still due. */
+    if (ds->stage < 2 && !waiting++) link->fd = ds->fd;
   }
+  if (waiting) return COLL_SUCCESS;
+  p->dialing = NULL;
+  COLL_CHECK(dial_finish(comm, link));
+  *done = 1;
   return COLL_SUCCESS;
 }
 
@@ -278,9 +426,12 @@ void coll_links_close_all(coll_comm_t *comm) {
   for (int i = 0; i < comm->size; i++) {
     coll_peer_t *p = &comm->peers[i];
     if (p->dialing) {
-      coll_shm_settle(p->dialing, 0);
-      link_free(p->dialing);
+      dial_abandon(p->dialing);
       p->dialing = NULL;
+    }
+    if (p->joining) {
+      link_free(p->joining);
+      p->joining = NULL;
     }
     if (p->link) {
       p->link->tp->close(p->link);

@@ -223,7 +223,7 @@ static int classify(coll_comm_t *comm, int i) {
   typeof(comm->pending[0]) *pd = &comm->pending[i];
   int kind = coll_opening_kind(pd->buf);
   if (kind == 2) return 1;
-  int from = kind == 1 ? coll_hello_decode(pd->buf, comm->id, comm->rank) : -1;
+  int from = kind == 1 ? coll_hello_decode(pd->buf, comm->id, comm->rank, NULL, NULL) : -1;
   if (from < 0 || from >= comm->rank) {
     drop_warn(comm, i, "it did not open with a valid hello for this job and rank");
     return 0;
@@ -268,7 +268,7 @@ static void complete(coll_comm_t *comm, int i) {
     drop_warn(comm, i, "its hello does not prove this job's secret");
     return;
   }
-  int from = coll_hello_decode(pd->buf, comm->id, comm->rank);
+  int from = coll_hello_decode(pd->buf, comm->id, comm->rank, NULL, NULL);
   if (comm->peers[from].link) {
     COLL_WARN("rank %d: rank %d connected twice; keeping the first link", comm->rank, from);
     close(pd->fd);
@@ -349,6 +349,8 @@ void coll_tcp_serve(coll_comm_t *comm) {
 }
 
 coll_result_t coll_tcp_aborted(coll_comm_t *comm) {
+  if (comm->link_refused[0])
+    return coll_error(comm, COLL_REMOTE_ERROR, "%s", comm->link_refused);
   if (comm->abort_from < 0) return COLL_SUCCESS;
   return coll_error(comm, COLL_REMOTE_ERROR, "rank %d: rank %d failed and broke the communicator (%s)",
                     comm->rank, comm->abort_from, comm->abort_reason);

@@ -92,6 +92,23 @@ struct coll_transport {
 
 extern const coll_transport_t coll_transport_tcp;
 extern const coll_transport_t coll_transport_shm;
+/* TCP over several connections (COLLECTIVES_NSOCKS > 1, transport/stripe.c). */
+extern const coll_transport_t coll_transport_stripe;
+
+/* Bytes of a striped link's stream each socket takes in turn: large enough
+ * that one sendmsg/readv moves a useful amount, small enough that a
+ * pipelining segment (512K or 1M) spreads over 8+ sockets. Part of the
+ * opening's version: both ends must cut the stream alike. */
+#define COLL_STRIPE_UNIT (64 * 1024)
+/* COLLECTIVES_NSOCKS, bounded to 1..COLL_MAX_NSOCKS. */
+int coll_tcp_nsocks(void);
+/* Makes link a striped TCP link of k sockets, none filled yet (fds -1). */
+coll_result_t coll_stripe_new(coll_link_t *link, int k);
+/* Puts fd in slot i: 0 if i is out of range or taken (fd not kept), 1 if
+ * slots remain empty, 2 when this filled the last one (the link is ready). */
+int coll_stripe_fill(coll_link_t *link, int i, int fd);
+/* TCP connections behind a link (1 unless striped). */
+int coll_stripe_sockets(const coll_link_t *link);
 
 /* shm negotiation (transport/shm.c), run over the link's TCP socket right
  * after the hello. The offer is COLL_SHM_OFFER_BYTES; the connecting side
@@ -145,8 +162,13 @@ int coll_links_all_shm(coll_comm_t *comm);
 /* Every link opens with a hello, a nonce, a transport offer and a MAC
  * (wire.h), read into one fixed block. */
 #define COLL_OPENING_BYTES (COLL_HELLO_PART_BYTES + COLL_SHM_OFFER_BYTES + COLL_MAC_BYTES)
-/* The accepting side's answer: u32 + MAC. */
+/* The accepting side's answer: u32 + MAC. The u32 is 0 (tcp), 1 (shared
+ * memory taken) or a refusal, COLL_ANSWER_REFUSED | reason << 8 | the
+ * acceptor's COLLECTIVES_NSOCKS << 16 (transport/select.c). */
 #define COLL_ANSWER_BYTES (4 + COLL_MAC_BYTES)
+#define COLL_ANSWER_REFUSED 2u
+#define COLL_REFUSED_NSOCKS 1u /* the two ranks' COLLECTIVES_NSOCKS differ */
+#define COLL_REFUSED_SOCKET 2u /* a connection index taken twice, or shm offered on a later one */
 /* An accepted connection whose opening has not fully arrived (comm->pending). */
 struct coll_pending {
   int fd, got, challenged;

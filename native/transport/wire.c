@@ -152,9 +152,11 @@ coll_result_t coll_wire_check(coll_comm_t *comm, int peer, const uint8_t got[COL
 }
 
 static void opening_encode(uint8_t *out, uint32_t magic, const uint8_t comm_id[16], int from,
-                           int to) {
+                           int to, int sock, int nsocks) {
   put32(out, magic);
   put32(out + 4, COLL_OPENING_VERSION);
+  out[6] = (uint8_t)sock;
+  out[7] = (uint8_t)(nsocks - 1);
   memcpy(out + 8, comm_id, 16);
   put32(out + 24, (uint32_t)from);
   put32(out + 28, (uint32_t)to);
@@ -163,8 +165,15 @@ static void opening_encode(uint8_t *out, uint32_t magic, const uint8_t comm_id[1
     memset(out + COLL_HELLO_BYTES, 0, COLL_NONCE_BYTES);
 }
 
-static int opening_decode(const uint8_t *in, uint32_t magic, const uint8_t comm_id[16], int to) {
-  if (get32(in) != magic || get32(in + 4) != COLL_OPENING_VERSION) return -1;
+static int opening_decode(const uint8_t *in, uint32_t magic, const uint8_t comm_id[16], int to,
+                          int *sock, int *nsocks) {
+  /* The version is the low 16 bits. The socket bytes are only passed on
+   * (0..255 and 1..256): the accepting side checks them against its own
+   * COLLECTIVES_NSOCKS once the MAC has proved who sent them, so that a rank
+   * that disagrees is named in an error rather than dropped as noise. */
+  if (get32(in) != magic || (get32(in + 4) & 0xffffu) != COLL_OPENING_VERSION) return -1;
+  if (sock) *sock = in[6];
+  if (nsocks) *nsocks = in[7] + 1;
   if (memcmp(in + 8, comm_id, 16) != 0) return -1;
   if ((int)get32(in + 28) != to) return -1;
   uint32_t from = get32(in + 24);
@@ -177,12 +186,13 @@ int coll_opening_kind(const uint8_t in[COLL_HELLO_PART_BYTES]) {
 }
 
 void coll_hello_encode(uint8_t out[COLL_HELLO_PART_BYTES], const uint8_t comm_id[16], int from,
-                       int to) {
-  opening_encode(out, COLL_HELLO_MAGIC, comm_id, from, to);
+                       int to, int sock, int nsocks) {
+  opening_encode(out, COLL_HELLO_MAGIC, comm_id, from, to, sock, nsocks);
 }
 
-int coll_hello_decode(const uint8_t in[COLL_HELLO_BYTES], const uint8_t comm_id[16], int to) {
-  return opening_decode(in, COLL_HELLO_MAGIC, comm_id, to);
+int coll_hello_decode(const uint8_t in[COLL_HELLO_BYTES], const uint8_t comm_id[16], int to,
+                      int *sock, int *nsocks) {
+  return opening_decode(in, COLL_HELLO_MAGIC, comm_id, to, sock, nsocks);
 }
 
 void coll_opening_mac(const uint8_t key[COLL_KEY_BYTES], const uint8_t challenge[COLL_NONCE_BYTES],
@@ -210,7 +220,7 @@ static void abort_mac(const uint8_t key[COLL_KEY_BYTES], const uint8_t *in,
 void coll_abort_encode(uint8_t out[COLL_ABORT_BYTES], const uint8_t key[COLL_KEY_BYTES],
                        const uint8_t comm_id[16], int from, int to, const char *reason) {
   char *text = (char *)out + COLL_HELLO_PART_BYTES;
-  opening_encode(out, COLL_ABORT_MAGIC, comm_id, from, to);
+  opening_encode(out, COLL_ABORT_MAGIC, comm_id, from, to, 0, 1);
   memset(text, 0, COLL_ABORT_REASON_BYTES);
   size_t n = strlen(reason);
   if (n < COLL_ABORT_REASON_BYTES) {
@@ -224,8 +234,9 @@ void coll_abort_encode(uint8_t out[COLL_ABORT_BYTES], const uint8_t key[COLL_KEY
 
 int coll_abort_decode(const uint8_t in[COLL_ABORT_BYTES], const uint8_t key[COLL_KEY_BYTES],
                       const uint8_t comm_id[16], int to, char reason[COLL_ABORT_REASON_BYTES]) {
-  int from = opening_decode(in, COLL_ABORT_MAGIC, comm_id, to);
-  if (from < 0 || from == to) return -1;
+  int sock = 0, nsocks = 1;
+  int from = opening_decode(in, COLL_ABORT_MAGIC, comm_id, to, &sock, &nsocks);
+  if (from < 0 || from == to || sock != 0 || nsocks != 1) return -1;
   uint8_t mac[COLL_MAC_BYTES];
   abort_mac(key, in, mac);
   if (!coll_ct_equal(mac, in + COLL_ABORT_BYTES - COLL_MAC_BYTES, COLL_MAC_BYTES)) return -2;

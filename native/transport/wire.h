@@ -39,12 +39,20 @@
  * Link opening, authenticated with the job's link key K (auth.h), in three
  * steps on the new connection (transport/select.c, transport/tcp.c):
  *   connecting side: hello, 32 bytes
- *       u32 magic "CLHI" | u32 COLL_OPENING_VERSION | u8 comm_id[16] | u32 from | u32 to
+ *       u32 magic "CLHI" | u16 COLL_OPENING_VERSION | u8 socket | u8 nsocks - 1 |
+ *       u8 comm_id[16] | u32 from | u32 to
+ *     (socket: which of the link's nsocks TCP connections this is, 0 for the
+ *     first, COLLECTIVES_NSOCKS, transport/stripe.c; a one-socket link's
+ *     hello thus reads u32 version 2, as before sockets were counted; the
+ *     accepting side refuses socket >= nsocks or an nsocks other than its
+ *     own once the MAC is checked, transport/select.c)
  *     then its nonce_c[16]                        (COLL_HELLO_PART_BYTES in all)
  *   accepting side, once the hello is for it: a challenge, nonce_a[16]
  *   connecting side: transport offer[96] | mac = HMAC(K, "collectives open" nonce_a
  *     hello nonce_c offer)                       (COLL_OPENING_BYTES in all)
  *   accepting side: u32 answer | HMAC(K, "collectives answer" nonce_a hello nonce_c answer)
+ *     (answer: 0 tcp, 1 shared memory taken, or a refusal naming why and the
+ *     acceptor's COLLECTIVES_NSOCKS, transport/transport.h)
  * Each side proves K over the other's fresh nonce, so a recorded opening
  * cannot be replayed, and an outsider can neither pose as a rank nor answer
  * as one. Nothing read before the MAC is checked sizes anything: the opening
@@ -79,6 +87,8 @@
 #define COLL_NONCE_BYTES 16
 #define COLL_MAC_BYTES 32
 #define COLL_HELLO_PART_BYTES (COLL_HELLO_BYTES + COLL_NONCE_BYTES)
+/* The most TCP connections one link may have (COLLECTIVES_NSOCKS). */
+#define COLL_MAX_NSOCKS 16
 #define COLL_ABORT_MAGIC 0x42414c43u /* "CLAB" */
 #define COLL_ABORT_BYTES (COLL_HELLO_PART_BYTES + COLL_ABORT_REASON_BYTES + COLL_MAC_BYTES)
 
@@ -122,12 +132,15 @@ coll_result_t coll_wire_check(coll_comm_t *comm, int peer, const uint8_t got[COL
 
 /* 1: the bytes open with a hello's magic; 2: an abort notice's; 0: neither. */
 int coll_opening_kind(const uint8_t in[COLL_HELLO_PART_BYTES]);
-/* The hello and a fresh nonce (COLL_HELLO_PART_BYTES). */
+/* The hello of socket `sock` of a link of `nsocks` sockets, and a fresh
+ * nonce (COLL_HELLO_PART_BYTES). */
 void coll_hello_encode(uint8_t out[COLL_HELLO_PART_BYTES], const uint8_t comm_id[16], int from,
-                       int to);
+                       int to, int sock, int nsocks);
 /* Returns the sender's rank, or -1 if the bytes are not a hello for this
- * communicator and this rank. */
-int coll_hello_decode(const uint8_t in[COLL_HELLO_BYTES], const uint8_t comm_id[16], int to);
+ * communicator and this rank; *sock (0..255) and *nsocks (1..256), where not
+ * NULL, get the hello's, unchecked (the caller bounds them). */
+int coll_hello_decode(const uint8_t in[COLL_HELLO_BYTES], const uint8_t comm_id[16], int to,
+                      int *sock, int *nsocks);
 /* The MAC that ends an opening (over its first COLL_OPENING_BYTES - COLL_MAC_BYTES). */
 void coll_opening_mac(const uint8_t key[COLL_KEY_BYTES], const uint8_t challenge[COLL_NONCE_BYTES],
                       const uint8_t *opening, uint8_t out[COLL_MAC_BYTES]);
