@@ -11,17 +11,16 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from ._core import ANY_SOURCE, ANY_TAG, check_root
+from ._mpi_types import AVG, IN_PLACE, SUM, Datatype, Op, _buf, _no_none, _op
 
-# the buffer forms' reductions, in rank order (MPI.Op name -> numpy ufunc)
+# the buffer forms' reductions, in rank order (Op name -> numpy ufunc)
 _UFUNCS = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
 
 
 def _array(spec: Any, name: str) -> np.ndarray:
     """The numpy view of a buffer spec (buf, [buf, type], [buf, count, type]) that writes
     through to the caller's memory."""
-    from . import MPI
-
-    buf, dtype = MPI._buf(spec, name)
+    buf, dtype = _buf(spec, name)
     arr = np.asarray(buf)
     if dtype is not None and dtype != "bfloat16" and arr.dtype != np.dtype(dtype):
         arr = arr.reshape(-1).view(np.dtype(dtype))
@@ -72,50 +71,40 @@ class CommExtras:
 
     # -- object forms ------------------------------------------------------
     def _obj_op(self, op: Any) -> Any:
-        from . import MPI
-
-        if not isinstance(op, MPI.Op):
-            raise TypeError(f"op must be an MPI.Op such as MPI.SUM, not {type(op).__name__}")
-        if op is MPI.AVG:
+        if not isinstance(op, Op):
+            raise TypeError(f"op must be an Op such as SUM, not {type(op).__name__}")
+        if op is AVG:
             raise ValueError("AVG applies to buffers only; use SUM and divide")
         return op
 
     def reduce(self, sendobj: Any, op: Any = None, root: int = 0) -> Any:
         """op over every rank's object, in rank order, at root (None elsewhere)."""
-        from . import MPI
-
-        op = self._obj_op(MPI.SUM if op is None else op)
+        op = self._obj_op(SUM if op is None else op)
         root = self._call(check_root, root, self.size)
         objs = self.gather(sendobj, root)
         return functools.reduce(op, objs) if self.rank == root else None
 
     def scan(self, sendobj: Any, op: Any = None) -> Any:
         """Inclusive prefix: op over the objects of ranks 0..rank, in rank order."""
-        from . import MPI
-
-        op = self._obj_op(MPI.SUM if op is None else op)
+        op = self._obj_op(SUM if op is None else op)
         return functools.reduce(op, self.allgather(sendobj)[:self.rank + 1])
 
     def exscan(self, sendobj: Any, op: Any = None) -> Any:
         """Exclusive prefix: op over the objects of ranks 0..rank-1 (None at rank 0)."""
-        from . import MPI
-
-        op = self._obj_op(MPI.SUM if op is None else op)
+        op = self._obj_op(SUM if op is None else op)
         objs = self.allgather(sendobj)[:self.rank]
         return functools.reduce(op, objs) if objs else None
 
     # -- buffer forms ------------------------------------------------------
     def _prefix(self, sendbuf: Any, recvbuf: Any, op: Any, timeout: Optional[float],
                 exclusive: bool) -> None:
-        from . import MPI
-
-        MPI._no_none(sendbuf)
-        name = MPI._op(op)
+        _no_none(sendbuf)
+        name = _op(op)
         if name not in _UFUNCS:
             raise ValueError(f"{name.upper()} has no prefix form (Scan/Exscan take SUM, PROD, "
                              f"MIN or MAX)")
         out = _array(recvbuf, "recvbuf")
-        mine = out if sendbuf is MPI.IN_PLACE else _array(sendbuf, "sendbuf")
+        mine = out if sendbuf is IN_PLACE else _array(sendbuf, "sendbuf")
         if mine.size != out.size or mine.dtype != out.dtype:
             raise ValueError(f"sendbuf ({mine.size} x {mine.dtype}) and recvbuf "
                              f"({out.size} x {out.dtype}) differ")
@@ -136,17 +125,13 @@ class CommExtras:
         """recvbuf = op over the sendbufs of ranks 0..rank, element-wise in rank order
         (sendbuf may be IN_PLACE). Built on Allgather: each rank holds every rank's
         sendbuf once, so use it for modest buffers."""
-        from . import MPI
-
-        self._prefix(sendbuf, recvbuf, MPI.SUM if op is None else op, timeout, False)
+        self._prefix(sendbuf, recvbuf, SUM if op is None else op, timeout, False)
 
     def Exscan(self, sendbuf: Any, recvbuf: Any, op: Any = None, *,
                timeout: Optional[float] = None) -> None:
         """recvbuf = op over the sendbufs of ranks 0..rank-1 (rank 0's recvbuf is left
         unchanged); as Scan otherwise."""
-        from . import MPI
-
-        self._prefix(sendbuf, recvbuf, MPI.SUM if op is None else op, timeout, True)
+        self._prefix(sendbuf, recvbuf, SUM if op is None else op, timeout, True)
 
     def Reduce_scatter(self, sendbuf: Any, recvbuf: Any,
                        recvcounts: Optional[Sequence[int]] = None, op: Any = None, *,
@@ -156,15 +141,13 @@ class CommExtras:
         None: every rank gets as many as its recvbuf holds. With IN_PLACE the input is
         recvbuf (sum(recvcounts) elements) and the result fills its start. Equal counts
         run Reduce_scatter_block; unequal ones an Allreduce and this rank's part."""
-        from . import MPI
-
-        MPI._no_none(sendbuf)
-        op = MPI.SUM if op is None else op
-        MPI._op(op)
+        _no_none(sendbuf)
+        op = SUM if op is None else op
+        _op(op)
         out = _array(recvbuf, "recvbuf")
         n, r = self.size, self.rank
         if recvcounts is None:
-            counts = [int(c) for c in self.allgather(out.size)] if sendbuf is not MPI.IN_PLACE \
+            counts = [int(c) for c in self.allgather(out.size)] if sendbuf is not IN_PLACE \
                 else None
             if counts is None:
                 raise ValueError("Reduce_scatter with IN_PLACE needs recvcounts")
@@ -173,12 +156,12 @@ class CommExtras:
         if len(counts) != n or min(counts) < 0:
             raise ValueError(f"recvcounts must be {n} counts >= 0, got {counts}")
         total = sum(counts)
-        src = out if sendbuf is MPI.IN_PLACE else _array(sendbuf, "sendbuf")
+        src = out if sendbuf is IN_PLACE else _array(sendbuf, "sendbuf")
         if src.size != total:
             raise ValueError(f"the input has {src.size} elements, recvcounts sum to {total}")
-        if sendbuf is not MPI.IN_PLACE and out.size < counts[r]:
+        if sendbuf is not IN_PLACE and out.size < counts[r]:
             raise ValueError(f"recvbuf holds {out.size} elements, rank {r} receives {counts[r]}")
-        if sendbuf is not MPI.IN_PLACE and len(set(counts)) == 1 and out.size == counts[r]:
+        if sendbuf is not IN_PLACE and len(set(counts)) == 1 and out.size == counts[r]:
             self.Reduce_scatter_block(sendbuf, recvbuf, op, timeout=timeout)
             return
         full = np.empty(total, src.dtype)
@@ -197,12 +180,10 @@ class CommExtras:
                          timeout: Optional[float] = None) -> None:
         """Send buf to dest and receive into the same buf from source (the message sent
         is a copy taken first)."""
-        from . import MPI
-
         arr = _array(buf, "buf")
         if not arr.flags.writeable:
             raise ValueError("buf is read-only")
         copy = arr.copy()
         spec = [copy, buf[-1]] if isinstance(buf, (list, tuple)) and \
-            isinstance(buf[-1], MPI.Datatype) else copy
+            isinstance(buf[-1], Datatype) else copy
         self.Sendrecv(spec, dest, sendtag, buf, source, recvtag, status, timeout=timeout)

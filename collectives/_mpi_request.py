@@ -5,18 +5,12 @@ Kept apart from MPI.py for size; ``collectives.MPI.Request`` is this class.
 from __future__ import annotations
 
 import pickle
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from . import _core, _missing
 from ._core import CollectivesError, Request as _CoreRequest
 
-if TYPE_CHECKING:
-    from .MPI import Status
-
-ANY_SOURCE = _core.ANY_SOURCE
-ANY_TAG = _core.ANY_TAG
-PROC_NULL = _core.PROC_NULL
-UNDEFINED = -32766  # mpi4py's value: no index (Waitany), no whole count (Get_count)
+from ._mpi_types import ANY_SOURCE, ANY_TAG, PROC_NULL, UNDEFINED, Status
 
 
 class _RequestType(type):
@@ -52,7 +46,7 @@ class Request(metaclass=_RequestType):
         raise _missing.missing("collectives.MPI.Request", name, _missing.MPI4PY_REQUEST,
                                "mpi4py's MPI.Request", instance=True)
 
-    def _outcome(self, status: Optional["Status"]) -> Any:
+    def _outcome(self, status: Optional[Status]) -> Any:
         """Mark the request inactive and return what it brought (filling status)."""
         if not self._active:  # MPI_REQUEST_NULL: an empty status, no object
             if status is not None:
@@ -66,7 +60,7 @@ class Request(metaclass=_RequestType):
             return None if outcome[0] == PROC_NULL else pickle.loads(outcome[3])
         return None
 
-    def _finish(self, status: Optional["Status"]) -> Any:
+    def _finish(self, status: Optional[Status]) -> Any:
         """Complete it (raising MPI.Exception if it failed) and report it."""
         if self._active:
             try:
@@ -86,19 +80,19 @@ class Request(metaclass=_RequestType):
             self._active = False
             raise
 
-    def Wait(self, status: Optional["Status"] = None) -> bool:
+    def Wait(self, status: Optional[Status] = None) -> bool:
         """Block until done (raising MPI.Exception if it failed); fills status."""
         self._finish(status)
         return True
 
-    def Test(self, status: Optional["Status"] = None) -> bool:
+    def Test(self, status: Optional[Status] = None) -> bool:
         """True once done (raising if it failed); fills status then."""
         if not self._done():
             return False
         self._finish(status)
         return True
 
-    def Get_status(self, status: Optional["Status"] = None) -> bool:
+    def Get_status(self, status: Optional[Status] = None) -> bool:
         """Whether it has completed, filling status then, without making it inactive."""
         if not self._done():
             return False
@@ -109,17 +103,17 @@ class Request(metaclass=_RequestType):
                 self._outcome(status)
         return True
 
-    def wait(self, status: Optional["Status"] = None) -> Any:
+    def wait(self, status: Optional[Status] = None) -> Any:
         """Wait(); returns the object a pickled irecv received (else None)."""
         return self._finish(status)
 
-    def test(self, status: Optional["Status"] = None) -> tuple:
+    def test(self, status: Optional[Status] = None) -> tuple:
         """(done, object): the object a pickled irecv received once done, else None."""
         if not self._done():
             return False, None
         return True, self._finish(status)
 
-    def get_status(self, status: Optional["Status"] = None) -> bool:
+    def get_status(self, status: Optional[Status] = None) -> bool:
         """Same as Get_status (mpi4py's lowercase name)."""
         return self.Get_status(status)
 
@@ -145,12 +139,12 @@ class Request(metaclass=_RequestType):
         return objs
 
     @staticmethod
-    def Waitany(requests: Sequence["Request"], status: Optional["Status"] = None) -> int:
+    def Waitany(requests: Sequence["Request"], status: Optional[Status] = None) -> int:
         """Block until one active request completes; its index (UNDEFINED if none is active)."""
         return Request.waitany(requests, status)[0]
 
     @staticmethod
-    def waitany(requests: Sequence["Request"], status: Optional["Status"] = None) -> tuple:
+    def waitany(requests: Sequence["Request"], status: Optional[Status] = None) -> tuple:
         """(index, object) of the first active request to complete (UNDEFINED, None if
         none is active)."""
         reqs = list(requests)
@@ -188,14 +182,14 @@ class Request(metaclass=_RequestType):
         return True, Request.waitall(requests, statuses)
 
     @staticmethod
-    def Testany(requests: Sequence["Request"], status: Optional["Status"] = None) -> tuple:
+    def Testany(requests: Sequence["Request"], status: Optional[Status] = None) -> tuple:
         """(index, True) of a completed active request; (UNDEFINED, False) if none has
         completed; (UNDEFINED, True) if none is active."""
         index, flag, _ = Request.testany(requests, status)
         return index, flag
 
     @staticmethod
-    def testany(requests: Sequence["Request"], status: Optional["Status"] = None) -> tuple:
+    def testany(requests: Sequence["Request"], status: Optional[Status] = None) -> tuple:
         """(index, flag, object): as Testany, with the object a pickled irecv brought."""
         live = [i for i, r in enumerate(requests) if r._active]
         if not live:
@@ -245,5 +239,5 @@ class Request(metaclass=_RequestType):
         return done, objs
 
     @staticmethod
-    def _empty(status: "Status") -> None:
+    def _empty(status: Status) -> None:
         status.source, status.tag, status.error, status._nbytes = ANY_SOURCE, ANY_TAG, 0, 0
