@@ -178,3 +178,40 @@ def test_sparse_all_reduce(n, backend):
             assert shapes["raised"] == "ValueError", shapes
             assert f"rank {n - 1}: (6,)" in shapes["message"] and "rank 0: (5,)" in \
                 shapes["message"], shapes
+
+
+SUBGROUP_TIMEOUT_BODY = INIT + r'''
+g = dist.new_group(timeout=timedelta(seconds=1))
+dist.barrier()
+if r == 0:
+    attempt("sub barrier", lambda: dist.barrier(group=g))
+else:
+    time.sleep(2)
+attempt("default after", lambda: dist.all_reduce(torch.ones(1)))
+dist.destroy_process_group()
+dist.init_process_group(be, init_method="file://" + os.environ["REINIT"], rank=r, world_size=n,
+                        timeout=timedelta(seconds=10))
+t = torch.ones(1) * (r + 1)
+dist.all_reduce(t)
+g = dist.new_group()
+dist.all_reduce(t, group=g)
+emit("re-init", value=t.item())
+'''
+
+
+@pytest.mark.timeout(60)
+def test_subgroup_timeout_breaks_the_default_group_until_init_again(tmp_path):
+    """A sub-group's timeout breaks the default group too (its links are shared: README),
+    on every rank, with an error at once rather than a hang; destroy_process_group and
+    init_process_group again give working groups."""
+    res = run_world(2, SUBGROUP_TIMEOUT_BODY, timeout=40, collective_timeout=30,
+                    env={"BACKEND": "collectives", "PG_TIMEOUT": "10",
+                         "REINIT": str(tmp_path / "init"), "TORCH_PORT": free_port()})
+    assert not res.timed_out, res.report()
+    res.assert_ok()
+    assert " Timed out " in res[0].one("sub barrier")["message"], res.report()
+    for r in range(2):
+        after = res[r].one("default after")
+        assert after["runtime"] and after["seconds"] < 3.0, after
+        assert res[r].one("re-init")["value"] == 6.0, res.report()
+    assert "broken by an earlier failure" in res[0].one("default after")["message"]

@@ -11,7 +11,7 @@ _backend_ops.py (README: the table of what is there and what raises).
 
 The communicator: the ``collectives`` world when this process was started by
 ``collectives-run`` (or ``collectives.init()`` already ran) and the group is
-that world; otherwise one built through the torch store given to the backend
+that world, unless a failure broke it; otherwise one built through the torch store given to the backend
 (every rank publishes its listening address there), which also serves
 sub-groups and torchrun.
 
@@ -325,7 +325,9 @@ def _communicator(store: Any, rank: int, size: int, timeout: timedelta) -> tuple
     if _world.is_initialized() or os.environ.get("COLLECTIVES_STORE_ADDR") or \
             os.environ.get("COLLECTIVES_RANK") is not None:
         world = collectives.init()
-        if world.rank == rank and world.size == size:
+        # a world that a failure broke is not reused: a group made again after
+        # destroy_process_group gets new links through torch's store
+        if world.rank == rank and world.size == size and not world._core.broken:
             return world._core, False
     config.check_env()
     if size == 1:
