@@ -8,7 +8,9 @@ timeout) and answers every rank only once all have arrived, so either every
 rank passes or none does. Rank 0 names the first rank that did not arrive
 ("Rank 1 failed to pass monitoredBarrier in 2000 ms"; wait_all_ranks: "Ranks
 1, 2 failed ..."); the others say they reached it but got no answer from
-rank 0. The messages travel on a communicator of their own, made from the
+rank 0 within the timeout. Every wait is the barrier's own, not the core's
+(a receive left unanswered is cancelled), so a failed monitored barrier
+leaves the group usable. The messages travel on a communicator of their own, made from the
 group's without a message (the group's own point-to-point tags stay the
 user's). ``torch.distributed.monitored_barrier`` itself accepts only gloo
 groups (torch raises "monitored_barrier is only implemented for GLOO
@@ -87,17 +89,22 @@ def monitored_barrier(pg: Any, timeout: Any = None, wait_all_ranks: bool = False
         return
     token = torch.tensor([rank], dtype=torch.int64)
     comm = _monitor_comm(pg)
-    if rank != 0:
+    if rank != 0:  # within the barrier's timeout, as gloo's (not the group's)
         arrive, release = _tags(pg)
-        wait = max(secs, pg._timeout) if pg._timeout is not None else None  # rank 0 may take secs
+        start = time.monotonic()
+        far = max(secs, 1.0) * n + 1.0  # the core's deadline, past the wait below
         try:
-            _core.p2p_send(comm, token.numpy(), 0, arrive, wait)
-            _core.p2p_recv(comm, token.numpy(), 0, release, wait)
+            _core.p2p_send(comm, token.numpy(), 0, arrive, far)
+            answer = _core.p2p_irecv(comm, token.numpy(), 0, release, far)
+            passed, error = _arrived(answer, start + secs)
         except Exception as exc:
+            passed, error = False, exc
+        if not passed:  # (the receive is cancelled when answer is freed)
             raise RuntimeError(
                 f"Rank {rank} successfully reached monitoredBarrier, but received errors while "
                 "waiting for send/recv from rank 0. Please check rank 0 logs for faulty rank.\n"
-                f" Original exception: \n{exc}") from exc
+                " Original exception: \n"
+                + (str(error) if error else f"no answer from rank 0 within {_ms(secs)} ms"))
         return
     start = time.monotonic()
     if secs <= 0:  # nothing is posted and no tag taken: the group stays usable
@@ -106,7 +113,7 @@ def monitored_barrier(pg: Any, timeout: Any = None, wait_all_ranks: bool = False
     arrive, release = _tags(pg)
     bufs = {q: torch.empty(1, dtype=torch.int64) for q in range(1, n)}
     # the core's deadline lies past every wait below: a rank that does not arrive is
-    # reported here, and its receive stays posted, as gloo's
+    # reported here (its receive is cancelled when its request is freed)
     recvs = {q: _core.p2p_irecv(comm, bufs[q].numpy(), q, arrive, secs * n + 1.0)
              for q in range(1, n)}
     passed: list = []
