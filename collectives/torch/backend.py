@@ -11,9 +11,9 @@ _backend_ops.py (README: the table of what is there and what raises).
 
 The communicator: the ``collectives`` world when this process was started by
 ``collectives-run`` (or ``collectives.init()`` already ran) and the group is
-that world, unless a failure broke it; otherwise one built through the torch store given to the backend
-(every rank publishes its listening address there), which also serves
-sub-groups and torchrun.
+that world, unless a failure broke it; otherwise one built through the torch
+store given to the backend (every rank publishes its listening address
+there), which also serves sub-groups and torchrun.
 
 Every op has the group's timeout (init_process_group's) as its deadline.
 allreduce is non-blocking (a core request; a thread per group waits for the
