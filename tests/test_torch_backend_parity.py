@@ -53,6 +53,9 @@ if r == 0:
         attempt(op, lambda: dist.barrier(group=g))
     elif op == "all_reduce":
         attempt(op, lambda: dist.all_reduce(torch.ones(3), group=g, async_op=True).wait())
+    elif op == "Work.wait":  # the wait's own timeout, before the group's
+        work = dist.all_reduce(torch.ones(3), group=g, async_op=True)
+        attempt(op, lambda: work.wait(timeout=timedelta(seconds=0.5)))
     else:
         attempt(op, lambda: dist.recv(torch.empty(3), src=1, group=g))
 else:
@@ -62,16 +65,22 @@ else:
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("backend,op", [("gloo", "barrier"), ("collectives", "barrier"),
-                                        ("collectives", "all_reduce"), ("collectives", "recv")])
+                                        ("collectives", "all_reduce"), ("collectives", "recv"),
+                                        ("gloo", "Work.wait"), ("collectives", "Work.wait")])
 def test_timeout_is_worded_as_gloos(backend, op):
     """A group op one rank enters alone fails at the group's 1 s with " Timed out " in the
-    message (distributed_test.py's test_barrier_timeout_* regex), still a RuntimeError."""
+    message (distributed_test.py's test_barrier_timeout_* regex), still a RuntimeError;
+    Work.wait(timeout) that expires first says "Operation timed out!", as gloo's."""
     res = run_world(2, TIMEOUT_BODY, timeout=40, collective_timeout=30,
                     env={"BACKEND": backend, "OP": op, "PG_TIMEOUT": "30",
                          "TORCH_PORT": free_port()})
     assert not res.timed_out, res.report()
     got = res[0].one(op)
     assert got["runtime"], got
+    if op == "Work.wait":  # gloo: "Operation timed out!"
+        assert "Operation timed out!" in got["message"], got
+        assert 0.4 <= got["seconds"] < 0.9, got
+        return
     assert re.search(" (Timed out|closed|timeout) ", got["message"]), got
     assert 0.9 <= got["seconds"] < 4.0, got
     if backend == "collectives":

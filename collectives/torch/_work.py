@@ -41,6 +41,12 @@ def _seconds(timeout: Any) -> Optional[float]:
     return secs if secs > 0 else None
 
 
+def _wait_expired(what: str, secs: float) -> str:
+    """Work.wait(timeout)'s message when it expires, with gloo's words ("Operation timed out!")."""
+    return (f"collectives backend: {what}: Operation timed out! It did not complete within "
+            f"Work.wait's timeout of {secs:g} s (it is still in flight)")
+
+
 class _Failed:
     """A failed request's error, as the value of its source Future."""
 
@@ -87,8 +93,7 @@ class _Work(dist._Work):
         """
         secs = _seconds(timeout)
         if secs is not None and not self._done.wait(secs):
-            raise RuntimeError(f"collectives backend: {self._what} did not complete within "
-                               f"Work.wait's timeout of {secs:g} s (it is still in flight)")
+            raise RuntimeError(_wait_expired(self._what, secs))
         self._raise_failure()
         self._future.wait()
         return True
@@ -178,9 +183,7 @@ class P2PWork(_Work):
             deadline = time.monotonic() + secs
             while not self._complete(False):
                 if time.monotonic() >= deadline:
-                    raise RuntimeError(f"collectives backend: {self._what} did not complete "
-                                       f"within Work.wait's timeout of {secs:g} s (it is still "
-                                       "in flight)")
+                    raise RuntimeError(_wait_expired(self._what, secs))
                 time.sleep(0.001)
         self._raise_failure()
         self._future.wait()
