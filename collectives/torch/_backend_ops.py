@@ -18,7 +18,7 @@ only, as on gloo.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
@@ -79,14 +79,6 @@ def _check_tag(tag: int) -> int:
     return tag
 
 
-def _unsupported(name: str) -> Callable:
-    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError(f"{name} is not supported by backend collectives")
-    method.__name__ = name
-    method.__doc__ = f"Not supported by this backend: raises NotImplementedError naming {name}."
-    return method
-
-
 class MoreOps:
     """Point-to-point, rooted and coalesced ops of ProcessGroupCollectives (a mixin)."""
 
@@ -114,7 +106,8 @@ class MoreOps:
         staged = Staged(tensors[0], "send tensor")
         request = _core.p2p_isend(self._core, staged.view, dst, _check_tag(tag), self._timeout,
                                   staged.dtype)
-        return P2PWork(request, lambda _status: list(tensors), f"send to rank {dst}", staged)
+        return P2PWork(request, lambda _status: list(tensors), f"send to rank {dst}", staged,
+                       self._timeout)
 
     def _recv(self, tensors: Sequence[torch.Tensor], src: int, tag: int, what: str) -> _Work:
         from collectives import _core
@@ -130,7 +123,7 @@ class MoreOps:
             staged.copy_out()
             return list(tensors)
 
-        return P2PWork(request, finish, what, staged)
+        return P2PWork(request, finish, what, staged, self._timeout)
 
     def recv(self, tensors: Sequence[torch.Tensor], srcRank: int, tag: int = 0) -> _Work:
         """Start receiving a message from srcRank with tag into tensors[0]."""
@@ -273,4 +266,9 @@ class MoreOps:
         self._gather_flat(every, tensor)  # type: ignore[attr-defined]
         return functools.reduce(_BITWISE[name], list(every))
 
-    monitored_barrier = _unsupported("monitored_barrier")
+    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        """gloo's monitored barrier: rank 0 names the ranks that did not arrive in time
+        (_backend_more.py; torch's dist.monitored_barrier takes gloo groups only, so call
+        group.monitored_barrier(timeout))."""
+        from ._backend_more import monitored_barrier
+        monitored_barrier(self, timeout, wait_all_ranks)

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
+from ._backend_errors import worded
 from ._context import as_buffer, check_tensor, wire_dtype
 
 # Delivery threads a group may hold: one per callback nested inside another
@@ -38,6 +39,12 @@ def _seconds(timeout: Any) -> Optional[float]:
         return None
     secs = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
     return secs if secs > 0 else None
+
+
+def _wait_expired(what: str, secs: float) -> str:
+    """Work.wait(timeout)'s message when it expires, with gloo's words ("Operation timed out!")."""
+    return (f"collectives backend: {what}: Operation timed out! It did not complete within "
+            f"Work.wait's timeout of {secs:g} s (it is still in flight)")
 
 
 class _Failed:
@@ -86,8 +93,7 @@ class _Work(dist._Work):
         """
         secs = _seconds(timeout)
         if secs is not None and not self._done.wait(secs):
-            raise RuntimeError(f"collectives backend: {self._what} did not complete within "
-                               f"Work.wait's timeout of {secs:g} s (it is still in flight)")
+            raise RuntimeError(_wait_expired(self._what, secs))
         self._raise_failure()
         self._future.wait()
         return True
@@ -135,12 +141,14 @@ class P2PWork(_Work):
         finish: called once the request is done; its value completes the Future.
         what: the op, for messages.
         keep: objects (staged buffers) that must live until the request is done.
+        timeout: the request's deadline in seconds (None: the core's), for messages.
     """
 
     def __init__(self, request: Any, finish: Callable[[Any], Any], what: str,
-                 keep: Any = None) -> None:
+                 keep: Any = None, timeout: Optional[float] = None) -> None:
         super().__init__(Future(), what)
         self._request, self._finish, self._keep = request, finish, keep
+        self._timeout = timeout
         self._lock = threading.Lock()
         self._source = -1
 
@@ -159,7 +167,7 @@ class P2PWork(_Work):
                 value = self._finish(status)
             except BaseException as exc:  # delivered to whoever waits on the Future
                 self._request = self._keep = None
-                self._src.set_result(_Failed(exc))
+                self._src.set_result(_Failed(worded(exc, self._what, self._timeout)))
                 return True
             self._request = self._keep = None
         self._src.set_result(value)
@@ -175,9 +183,7 @@ class P2PWork(_Work):
             deadline = time.monotonic() + secs
             while not self._complete(False):
                 if time.monotonic() >= deadline:
-                    raise RuntimeError(f"collectives backend: {self._what} did not complete "
-                                       f"within Work.wait's timeout of {secs:g} s (it is still "
-                                       "in flight)")
+                    raise RuntimeError(_wait_expired(self._what, secs))
                 time.sleep(0.001)
         self._raise_failure()
         self._future.wait()
@@ -210,7 +216,8 @@ class Completer:
     them, and so does an interpreter-exit hook for groups never destroyed.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, timeout: Optional[float] = None) -> None:
+        self._timeout = timeout  # the requests' deadline in seconds, for messages
         self._cv = threading.Condition()
         self._requests: collections.deque = collections.deque()
         self._ready: collections.deque = collections.deque()  # (future, value, error)
@@ -221,7 +228,8 @@ class Completer:
         self._stopping = False
         _at_exit(self.stop)
 
-    def submit(self, request: Any, finish: Callable[[], Any], keep: Any) -> Future:
+    def submit(self, request: Any, finish: Callable[[], Any], keep: Any,
+               what: str = "allreduce") -> Future:
         """A new Future, completed with finish() (or its error) once request is done."""
         fut: Future = Future()
         with self._cv:
@@ -231,7 +239,7 @@ class Completer:
                 self._waiter = threading.Thread(target=self._wait_in_order,
                                                 name="collectives-torch-pg")
                 self._waiter.start()
-            self._requests.append((request, finish, keep, fut))
+            self._requests.append((request, finish, keep, fut, what))
             self._cv.notify_all()
         return fut
 
@@ -244,12 +252,12 @@ class Completer:
                     self._waiting_in_order = False
                     self._cv.notify_all()
                     return
-                request, finish, keep, fut = self._requests.popleft()
+                request, finish, keep, fut, what = self._requests.popleft()
             try:
                 request.Wait()
                 item = (fut, finish(), None)
             except BaseException as exc:
-                item = (fut, None, exc)
+                item = (fut, None, worded(exc, what, self._timeout))
             del request, finish, keep
             self._deliver(item)
             del item, fut

@@ -11,9 +11,9 @@ _backend_ops.py (README: the table of what is there and what raises).
 
 The communicator: the ``collectives`` world when this process was started by
 ``collectives-run`` (or ``collectives.init()`` already ran) and the group is
-that world; otherwise one built through the torch store given to the backend
-(every rank publishes its listening address there), which also serves
-sub-groups and torchrun.
+that world, unless a failure broke it; otherwise one built through the torch
+store given to the backend (every rank publishes its listening address
+there), which also serves sub-groups and torchrun.
 
 Every op has the group's timeout (init_process_group's) as its deadline.
 allreduce is non-blocking (a core request; a thread per group waits for the
@@ -32,6 +32,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ._backend_errors import wording_timeouts
 from ._backend_ops import MoreOps, _reduce_op, core_op
 from ._context import as_buffer, check_tensor, wire_dtype
 from ._work import Completer, Staged as _Staged, _Work, completed as _completed
@@ -60,7 +61,7 @@ class ProcessGroupCollectives(MoreOps, dist.ProcessGroup):
         self._size = size
         self._owns_core = owns_core
         self._timeout = timeout
-        self._completer = Completer()
+        self._completer = Completer(timeout)
 
     # -- identity ----------------------------------------------------------------
     def getBackendName(self) -> str:
@@ -90,6 +91,11 @@ class ProcessGroupCollectives(MoreOps, dist.ProcessGroup):
     def allreduce(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> _Work:
         """Reduce each tensor in place across ranks (non-blocking)."""
         tensors = list(tensors)
+        if len(tensors) == 1 and tensors[0].is_sparse:  # as gloo: gather and add (SUM only)
+            from ._backend_more import sparse_allreduce
+            from ._backend_ops import op_name
+            sparse_allreduce(self, tensors[0], op_name(_reduce_op(opts)))
+            return _completed(tensors, "allreduce")
         if len(tensors) != 1:
             return self.allreduce_coalesced(tensors, opts)
         op = core_op(_reduce_op(opts), tensors[0].dtype)
@@ -281,12 +287,33 @@ class ProcessGroupCollectives(MoreOps, dist.ProcessGroup):
     def shutdown(self) -> None:
         """Stop the completion thread; close the communicator if this group created it."""
         self._completer.stop()
+        monitor = getattr(self, "_monitor", None)
+        if monitor is not None and not monitor.closed:
+            monitor.close()
         if self._owns_core:
             self._core.close()
 
     def abort(self) -> None:
         """Same as shutdown."""
         self.shutdown()
+
+
+# the ops that run in the caller's thread raise their timeouts worded as gloo's (the
+# queued and point-to-point ones word theirs where they fail: _work.py)
+for _name, _what in (("broadcast", "broadcast"), ("allgather", "all_gather"),
+                     ("all_gather_single", "all_gather_into_tensor"),
+                     ("_allgather_base", "all_gather_into_tensor"),
+                     ("reduce_scatter_single", "reduce_scatter_tensor"),
+                     ("_reduce_scatter_base", "reduce_scatter_tensor"),
+                     ("reduce_scatter", "reduce_scatter"), ("reduce", "reduce"),
+                     ("alltoall_base", "all_to_all_single"), ("barrier", "barrier"),
+                     ("gather", "gather"), ("scatter", "scatter"), ("alltoall", "all_to_all"),
+                     ("allgather_coalesced", "all_gather_coalesced"),
+                     ("allgather_into_tensor_coalesced", "allgather_into_tensor_coalesced"),
+                     ("reduce_scatter_tensor_coalesced", "reduce_scatter_tensor_coalesced")):
+    setattr(ProcessGroupCollectives, _name,
+            wording_timeouts(getattr(ProcessGroupCollectives, _name), _what))
+del _name, _what
 
 
 def _communicator(store: Any, rank: int, size: int, timeout: timedelta) -> tuple[Any, bool]:
@@ -298,7 +325,9 @@ def _communicator(store: Any, rank: int, size: int, timeout: timedelta) -> tuple
     if _world.is_initialized() or os.environ.get("COLLECTIVES_STORE_ADDR") or \
             os.environ.get("COLLECTIVES_RANK") is not None:
         world = collectives.init()
-        if world.rank == rank and world.size == size:
+        # a world that a failure broke is not reused: a group made again after
+        # destroy_process_group gets new links through torch's store
+        if world.rank == rank and world.size == size and not world._core.broken:
             return world._core, False
     config.check_env()
     if size == 1:
