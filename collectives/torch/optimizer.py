@@ -74,6 +74,7 @@ class _DistributedOptimizer:
         self._op = op
         self._predivide = float(gradient_predivide_factor)
         self._sparse_as_dense = sparse_as_dense
+        self._sparse: list = []  # parameters whose sparse gradients go at synchronize()
         self.backward_passes_per_step = int(backward_passes_per_step)
         names = self._check_names(named_parameters)
         order = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
@@ -214,7 +215,10 @@ class _DistributedOptimizer:
             p.grad = torch.zeros_like(p)  # unused on this rank: it still takes part
         elif p.grad.is_sparse:
             if not self._sparse_as_dense:
-                raise TypeError("sparse gradients are not supported; pass sparse_as_dense=True")
+                # As Horovod's: allgathered as indices and values (at synchronize()); its
+                # place in the fused buffer carries zeros, so the buckets stay the same.
+                self._sparse.append(p)
+                return torch.zeros(p.shape, dtype=p.dtype, device=p.device)
             p.grad = p.grad.to_dense()
         return p.grad
 
@@ -268,17 +272,34 @@ class _DistributedOptimizer:
                         for p, cctx in zip(b.params, b.contexts):
                             n = p.numel()
                             part = b.flat[pos:pos + n].view(p.shape)
-                            p.grad.copy_(self._compression.decompress(part, cctx))
+                            if not p.grad.is_sparse:
+                                p.grad.copy_(self._compression.decompress(part, cctx))
                             pos += n
-                    elif b.contexts[0] is not None:
+                    elif b.contexts[0] is not None and not b.params[0].grad.is_sparse:
                         g = b.params[0].grad
                         g.copy_(self._compression.decompress(b.target, b.contexts[0]))
+            self._reduce_sparse()
         finally:
             self._reset_step()
         self._synchronized = True
 
+    def _reduce_sparse(self) -> None:
+        """The sparse gradients of this step, in bucket order (the same on every rank):
+        Horovod's sparse allreduce (every rank's indices and values allgathered)."""
+        from .gather_ops import sparse_allreduce_async
+
+        names = getattr(self, "_parameter_names", {})
+        for p in self._sparse:
+            handle = sparse_allreduce_async(p.grad, name=f"sparse.{names.get(p, '?')}",
+                                            op=self._op,
+                                            process_set=getattr(self, "_process_set", None))
+            reduced = handle()
+            with torch.no_grad():
+                p.grad.zero_().add_(reduced)
+
     def _reset_step(self) -> None:
         """Empty the buckets and re-arm the per-parameter countdowns for the next step."""
+        self._sparse = []
         for b in self._buckets:
             b.ready = 0
             b.request = None  # (after an elastic reset: a request of the closed world)
