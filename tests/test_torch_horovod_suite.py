@@ -6,6 +6,7 @@ a renaming shim, see bench/README.md), each checked here against what Horovod im
   local optimizer;
 - optimizer.step() after an explicit optimizer.synchronize() gave no warning;
 - sparse_allreduce_async's handle was not callable (Horovod returns a function);
+- reducescatter of a 0-dim tensor returned a result where Horovod raises;
 - sycl_built() and the optimizer's _parameter_names were missing.
 """
 from __future__ import annotations
@@ -106,11 +107,26 @@ want = torch.zeros(n, 2)
 want[:, 0] = torch.arange(1., n + 1)
 expect(torch.equal(got.to_dense(), want), "sparse handle()", str(got.to_dense()))
 expect(torch.equal(hvd.synchronize(handle).to_dense(), want), "synchronize after call", "")
+
+# reducescatter of a 0-dim tensor: ValueError before anything is sent, as Horovod's
+# (test_horovod_reducescatter_scalar_error); the grouped form checks every tensor first
+for what, call in [
+        ("reducescatter", lambda: hvd.reducescatter(torch.tensor(float(r)), op=hvd.Average)),
+        ("reducescatter_async", lambda: hvd.reducescatter_async(torch.tensor(1.0))),
+        ("grouped", lambda: hvd.grouped_reducescatter([torch.zeros(3, 1), torch.tensor(1.0)])),
+        ("grouped_async", lambda: hvd.grouped_reducescatter_async([torch.zeros(2), torch.tensor(1.)]))]:
+    try:
+        call()
+        fail(what, "scalar accepted")
+    except ValueError as e:
+        expect("scalar" in str(e), what, str(e))
+got = hvd.reducescatter(torch.ones(2 * n, 2), op=hvd.Sum)  # in step: nothing was sent
+expect(torch.equal(got, torch.full((2, 2), float(n))), "reducescatter after", str(got))
 '''
 
 
 @pytest.mark.timeout(60)
-def test_sparse_handle_is_callable_and_sycl_built():
+def test_sparse_handle_callable_sycl_built_scalar_reducescatter():
     res = run_world(2, SMALL_BODY, timeout=50)
     for rank in range(2):
         assert res[rank].get("fail") == [], res.report()
