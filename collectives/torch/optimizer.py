@@ -127,7 +127,8 @@ class _DistributedOptimizer:
         if unnamed:
             raise ValueError(f"named_parameters was given but {len(unnamed)} optimizer "
                              "parameter(s) are not in it")
-        self._parameter_names = {p: k for k, p in sorted(named, key=lambda kv: kv[0])}  # Horovod's
+        # Horovod's attribute (some scripts read it): parameter -> name
+        self._parameter_names = {p: k for k, p in sorted(named, key=lambda kv: kv[0])}
         return {id(p): k for k, p in named}
 
     def _make_buckets(self, order: list, groups: Any, threshold: int) -> list:
