@@ -25,7 +25,7 @@ import xml.etree.ElementTree as ET
 from collections import Counter
 
 SHIM_PKG = '"""Renaming shim for Horovod\'s tests: no behaviour here."""\n'
-SHIM_TORCH = '''"""Renaming shim: ``horovod.torch`` is ``collectives.torch`` (the same module object)."""
+SHIM_TORCH = '''"""Renaming shim: ``horovod.torch`` is ``collectives.torch`` (one module object)."""
 import sys
 
 import collectives.torch
@@ -106,7 +106,8 @@ def outcomes(xml_path: str) -> dict:
     got: dict = {}
     for c in cases:
         kids = {k.tag for k in c}
-        v = "failed" if kids & {"failure", "error"} else "skipped" if "skipped" in kids else "passed"
+        v = ("failed" if kids & {"failure", "error"} else
+             "skipped" if "skipped" in kids else "passed")
         if got.get(c.get("name")) in (None, "passed"):
             got[c.get("name")] = v
     return got

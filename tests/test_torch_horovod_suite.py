@@ -114,7 +114,8 @@ for what, call in [
         ("reducescatter", lambda: hvd.reducescatter(torch.tensor(float(r)), op=hvd.Average)),
         ("reducescatter_async", lambda: hvd.reducescatter_async(torch.tensor(1.0))),
         ("grouped", lambda: hvd.grouped_reducescatter([torch.zeros(3, 1), torch.tensor(1.0)])),
-        ("grouped_async", lambda: hvd.grouped_reducescatter_async([torch.zeros(2), torch.tensor(1.)]))]:
+        ("grouped_async",
+         lambda: hvd.grouped_reducescatter_async([torch.zeros(2), torch.tensor(1.)]))]:
     try:
         call()
         fail(what, "scalar accepted")
