@@ -75,6 +75,7 @@ class _DistributedOptimizer:
         self._predivide = float(gradient_predivide_factor)
         self._sparse_as_dense = sparse_as_dense
         self._sparse: list = []  # parameters whose sparse gradients go at synchronize()
+        self._densified: set = set()  # ids of sparse gradients reduced dense (sparse_as_dense)
         self.backward_passes_per_step = int(backward_passes_per_step)
         names = self._check_names(named_parameters)
         order = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
@@ -220,7 +221,10 @@ class _DistributedOptimizer:
                 # place in the fused buffer carries zeros, so the buckets stay the same.
                 self._sparse.append(p)
                 return torch.zeros(p.shape, dtype=p.dtype, device=p.device)
-            p.grad = p.grad.to_dense()
+            # Reduced dense in the bucket, written back sparse (Horovod's: e.g. SparseAdam
+            # takes only sparse gradients).
+            self._densified.add(id(p))
+            return p.grad.to_dense()
         return p.grad
 
     def _launch(self, b: _Bucket) -> None:
@@ -268,17 +272,18 @@ class _DistributedOptimizer:
             with torch.no_grad():
                 for b in self._buckets:
                     _scale(b.target, postscale)
-                    if b.target is b.flat:
-                        pos = 0
-                        for p, cctx in zip(b.params, b.contexts):
-                            n = p.numel()
-                            part = b.flat[pos:pos + n].view(p.shape)
-                            if not p.grad.is_sparse:
-                                p.grad.copy_(self._compression.decompress(part, cctx))
-                            pos += n
-                    elif b.contexts[0] is not None and not b.params[0].grad.is_sparse:
-                        g = b.params[0].grad
-                        g.copy_(self._compression.decompress(b.target, b.contexts[0]))
+                    pos = 0
+                    for p, cctx in zip(b.params, b.contexts):
+                        n = p.numel()
+                        flat = b.target is b.flat
+                        part = b.flat[pos:pos + n].view(p.shape) if flat else b.target
+                        pos += n
+                        if p.grad.is_sparse:  # (the allgathered ones: _reduce_sparse)
+                            if id(p) in self._densified:
+                                dense = self._compression.decompress(part, cctx)
+                                p.grad.zero_().add_(dense.to_sparse())
+                        elif flat or cctx is not None:  # (else reduced in place in p.grad)
+                            p.grad.copy_(self._compression.decompress(part, cctx))
             self._reduce_sparse()
         finally:
             self._reset_step()
@@ -301,6 +306,7 @@ class _DistributedOptimizer:
     def _reset_step(self) -> None:
         """Empty the buckets and re-arm the per-parameter countdowns for the next step."""
         self._sparse = []
+        self._densified = set()
         for b in self._buckets:
             b.ready = 0
             b.request = None  # (after an elastic reset: a request of the closed world)
