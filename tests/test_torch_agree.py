@@ -105,7 +105,16 @@ outcome("params-bad-root", lambda: hvd.broadcast_parameters({"w": torch.ones(2)}
 in_step("params-bad-root")
 outcome("barrier-vs-allreduce", lambda: hvd.barrier() if r == 0 else hvd.allreduce(torch.ones(2)))
 in_step("barrier-vs-allreduce")
-outcome("join-vs-broadcast", lambda: hvd.join() if r == n - 1 else hvd.broadcast(torch.ones(2000), 0))
+def join_vs_broadcast():
+    """Horovod's semantics: the others' broadcast raises LayoutMismatch while the joined rank
+    keeps waiting in join(); their join() after the error releases it."""
+    if r == n - 1:
+        return hvd.join()
+    try:
+        hvd.broadcast(torch.ones(2000), 0)
+    finally:
+        hvd.join()
+outcome("join-vs-broadcast", join_vs_broadcast)
 in_step("join-vs-broadcast")
 
 def hostile():
@@ -133,7 +142,6 @@ EXPECTED = {
     "allreduce-big": "LayoutMismatch", "grouped": "LayoutMismatch", "async": "LayoutMismatch",
     "reducescatter": "LayoutMismatch", "allgather-trailing": "LayoutMismatch",
     "object-root": "LayoutMismatch", "barrier-vs-allreduce": "LayoutMismatch",
-    "join-vs-broadcast": "LayoutMismatch",
 }
 LOCAL_ERRORS = {"bad-arg": ("TypeError", lambda n: n - 1), "bad-root": ("ValueError", lambda n: 0),
                 "bad-splits": ("ValueError", lambda n: 0),
@@ -157,6 +165,13 @@ def test_issue_reproductions_raise_everywhere_then_go_on(world):
             if rank != k:
                 assert f"rank {k} raised" in got[case]["message"] and exc in got[case]["message"]
             assert got[case + "/after"]["result"] == "ok", (rank, case, got[case + "/after"])
+    for rank in range(n):  # the joined rank (n - 1) waits; the others raise naming it
+        got = {c["case"]: c for c in res[rank].get("case")}
+        want = "ok" if rank == n - 1 else "LayoutMismatch"
+        assert got["join-vs-broadcast"]["result"] == want, (rank, got["join-vs-broadcast"])
+        if rank != n - 1:
+            assert "join" in got["join-vs-broadcast"]["message"], got["join-vs-broadcast"]
+        assert got["join-vs-broadcast/after"]["result"] == "ok", (rank, got)
     for rank in range(1, n):
         got = [c for c in res[rank].get("case") if c["case"] == "hostile-slot"][0]
         assert got["result"] == "LayoutMismatch" and "rank 0 sent a malformed" in got["message"], got

@@ -32,15 +32,20 @@ for s in range(r + 1):  # rank r runs r + 1 steps, then joins
         expect(torch.equal(got, want), f"step {s} {name}", f"got {got[:3].tolist()}, expected {want[:3].tolist()}")
 emit("last", value=hvd.join())
 
-# a broadcast while a rank has joined: LayoutMismatch on every rank, the joined one included
-try:
-    if r == 0:
-        hvd.join()
-    else:
-        hvd.broadcast(torch.ones(2), 1)
-    fail("broadcast while joined", "no error")
-except hvd.LayoutMismatch as e:
-    expect("join" in str(e), "broadcast while joined", str(e))
+# a broadcast and an allgather while rank 0 has joined: LayoutMismatch on the ranks that
+# called them; rank 0 keeps waiting in join() until they join too (Horovod's own
+# test_horovod_join_broadcast/_allgather), which then returns the same rank everywhere
+if r == 0:
+    emit("mid", value=hvd.join())
+else:
+    for what, call in [("broadcast", lambda: hvd.broadcast(torch.ones(2), 1)),
+                       ("allgather", lambda: hvd.allgather(torch.ones(2)))]:
+        try:
+            call()
+            fail(f"{what} while joined", "no error")
+        except hvd.LayoutMismatch as e:
+            expect("join" in str(e), f"{what} while joined", str(e))
+    emit("mid", value=hvd.join())
 expect(hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == n, "after", "")
 emit("last2", value=hvd.join())
 '''
@@ -55,4 +60,5 @@ def test_join_serves_allreduces_with_zeros(n):
     res.assert_ok()
     for rank in range(n):
         assert res[rank].one("last")["value"] == n - 1
+        assert res[rank].one("mid")["value"] == n - 1  # rank 0 joined first
         assert res[rank].one("last2")["value"] == n - 1

@@ -30,6 +30,7 @@ from .mpi_ops import (Adasum, Average, Handle, LayoutMismatch, Max, Min, Product
                       grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_, init,
                       is_initialized, join, local_rank, local_size, mpi_built, mpi_enabled,
                       mpi_threads_supported, nccl_built, poll, rank, rocm_built, shutdown, size,
+                      sycl_built,
                       synchronize)
 from .optimizer import DistributedOptimizer
 from .dgc import DGC, DGCSGD, TopKCompressor
@@ -57,7 +58,8 @@ __all__ = [
     "grouped_allreduce_async", "grouped_allreduce_async_", "init", "is_initialized", "join",
     "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported",
     "nccl_built", "poll", "rank", "reducescatter", "reducescatter_async", "rocm_built",
-    "shutdown", "size", "synchronize", "DistributedOptimizer", "ProcessGroupCollectives",
+    "sycl_built", "shutdown", "size", "synchronize", "DistributedOptimizer",
+    "ProcessGroupCollectives",
     "register_backend", "DGC", "DGCSGD", "TopKCompressor", "HorovodInternalError",
     "HostsUpdatedInterrupt", "grouped_allgather", "grouped_allgather_async",
     "grouped_reducescatter", "grouped_reducescatter_async", "sparse_allreduce_async",

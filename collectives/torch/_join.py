@@ -13,8 +13,10 @@ spent joined). Every rank sees the same slots, so every rank decides alike:
   is the reduction with zeros in the joined ranks' places; Average still
   divides by the full rank count, as Horovod's);
 - they agree on anything else (broadcast, allgather, a grouped allreduce,
-  barrier...): nothing runs and every rank raises LayoutMismatch naming the
-  joined ranks, the joined ones included (a program error, never a hang);
+  barrier...): nothing runs and they raise LayoutMismatch naming the joined
+  ranks, while the joined ranks go on waiting in ``join()`` (as Horovod's,
+  whose error goes to the ranks that requested the op: its own tests call
+  ``join()`` on every rank after catching it);
 - they disagree among themselves, or one raised first: they raise among
   themselves, the joined rank goes on waiting.
 
@@ -29,7 +31,7 @@ from typing import Optional
 
 import numpy as np
 
-from ._agree import FAILED, JOINED, PLAN, LayoutMismatch, join_plan, joined_message
+from ._agree import JOINED, PLAN, join_plan
 from ._context import current
 
 __all__ = ["encode_plan", "join"]
@@ -61,7 +63,8 @@ def join(device: int = -1) -> int:
     Horovod's semantics: a rank that ran out of data calls join(); until every
     rank has, each allreduce (``allreduce``, ``allreduce_``, ``allreduce_async``)
     the other ranks run gets zeros from it. Other operations while a rank has
-    joined raise LayoutMismatch on every rank. See ``collectives.torch._join``.
+    joined raise LayoutMismatch on the ranks that called them (the joined ranks keep
+    waiting). See ``collectives.torch._join``.
 
     Args:
         device: ignored (the zeros are host buffers).
@@ -75,7 +78,7 @@ def join(device: int = -1) -> int:
     agreement = ctx.agreement
     rounds = 0
     while True:
-        slots, heads = agreement.exchange_joined(rounds)
+        _, heads = agreement.exchange_joined(rounds)
         rounds += 1
         if all(h[1] == JOINED for h in heads):
             spent = [h[4] for h in heads]
@@ -83,11 +86,8 @@ def join(device: int = -1) -> int:
         plan = join_plan(heads)
         if plan is not None:
             _serve(ctx, plan)
-            continue
-        live = [r for r in range(ctx.size) if heads[r][1] != JOINED]
-        if len({heads[r][2] for r in live}) == 1 and all(heads[r][1] != FAILED for r in live):
-            raise LayoutMismatch(joined_message(slots, heads))
-        # the others disagree among themselves or one raised: they raise; keep waiting
+        # anything else: the others raise (LayoutMismatch naming the joined ranks, or their
+        # own disagreement); this rank keeps waiting for their next call
 
 
 def _serve(ctx: object, plan: int) -> Optional[np.ndarray]:

@@ -81,6 +81,11 @@ class Job:
             return self._output.wait()
         return self._output
 
+    def __call__(self) -> Any:
+        """Same as wait(): Horovod's ``sparse_allreduce_async`` returns a function that
+        waits and returns the result, and scripts call the handle."""
+        return self.wait()
+
 
 class Lane:
     """One worker thread running Jobs in order (started on first use, a daemon)."""

@@ -15,7 +15,8 @@ __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
     "cross_size", "cross_rank", "mpi_threads_supported", "mpi_enabled", "mpi_built",
     "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built",
-    "rocm_built", "ReduceOp", "Average", "Sum", "Adasum", "Min", "Max", "Product", "resolve_op",
+    "rocm_built", "sycl_built", "ReduceOp", "Average", "Sum", "Adasum", "Min", "Max", "Product",
+    "resolve_op",
 ]
 
 
@@ -141,6 +142,11 @@ def cuda_built() -> bool:
 
 def rocm_built() -> bool:
     """False."""
+    return False
+
+
+def sycl_built() -> bool:
+    """False: no SYCL/oneCCL GPU support (the name of Intel's build of Horovod)."""
     return False
 
 

@@ -140,6 +140,14 @@ def alltoall_async(tensor: torch.Tensor, splits: Splits = None, name: Optional[s
 
 # -------------------------------------------------------------- reducescatter
 
+def _check_scatterable(tensor: torch.Tensor, what: str = "reducescatter") -> None:
+    """ValueError for a 0-dim tensor (no dimension 0 to scatter), as Horovod's."""
+    check_tensor(tensor)
+    if tensor.dim() == 0:
+        raise ValueError(f"{what} does not support scalar (0-dim) tensors: there is no "
+                         "dimension 0 to scatter")
+
+
 def _reducescatter_run(tensor: torch.Tensor, op: ReduceOp, prescale: float, postscale: float,
                        name: Optional[str], compression: type = Compression.none
                        ) -> torch.Tensor:
@@ -223,7 +231,7 @@ def reducescatter(tensor: torch.Tensor, name: Optional[str] = None,
     """
     _check_process_set(process_set)
     op = resolve_op(None, op)
-    check_tensor(tensor)
+    _check_scatterable(tensor)
     if tensor.requires_grad and torch.is_grad_enabled():
         return _ReducescatterFunction.apply(tensor, op, prescale_factor, postscale_factor, name,
                                             compression)
@@ -241,7 +249,7 @@ def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None,
     """
     _check_process_set(process_set)
     op = resolve_op(None, op)
-    check_tensor(tensor)
+    _check_scatterable(tensor)
     return _queue("reducescatter", name,
                   lambda: _reducescatter_run(tensor, op, prescale_factor, postscale_factor, name),
                   tensor)
@@ -324,8 +332,11 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: Optional[str] =
     """
     _check_process_set(process_set)
     op = resolve_op(None, op)
+    tensors = _check_list(tensors, "grouped_reducescatter")
+    for i, t in enumerate(tensors):  # all of them before the first is sent
+        _check_scatterable(t, f"grouped_reducescatter tensor {i}")
     return [reducescatter(t, None, compression, op, None, prescale_factor, postscale_factor)
-            for t in _check_list(tensors, "grouped_reducescatter")]
+            for t in tensors]
 
 
 @_symmetric("grouped_reducescatter")
@@ -341,6 +352,8 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: Optional[
     _check_process_set(process_set)
     op = resolve_op(None, op)
     tensors = _check_list(tensors, "grouped_reducescatter")
+    for i, t in enumerate(tensors):
+        _check_scatterable(t, f"grouped_reducescatter tensor {i}")
     return _queue("grouped_reducescatter", name,
                   lambda: [_reducescatter_run(t, op, prescale_factor, postscale_factor, None)
                            for t in tensors], tensors)

@@ -35,7 +35,7 @@ from .basics import (Adasum, Average, Max, Min, Product, ReduceOp, Sum, ccl_buil
                      cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, init,
                      is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
                      mpi_threads_supported, nccl_built, rank, resolve_op, rocm_built, shutdown,
-                     size)
+                     size, sycl_built)
 from .compression import Compression
 from .exceptions import internal_error
 from .process_sets import bind_active, in_process_set, keeps_process_set, set_root
@@ -45,7 +45,8 @@ __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
     "cross_size", "cross_rank", "mpi_threads_supported", "mpi_enabled", "mpi_built",
     "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built",
-    "rocm_built", "ReduceOp", "Average", "Sum", "Adasum", "Min", "Max", "Product", "Handle",
+    "rocm_built", "sycl_built", "ReduceOp", "Average", "Sum", "Adasum", "Min", "Max", "Product",
+    "Handle",
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "grouped_allreduce",
     "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_", "allgather",
     "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "barrier", "join",

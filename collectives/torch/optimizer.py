@@ -19,6 +19,7 @@ buckets are packed into a fusion buffer kept for the next step.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Any, Iterator, Optional
 
 import torch
@@ -30,7 +31,7 @@ from .compression import Compression
 from .basics import Adasum, Average, ReduceOp, Sum
 from .exceptions import internal_error
 from .mpi_ops import _scale
-from .process_sets import in_process_set
+from .process_sets import ProcessSet, in_process_set, set_context
 
 __all__ = ["DistributedOptimizer"]
 
@@ -73,6 +74,8 @@ class _DistributedOptimizer:
         self._op = op
         self._predivide = float(gradient_predivide_factor)
         self._sparse_as_dense = sparse_as_dense
+        self._sparse: list = []  # parameters whose sparse gradients go at synchronize()
+        self._densified: set = set()  # ids of sparse gradients reduced dense (sparse_as_dense)
         self.backward_passes_per_step = int(backward_passes_per_step)
         names = self._check_names(named_parameters)
         order = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
@@ -97,8 +100,11 @@ class _DistributedOptimizer:
 
     @property
     def _ctx(self) -> Any:
-        """The world's context now (after an elastic re-forming: the new world's)."""
-        return current()
+        """The context the gradients are averaged in: the process set's (resolved on every
+        use, so a removed set raises ValueError), else the world's now (after an elastic
+        re-forming: the new world's)."""
+        ps = getattr(self, "_process_set", None)  # set by DistributedOptimizer after __init__
+        return current() if ps is None else set_context(ps)
 
     # -- construction ----------------------------------------------------------
     def _check_names(self, named_parameters: Any) -> dict:
@@ -122,6 +128,8 @@ class _DistributedOptimizer:
         if unnamed:
             raise ValueError(f"named_parameters was given but {len(unnamed)} optimizer "
                              "parameter(s) are not in it")
+        # Horovod's attribute (some scripts read it): parameter -> name
+        self._parameter_names = {p: k for k, p in sorted(named, key=lambda kv: kv[0])}
         return {id(p): k for k, p in named}
 
     def _make_buckets(self, order: list, groups: Any, threshold: int) -> list:
@@ -209,8 +217,14 @@ class _DistributedOptimizer:
             p.grad = torch.zeros_like(p)  # unused on this rank: it still takes part
         elif p.grad.is_sparse:
             if not self._sparse_as_dense:
-                raise TypeError("sparse gradients are not supported; pass sparse_as_dense=True")
-            p.grad = p.grad.to_dense()
+                # As Horovod's: allgathered as indices and values (at synchronize()); its
+                # place in the fused buffer carries zeros, so the buckets stay the same.
+                self._sparse.append(p)
+                return torch.zeros(p.shape, dtype=p.dtype, device=p.device)
+            # Reduced dense in the bucket, written back sparse (Horovod's: e.g. SparseAdam
+            # takes only sparse gradients).
+            self._densified.add(id(p))
+            return p.grad.to_dense()
         return p.grad
 
     def _launch(self, b: _Bucket) -> None:
@@ -258,22 +272,41 @@ class _DistributedOptimizer:
             with torch.no_grad():
                 for b in self._buckets:
                     _scale(b.target, postscale)
-                    if b.target is b.flat:
-                        pos = 0
-                        for p, cctx in zip(b.params, b.contexts):
-                            n = p.numel()
-                            part = b.flat[pos:pos + n].view(p.shape)
+                    pos = 0
+                    for p, cctx in zip(b.params, b.contexts):
+                        n = p.numel()
+                        flat = b.target is b.flat
+                        part = b.flat[pos:pos + n].view(p.shape) if flat else b.target
+                        pos += n
+                        if p.grad.is_sparse:  # (the allgathered ones: _reduce_sparse)
+                            if id(p) in self._densified:
+                                dense = self._compression.decompress(part, cctx)
+                                p.grad.zero_().add_(dense.to_sparse())
+                        elif flat or cctx is not None:  # (else reduced in place in p.grad)
                             p.grad.copy_(self._compression.decompress(part, cctx))
-                            pos += n
-                    elif b.contexts[0] is not None:
-                        g = b.params[0].grad
-                        g.copy_(self._compression.decompress(b.target, b.contexts[0]))
+            self._reduce_sparse()
         finally:
             self._reset_step()
         self._synchronized = True
 
+    def _reduce_sparse(self) -> None:
+        """The sparse gradients of this step, in bucket order (the same on every rank):
+        Horovod's sparse allreduce (every rank's indices and values allgathered)."""
+        from .gather_ops import sparse_allreduce_async
+
+        names = getattr(self, "_parameter_names", {})
+        for p in self._sparse:
+            handle = sparse_allreduce_async(p.grad, name=f"sparse.{names.get(p, '?')}",
+                                            op=self._op,
+                                            process_set=getattr(self, "_process_set", None))
+            reduced = handle()
+            with torch.no_grad():
+                p.grad.zero_().add_(reduced)
+
     def _reset_step(self) -> None:
         """Empty the buckets and re-arm the per-parameter countdowns for the next step."""
+        self._sparse = []
+        self._densified = set()
         for b in self._buckets:
             b.ready = 0
             b.request = None  # (after an elastic reset: a request of the closed world)
@@ -296,6 +329,8 @@ class _DistributedOptimizer:
     def step(self, closure: Any = None) -> Any:
         """Synchronize the gradients (unless inside skip_synchronize), then step the optimizer."""
         if self._should_synchronize:
+            if self._synchronized:
+                _warn_step_after_synchronize()
             self.synchronize()
         self._synchronized = False
         return super().step(closure)
@@ -339,7 +374,42 @@ def _wait_buckets(buckets: Any) -> Optional[BaseException]:
     return error
 
 
-@in_process_set
+def _warn_step_after_synchronize() -> None:
+    warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context after "
+                  "optimizer.synchronize(). This can cause training slowdown. You may want to "
+                  "consider using optimizer.skip_synchronize() context if you use "
+                  "optimizer.synchronize() in your code.")
+
+
+class _LocalOptimizer:
+    """Mixin for a DistributedOptimizer on a rank outside its process_set: as Horovod's, a
+    plain local optimizer (no gradient hooks; synchronize() exchanges nothing)."""
+
+    def __init__(self, params: Any, named_parameters: Any, backward_passes_per_step: int) -> None:
+        super().__init__(params)
+        _DistributedOptimizer._check_names(self, named_parameters)  # same argument errors
+        self.backward_passes_per_step = int(backward_passes_per_step)
+        self._synchronized = False
+        self._should_synchronize = True
+
+    def synchronize(self) -> None:
+        """Nothing to exchange: this rank is not in the optimizer's process set."""
+        self._synchronized = True
+
+    skip_synchronize = _DistributedOptimizer.skip_synchronize
+
+    def step(self, closure: Any = None) -> Any:
+        """Step the local optimizer (Horovod's warning after an explicit synchronize())."""
+        if self._should_synchronize and self._synchronized:
+            _warn_step_after_synchronize()
+        self._synchronized = False
+        return super().step(closure)
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Recorded only (nothing is accumulated for an exchange on this rank)."""
+        self.backward_passes_per_step = int(passes)
+
+
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any = None,
                          compression: Any = Compression.none, backward_passes_per_step: int = 1,
                          op: ReduceOp = Average, gradient_predivide_factor: float = 1.0,
@@ -348,7 +418,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     """Wrap an optimizer so that gradients are averaged across ranks before each step.
 
     The result is an instance of a subclass of the optimizer's class sharing
-    its param_groups; its state starts empty (as Horovod's).
+    its param_groups; its state starts empty (as Horovod's). On a rank outside
+    `process_set` it is, as Horovod's, a plain local optimizer (nothing is
+    exchanged; its construction is not collective there).
 
     Args:
         optimizer: the torch optimizer to wrap.
@@ -368,6 +440,25 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     Returns:
         The distributed optimizer.
     """
+    if isinstance(process_set, ProcessSet) and process_set.included() is False:
+        cls = type(optimizer.__class__.__name__, (_LocalOptimizer, optimizer.__class__),
+                   {"__doc__": _LocalOptimizer.__doc__})
+        return cls(optimizer.param_groups, named_parameters, backward_passes_per_step)
+    opt = _distributed_optimizer(optimizer, named_parameters, compression,
+                                 backward_passes_per_step, op, gradient_predivide_factor,
+                                 num_groups, groups, sparse_as_dense, process_set)
+    if process_set is not None:
+        opt._process_set = process_set  # its gradients go over the set (see _ctx)
+    return opt
+
+
+@in_process_set
+def _distributed_optimizer(optimizer: torch.optim.Optimizer, named_parameters: Any,
+                           compression: Any, backward_passes_per_step: int, op: ReduceOp,
+                           gradient_predivide_factor: float, num_groups: int, groups: Any,
+                           sparse_as_dense: bool, process_set: Any) -> torch.optim.Optimizer:
+    """DistributedOptimizer on a member of `process_set` (run in the set: see in_process_set;
+    the arguments are DistributedOptimizer's)."""
     from .process_sets import check_process_set
 
     check_process_set(process_set)

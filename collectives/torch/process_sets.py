@@ -281,6 +281,15 @@ def set_root(ctx: Any, root_rank: Any) -> int:
     return ctx.ranks.index(root)
 
 
+def set_context(process_set: Any) -> Any:
+    """The context an operation on `process_set` runs in now: the set's SetContext, or the
+    world's TorchContext for the global set (ValueError if the set was removed)."""
+    view = _resolve(process_set)
+    if view == "inherit":
+        return current()
+    return current_world() if view is None else view
+
+
 def check_process_set(process_set: Any) -> None:
     """TypeError/ValueError for a process_set an operation cannot use; RuntimeError if the
     operation runs outside that set's context (a call path missing in_process_set)."""
