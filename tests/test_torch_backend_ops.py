@@ -273,7 +273,8 @@ def _close(a, b) -> bool:
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [3])  # 3 (odd: uneven splits, a root that is neither end); the
+# 2-rank parity is in test_torch_backend_parity and every 2-rank torch test (suite time)
 def test_backend_matches_gloo_op_by_op(n):
     got = {}
     for backend in ("gloo", "collectives"):
