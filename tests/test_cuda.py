@@ -190,9 +190,8 @@ def test_device_executor_on_emulated_gpu(n, path):
 
 MISMATCH_BODY = r"""
 os.environ["COLLECTIVES_CUDA_IPC"] = "0" if RANK == 1 else "1"  # read once, at first use
-import collectives
-from collectives import _core
-core = collectives.MPI.COMM_WORLD._core
+from collectives import MPI, _core
+core = MPI.COMM_WORLD._core
 buf = _core.DeviceBuffer(1 << 20, "float32", 0)
 t0 = time.monotonic()
 try:

@@ -126,9 +126,33 @@ class _Work(dist._Work):
         return self._future.value()
 
 
+def _cuda_devices(value: Any) -> list:
+    """The CUDA devices of the tensors in value (nested lists and tuples)."""
+    found: list = []
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, torch.Tensor):
+            if v.is_cuda and v.device not in found:
+                found.append(v.device)
+        elif isinstance(v, (list, tuple)):
+            todo.extend(v)
+        elif isinstance(getattr(v, "tensor", None), torch.Tensor):  # a Staged buffer
+            todo.append(v.tensor)
+    return found
+
+
+def new_future(like: Any = None) -> Future:
+    """A Future for a value holding the tensors in `like`: one that knows their
+    CUDA devices when there are any (torch refuses a CUDA result otherwise, and
+    orders its consumers' streams after the producer's with events)."""
+    devices = _cuda_devices(like)
+    return Future(devices=devices) if devices else Future()
+
+
 def completed(value: Any, what: str = "collective") -> _Work:
     """Work that has already completed with value."""
-    fut: Future = Future()
+    fut: Future = new_future(value)
     fut.set_result(value)
     return _Work(fut, what)
 
@@ -146,7 +170,7 @@ class P2PWork(_Work):
 
     def __init__(self, request: Any, finish: Callable[[Any], Any], what: str,
                  keep: Any = None, timeout: Optional[float] = None) -> None:
-        super().__init__(Future(), what)
+        super().__init__(new_future(keep), what)
         self._request, self._finish, self._keep = request, finish, keep
         self._timeout = timeout
         self._lock = threading.Lock()
@@ -229,9 +253,10 @@ class Completer:
         _at_exit(self.stop)
 
     def submit(self, request: Any, finish: Callable[[], Any], keep: Any,
-               what: str = "allreduce") -> Future:
-        """A new Future, completed with finish() (or its error) once request is done."""
-        fut: Future = Future()
+               what: str = "allreduce", like: Any = None) -> Future:
+        """A new Future, completed with finish() (or its error) once request is done;
+        `like`: the tensors its value holds (their devices)."""
+        fut: Future = new_future(like)
         with self._cv:
             if self._waiter is None:
                 self._stopping = False

@@ -110,7 +110,7 @@ class ProcessGroupCollectives(MoreOps, dist.ProcessGroup):
             staged.copy_out()
             return tensors
 
-        return _Work(self._completer.submit(request, finish, staged), "allreduce")
+        return _Work(self._completer.submit(request, finish, staged, like=tensors), "allreduce")
 
     def allreduce_coalesced(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> _Work:
         """Reduce a list of tensors in place with one fused allreduce per dtype."""
@@ -138,7 +138,7 @@ class ProcessGroupCollectives(MoreOps, dist.ProcessGroup):
                     t.detach().copy_(flat[pos:pos + t.numel()].view(t.shape))
                     pos += t.numel()
                 return tensors
-            last = self._completer.submit(request, finish, flat)
+            last = self._completer.submit(request, finish, flat, like=tensors)
         return _Work(last, "allreduce_coalesced") if last is not None else _completed(tensors)
 
     # -- synchronous collectives -------------------------------------------------------
@@ -448,10 +448,11 @@ def _default_core() -> Any:
 
 
 def register_backend() -> None:
-    """Register "collectives" with torch.distributed (idempotent; CPU devices)."""
+    """Register "collectives" with torch.distributed (idempotent) for CPU and CUDA
+    tensors (a build without CUDA rejects the latter with a TypeError naming it)."""
     if not dist.is_available():
         return
     if BACKEND_NAME.upper() in getattr(dist.Backend, "_plugins", {}):
         return
     dist.Backend.register_backend(BACKEND_NAME, _create_group, extended_api=True,
-                                  devices=["cpu"])
+                                  devices=["cpu", "cuda"])

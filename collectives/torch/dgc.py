@@ -522,6 +522,12 @@ class _SparseDistributedOptimizer(_DistributedOptimizer):
             dense_p, dense_t, sparse = [], [], []
             for p in b.params:
                 g = self._grad(p)
+                if g.device.type != "cpu":
+                    # DGC's selection and memory run on the host (the native
+                    # kernels): a GPU gradient is copied there, and what comes
+                    # back is written into p.grad on its device (_finish_buckets,
+                    # _write_sparse).
+                    g = g.detach().to("cpu")
                 name = self._names[id(p)]
                 if self._eligible[id(p)] and comp.sparse_now(p.numel(), n):
                     sparse.append((p, g))
@@ -573,16 +579,22 @@ class _SparseDistributedOptimizer(_DistributedOptimizer):
 
     def _write_sparse(self, params: list, gathered: torch.Tensor, sizes: list, caps: list,
                       fixed: bool) -> None:
-        outs = []
+        outs, devs = [], []
         for p in params:
             if not (p.grad.is_contiguous() and p.grad.dtype == torch.float32):
                 p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
-            p.grad.zero_()
-            outs.append(p.grad.view(-1))
+            if p.grad.device.type == "cpu":
+                p.grad.zero_()
+                outs.append(p.grad.view(-1))
+            else:  # decoded on the host, then copied to the GPU gradient
+                outs.append(torch.zeros(p.numel(), dtype=torch.float32))
+                devs.append((p, outs[-1]))
         sparse_ops.decode(gathered, sizes, outs, caps, self._compression.wire, fixed=fixed)
         if self._op is Average:
             for o in outs:
                 _scale(o, 1.0 / self._ctx.size)
+        for p, o in devs:
+            p.grad.view(-1).copy_(o)
 
     def _record(self, names: list, caps: list, sel: list, nbytes: int) -> None:
         self._stats["sparse_bytes"] += nbytes

@@ -147,13 +147,28 @@ def synchronize(handle: Handle) -> Any:
         return handle.wait()
 
 
+def _on_callers_stream(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """fn, to run on the lane with the CUDA stream current here and now: its copies,
+    and the collective's wait for the caller's queued work, then follow what the
+    caller queued on that stream before the call (a GPU tensor's producer)."""
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return fn
+    stream = torch.cuda.current_stream()
+
+    def run() -> Any:
+        with torch.cuda.stream(stream):
+            return fn()
+
+    return run
+
+
 def _queue(kind: str, name: Optional[str], fn: Callable[[], Any], keep: Any,
            chained: bool = False) -> Job:
     """Run fn on the async lane as the in-flight operation `name` of this kind (ValueError
     if one is in flight); chained: fn returns a Handle, the job completes with it."""
     ctx = current()
     ctx.names.check(kind, name)
-    job = Job(bind_active(fn), keep, chained)
+    job = Job(bind_active(_on_callers_stream(fn)), keep, chained)
     job.label = kind if name is None else f"{kind} {name}"
     return ctx.names.hold(kind, name, ctx.lane.submit(job))
 

@@ -26,7 +26,7 @@ import torch
 
 from .. import _elastic
 from .._core import CollectivesError
-from ._context import as_buffer, current, wire_dtype
+from ._context import as_buffer, check_tensor, current, wire_dtype
 from .compression import Compression
 from .basics import Adasum, Average, ReduceOp, Sum
 from .exceptions import internal_error
@@ -185,9 +185,7 @@ class _DistributedOptimizer:
         return buckets
 
     def _wire(self, p: torch.Tensor) -> torch.dtype:
-        if p.device.type != "cpu":
-            raise TypeError(f"parameter on {p.device}: collectives.torch supports CPU tensors only "
-                            "for now (the GPU path is not built)")
+        check_tensor(p, f"parameter on {p.device}")
         compressed, _ = self._compression.compress(torch.empty(0, dtype=p.dtype))
         return wire_dtype(compressed.dtype)
 

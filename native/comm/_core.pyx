@@ -584,6 +584,11 @@ def cuda_built() -> bool:
     return bool(coll_cuda_built())
 
 
+def cuda_ipc_mappings() -> int:
+    """Peer allocations this process has mapped through CUDA IPC now (0 without a GPU)."""
+    return coll_cuda_ipc_open_count()
+
+
 def cuda_device_count() -> int:
     """Usable GPUs (0 without a driver or device, or in a build without CUDA)."""
     return coll_cuda_device_count()

@@ -358,6 +358,11 @@ cdef _View as_view(obj, str name, bint writable, object dtype):
                 raise not_contiguous(name) from None
             raise TypeError(f"{name}: {text}") from None
         except TypeError:
+            if attempt == 0 and _is_gpu(obj):
+                # A GPU array that also claims the buffer protocol only to
+                # refuse it (CuPy's ndarray): its device view.
+                _gpu_view(v, obj, name, writable, dtype)
+                return v
             if attempt == 0 and hasattr(obj, "__dlpack__"):
                 import numpy
                 try:

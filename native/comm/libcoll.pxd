@@ -82,6 +82,7 @@ cdef extern from "coll.h" nogil:
 
     int coll_cuda_built()
     int coll_cuda_device_count()
+    int coll_cuda_ipc_open_count()
 
     coll_result_t coll_comm_create(int rank, int size, const char *bind_host,
                                    const uint8_t *comm_id, coll_comm_t **out)

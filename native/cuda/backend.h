@@ -3,7 +3,9 @@
  * CUDA layer: coll_cudart_* (cuda/runtime.c: the CUDA runtime, or "built
  * without CUDA" errors) and coll_cudafake_* (cuda/fake.c: one GPU emulated in
  * host memory for tests, COLLECTIVES_CUDA_FAKE=1). cuda.c picks one per call.
- * Each has exactly cuda.h's signatures.
+ * Each has exactly cuda.h's signatures, except for CUDA IPC, where the
+ * backends only open and close mappings (ipc_open, ipc_close) and cuda.c
+ * keeps the process's one cache of them.
  */
 #ifndef COLL_CUDA_BACKEND_H
 #define COLL_CUDA_BACKEND_H
@@ -31,8 +33,9 @@
   coll_result_t prefix##finish(coll_comm_t *comm); \
   coll_result_t prefix##pinned(coll_comm_t *comm, int which, size_t n, unsigned char **p); \
   coll_result_t prefix##scratch(coll_comm_t *comm, int which, size_t n, void **p); \
-  coll_result_t prefix##ipc_export(coll_comm_t *comm, const void *p, unsigned char handle[COLL_CUDA_IPC_HANDLE_BYTES], uint64_t *offset); \
-  coll_result_t prefix##ipc_import(coll_comm_t *comm, int peer, const unsigned char handle[COLL_CUDA_IPC_HANDLE_BYTES], void **base); \
+  coll_result_t prefix##ipc_export(coll_comm_t *comm, const void *p, unsigned char handle[COLL_CUDA_IPC_HANDLE_BYTES], uint64_t *offset, uint64_t *alloc_base); \
+  coll_result_t prefix##ipc_open(coll_comm_t *comm, int peer, const unsigned char handle[COLL_CUDA_IPC_HANDLE_BYTES], void **base, size_t *size, int *already_mapped); \
+  void prefix##ipc_close(int device, void *base, size_t size); \
   void prefix##destroy(coll_comm_t *comm);
 
 COLL_CUDA_DECLARE(coll_cudart_)

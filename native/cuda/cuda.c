@@ -6,7 +6,12 @@
  */
 #include "cuda/backend.h"
 
+#include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
+
+#include "base/comm.h"
+#include "base/status.h"
 
 #include "base/param.h"
 
@@ -96,14 +101,149 @@ coll_result_t coll_cuda_scratch(coll_comm_t *comm, int which, size_t n, void **p
   return fake() ? coll_cudafake_scratch(comm, which, n, p) : coll_cudart_scratch(comm, which, n, p);
 }
 
-coll_result_t coll_cuda_ipc_export(coll_comm_t *comm, const void *p, unsigned char handle[COLL_CUDA_IPC_HANDLE_BYTES], uint64_t *offset) {
-  return fake() ? coll_cudafake_ipc_export(comm, p, handle, offset) : coll_cudart_ipc_export(comm, p, handle, offset);
+coll_result_t coll_cuda_ipc_export(coll_comm_t *comm, const void *p, unsigned char handle[COLL_CUDA_IPC_HANDLE_BYTES], uint64_t *offset, uint64_t *alloc_base) {
+  return fake() ? coll_cudafake_ipc_export(comm, p, handle, offset, alloc_base) : coll_cudart_ipc_export(comm, p, handle, offset, alloc_base);
 }
 
-coll_result_t coll_cuda_ipc_import(coll_comm_t *comm, int peer, const unsigned char handle[COLL_CUDA_IPC_HANDLE_BYTES], void **base) {
-  return fake() ? coll_cudafake_ipc_import(comm, peer, handle, base) : coll_cudart_ipc_import(comm, peer, handle, base);
+/* ---- the process's CUDA IPC mappings ----
+ *
+ * CUDA maps a peer's allocation into a process once: opening the same handle
+ * again, or a handle of other memory in a region already mapped (the driver
+ * packs small cudaMallocs into shared regions), fails with "already mapped".
+ * So the mappings are one cache per process, shared by every communicator,
+ * keyed by the handle's bytes. An entry is closed when
+ *  - its owner (process, allocation address) shows up with another handle:
+ *    that allocation was freed, and keeping the mapping would keep its
+ *    memory alive;
+ *  - the cache is full (least recently used first);
+ *  - opening a new handle fails with "already mapped": first the owner's
+ *    other mappings, then every idle one, and the open is tried again.
+ * An entry pinned by a DESC being applied is never closed; closing first
+ * waits for the device (ipc_close), so no queued read of it remains. */
+#define IPC_MAX_MAPS 128
+
+typedef struct {
+  unsigned char handle[COLL_CUDA_IPC_HANDLE_BYTES];
+  uint64_t owner, owner_base; /* the exporting process, its allocation's address there */
+  int device;
+  void *base;
+  size_t size;
+  int pins;
+  uint64_t used;
+} ipc_entry_t;
+
+static pthread_mutex_t ipc_mu = PTHREAD_MUTEX_INITIALIZER;
+static ipc_entry_t ipc_maps[IPC_MAX_MAPS];
+static int ipc_n;
+static uint64_t ipc_clock;
+
+static void ipc_drop(int i) {
+  if (fake()) coll_cudafake_ipc_close(ipc_maps[i].device, ipc_maps[i].base, ipc_maps[i].size);
+  else coll_cudart_ipc_close(ipc_maps[i].device, ipc_maps[i].base, ipc_maps[i].size);
+  ipc_maps[i] = ipc_maps[--ipc_n];
+}
+
+/* Closes every idle entry (of `owner` only, unless owner is 0); the count closed. */
+static int ipc_drop_idle(uint64_t owner) {
+  int closed = 0;
+  for (int i = ipc_n - 1; i >= 0; i--)
+    if (ipc_maps[i].pins == 0 && (owner == 0 || ipc_maps[i].owner == owner)) {
+      ipc_drop(i);
+      closed++;
+    }
+  return closed;
+}
+
+coll_result_t coll_cuda_ipc_import(coll_comm_t *comm, int peer, const unsigned char handle[COLL_CUDA_IPC_HANDLE_BYTES], uint64_t owner, uint64_t owner_base, void **base, size_t *size) {
+  coll_result_t res = COLL_SUCCESS;
+  *base = NULL;
+  *size = 0;
+  pthread_mutex_lock(&ipc_mu);
+  ipc_clock++;
+  for (int i = 0; i < ipc_n; i++) {
+    if (!memcmp(ipc_maps[i].handle, handle, COLL_CUDA_IPC_HANDLE_BYTES)) {
+      ipc_maps[i].pins++;
+      ipc_maps[i].used = ipc_clock;
+      *base = ipc_maps[i].base;
+      *size = ipc_maps[i].size;
+      goto out;
+    }
+  }
+  for (int i = ipc_n - 1; i >= 0; i--) /* the owner freed what it had at that address */
+    if (ipc_maps[i].owner == owner && ipc_maps[i].owner_base == owner_base && ipc_maps[i].pins == 0)
+      ipc_drop(i);
+  if (ipc_n == IPC_MAX_MAPS) {
+    int lru = -1;
+    for (int i = 0; i < ipc_n; i++)
+      if (ipc_maps[i].pins == 0 && (lru < 0 || ipc_maps[i].used < ipc_maps[lru].used)) lru = i;
+    if (lru < 0) {
+      res = coll_error(comm, COLL_CUDA_ERROR,
+                       "rank %d: %d CUDA IPC mappings are all in use; cannot map rank %d's buffer",
+                       comm->rank, IPC_MAX_MAPS, peer);
+      goto out;
+    }
+    ipc_drop(lru);
+  }
+  void *p = NULL;
+  size_t n = 0;
+  int already = 0;
+  for (int attempt = 0; attempt < 3; attempt++) {
+    already = 0;
+    res = fake() ? coll_cudafake_ipc_open(comm, peer, handle, &p, &n, &already)
+                 : coll_cudart_ipc_open(comm, peer, handle, &p, &n, &already);
+    if (res != COLL_SUCCESS || !already) break;
+    /* Its memory is in a region one of our mappings holds: close the owner's
+     * other mappings, then every idle one, and try again. */
+    if (attempt == 0) ipc_drop_idle(owner);
+    else if (attempt == 1) ipc_drop_idle(0);
+  }
+  if (res == COLL_SUCCESS && already)
+    res = coll_error(comm, COLL_CUDA_ERROR,
+                     "rank %d: cannot map rank %d's buffer with CUDA IPC: its memory is already "
+                     "mapped in this process by a mapping still in use (cudaErrorAlreadyMapped); "
+                     "COLLECTIVES_CUDA_IPC=0 stages through host memory instead",
+                     comm->rank, peer);
+  if (res != COLL_SUCCESS) goto out;
+  ipc_entry_t *e = &ipc_maps[ipc_n++];
+  memcpy(e->handle, handle, COLL_CUDA_IPC_HANDLE_BYTES);
+  e->owner = owner;
+  e->owner_base = owner_base;
+  e->device = coll_cuda_pointer_device(p);
+  e->base = p;
+  e->size = n;
+  e->pins = 1;
+  e->used = ipc_clock;
+  *base = p;
+  *size = n;
+out:
+  pthread_mutex_unlock(&ipc_mu);
+  return res;
+}
+
+void coll_cuda_ipc_release(const void *base) {
+  pthread_mutex_lock(&ipc_mu);
+  for (int i = 0; i < ipc_n; i++)
+    if (ipc_maps[i].base == base && ipc_maps[i].pins > 0) {
+      ipc_maps[i].pins--;
+      break;
+    }
+  pthread_mutex_unlock(&ipc_mu);
+}
+
+int coll_cuda_ipc_open_count(void) {
+  pthread_mutex_lock(&ipc_mu);
+  int n = ipc_n;
+  pthread_mutex_unlock(&ipc_mu);
+  return n;
 }
 
 void coll_cuda_destroy(coll_comm_t *comm) {
+  /* The mappings outlive communicators (any may reuse them); those idle when
+   * one goes away are closed, so a finished job holds no peer's memory. */
+  if (comm->cuda) {
+    pthread_mutex_lock(&ipc_mu);
+    ipc_drop_idle(0);
+    pthread_mutex_unlock(&ipc_mu);
+  }
   if (fake()) coll_cudafake_destroy(comm); else coll_cudart_destroy(comm);
 }

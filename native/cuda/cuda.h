@@ -83,15 +83,22 @@ coll_result_t coll_cuda_pinned(coll_comm_t *comm, int which, size_t n, unsigned 
  * device executor's IPC bounce space). */
 coll_result_t coll_cuda_scratch(coll_comm_t *comm, int which, size_t n, void **p);
 
-/* CUDA IPC (transport/cuda_ipc.c uses these): the handle of the allocation
- * holding p and p's offset in it; and the local mapping of a peer's handle,
- * opened once and cached until the communicator is destroyed. */
+/* CUDA IPC (transport/cuda_ipc.c uses these). Export: the handle of the
+ * allocation holding p, p's offset in it, and the allocation's address here
+ * (a peer's cache key: an address seen again with another handle means the
+ * old allocation was freed). Import: the local mapping of a peer's handle
+ * and its size, from one cache per process (CUDA lets a process open a
+ * handle, or any handle of memory it already maps, only once), pinned
+ * against eviction until coll_cuda_ipc_release(base). */
 coll_result_t coll_cuda_ipc_export(coll_comm_t *comm, const void *p,
                                    unsigned char handle[COLL_CUDA_IPC_HANDLE_BYTES],
-                                   uint64_t *offset);
+                                   uint64_t *offset, uint64_t *alloc_base);
 coll_result_t coll_cuda_ipc_import(coll_comm_t *comm, int peer,
                                    const unsigned char handle[COLL_CUDA_IPC_HANDLE_BYTES],
-                                   void **base);
+                                   uint64_t owner, uint64_t owner_base, void **base, size_t *size);
+void coll_cuda_ipc_release(const void *base);
+/* Mappings open in this process (tests, and the leak check of issue 26). */
+int coll_cuda_ipc_open_count(void);
 
 /* Frees the stream, events, pools and IPC mappings (at communicator destroy). */
 void coll_cuda_destroy(coll_comm_t *comm);

@@ -33,7 +33,10 @@
 #include "base/status.h"
 
 #define FAKE_MAX_ALLOCS 4096
-#define FAKE_MAX_MAPS 256
+#define FAKE_MAX_OPEN 1024
+/* Allocations under this size share a region, as the driver packs small
+ * cudaMallocs: a process maps a region once (see ipc_open). */
+#define FAKE_REGION_BYTES ((size_t)2 << 20)
 
 typedef struct {
   void *p;
@@ -46,12 +49,16 @@ static fake_alloc_t allocs[FAKE_MAX_ALLOCS];
 static int nallocs;
 static unsigned long serial;
 
+/* The peer allocations this process maps, by name and region (process-wide,
+ * as CUDA's are; cuda.c's cache decides what to open and close). */
 typedef struct {
-  int peer;
   char name[COLL_CUDA_IPC_HANDLE_BYTES];
+  uint64_t region; /* 0: an allocation of its own region */
   void *base;
-  size_t n;
-} fake_map_t;
+} fake_open_t;
+
+static fake_open_t opened[FAKE_MAX_OPEN];
+static int nopened;
 
 typedef struct {
   uint64_t issued;
@@ -59,8 +66,6 @@ typedef struct {
   size_t pinned_bytes[4];
   void *scratch[2];
   size_t scratch_bytes[2];
-  fake_map_t maps[FAKE_MAX_MAPS];
-  int nmaps;
 } fake_state_t;
 
 static fake_state_t *state(coll_comm_t *comm) { return (fake_state_t *)comm->cuda; }
@@ -275,14 +280,23 @@ coll_result_t coll_cudafake_scratch(coll_comm_t *comm, int which, size_t n, void
   return COLL_SUCCESS;
 }
 
+/* A handle: the allocation's file name, then at byte 48 its region key
+ * (the exporting process and the 2 MiB-aligned block of its address, for
+ * allocations smaller than that; else 0). */
 coll_result_t coll_cudafake_ipc_export(coll_comm_t *comm, const void *p,
                                        unsigned char handle[COLL_CUDA_IPC_HANDLE_BYTES],
-                                       uint64_t *offset) {
+                                       uint64_t *offset, uint64_t *alloc_base) {
   pthread_mutex_lock(&mu);
   const fake_alloc_t *a = find(p);
   if (a) {
-    memcpy(handle, a->name, COLL_CUDA_IPC_HANDLE_BYTES);
+    memset(handle, 0, COLL_CUDA_IPC_HANDLE_BYTES);
+    snprintf((char *)handle, 48, "%s", a->name);
+    uint64_t region = 0;
+    if (a->n < FAKE_REGION_BYTES)
+      region = (uint64_t)getpid() << 40 | ((uint64_t)(uintptr_t)a->p / FAKE_REGION_BYTES & 0xffffffffffu);
+    memcpy(handle + 48, &region, sizeof region);
     *offset = (uint64_t)((const char *)p - (const char *)a->p);
+    *alloc_base = (uint64_t)(uintptr_t)a->p;
   }
   pthread_mutex_unlock(&mu);
   if (!a)
@@ -291,46 +305,65 @@ coll_result_t coll_cudafake_ipc_export(coll_comm_t *comm, const void *p,
   return COLL_SUCCESS;
 }
 
-coll_result_t coll_cudafake_ipc_import(coll_comm_t *comm, int peer,
-                                       const unsigned char handle[COLL_CUDA_IPC_HANDLE_BYTES],
-                                       void **base) {
-  fake_state_t *s = state(comm);
-  char name[COLL_CUDA_IPC_HANDLE_BYTES];
+coll_result_t coll_cudafake_ipc_open(coll_comm_t *comm, int peer,
+                                     const unsigned char handle[COLL_CUDA_IPC_HANDLE_BYTES],
+                                     void **base, size_t *size, int *already_mapped) {
+  char name[48];
   memcpy(name, handle, sizeof name);
   name[sizeof name - 1] = 0;
-  for (int i = 0; i < s->nmaps; i++) {
-    if (s->maps[i].peer == peer && !strcmp(s->maps[i].name, name)) {
-      *base = s->maps[i].base;
-      return COLL_SUCCESS;
-    }
-  }
-  if (s->nmaps == FAKE_MAX_MAPS) {
-    munmap(s->maps[0].base, s->maps[0].n);
-    memmove(s->maps, s->maps + 1, (size_t)(s->nmaps - 1) * sizeof *s->maps);
-    s->nmaps--;
-  }
+  uint64_t region;
+  memcpy(&region, handle + 48, sizeof region);
+  *base = NULL;
+  *size = 0;
+  *already_mapped = 0;
+  pthread_mutex_lock(&mu);
+  /* As cudaIpcOpenMemHandle: a handle, or other memory of a region, that this
+   * process already maps cannot be opened again. */
+  for (int i = 0; i < nopened; i++)
+    if (!strcmp(opened[i].name, name) || (region && opened[i].region == region))
+      *already_mapped = 1;
+  pthread_mutex_unlock(&mu);
+  if (*already_mapped) return COLL_SUCCESS;
   int fd = shm_open(name, O_RDWR, 0);
   struct stat st;
   void *m = MAP_FAILED;
-  if (fd >= 0 && fstat(fd, &st) == 0)
+  if (fd >= 0 && fstat(fd, &st) == 0 && st.st_size > 0)
     m = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (fd >= 0) close(fd);
   if (m == MAP_FAILED)
     return coll_error(comm, COLL_CUDA_ERROR, "rank %d: cannot map rank %d's emulated allocation %s",
                       comm->rank, peer, name);
-  fake_map_t *mp = &s->maps[s->nmaps++];
-  mp->peer = peer;
-  snprintf(mp->name, sizeof mp->name, "%s", name);
-  mp->base = m;
-  mp->n = (size_t)st.st_size;
+  pthread_mutex_lock(&mu);
+  if (nopened == FAKE_MAX_OPEN) {
+    pthread_mutex_unlock(&mu);
+    munmap(m, (size_t)st.st_size);
+    return coll_error(comm, COLL_CUDA_ERROR, "rank %d: too many emulated IPC mappings", comm->rank);
+  }
+  snprintf(opened[nopened].name, sizeof opened[nopened].name, "%s", name);
+  opened[nopened].region = region;
+  opened[nopened].base = m;
+  nopened++;
+  pthread_mutex_unlock(&mu);
   *base = m;
+  *size = (size_t)st.st_size;
   return COLL_SUCCESS;
+}
+
+void coll_cudafake_ipc_close(int device, void *base, size_t size) {
+  (void)device;
+  pthread_mutex_lock(&mu);
+  for (int i = 0; i < nopened; i++)
+    if (opened[i].base == base) {
+      opened[i] = opened[--nopened];
+      break;
+    }
+  pthread_mutex_unlock(&mu);
+  munmap(base, size);
 }
 
 void coll_cudafake_destroy(coll_comm_t *comm) {
   fake_state_t *s = state(comm);
   if (!s) return;
-  for (int i = 0; i < s->nmaps; i++) munmap(s->maps[i].base, s->maps[i].n);
   for (int i = 0; i < 4; i++) free(s->pinned[i]);
   coll_cudafake_free(s->scratch[0]);
   coll_cudafake_free(s->scratch[1]);

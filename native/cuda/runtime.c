@@ -26,13 +26,6 @@ cudaError_t coll_cuda_launch_scale(void *out, const void *in, size_t count, coll
  * the oldest (the executor never needs nearly as many). */
 #define COLL_CUDA_EVENTS 256
 #define COLL_CUDA_PINNED_POOLS 4
-#define COLL_CUDA_MAX_MAPS 512
-
-typedef struct {
-  int peer;
-  unsigned char handle[COLL_CUDA_IPC_HANDLE_BYTES];
-  void *base;
-} ipc_map_t;
 
 struct coll_cuda {
   int device, sm_count;
@@ -44,8 +37,6 @@ struct coll_cuda {
   size_t pinned_bytes[COLL_CUDA_PINNED_POOLS];
   void *scratch[2];
   size_t scratch_bytes[2];
-  ipc_map_t *maps;
-  int nmaps;
 };
 
 /* Records the failed call's text once, clears CUDA's last error (a sticky
@@ -319,7 +310,7 @@ static mem_range_fn mem_range(void) {
 
 coll_result_t coll_cudart_ipc_export(coll_comm_t *comm, const void *p,
                                    unsigned char handle[COLL_CUDA_IPC_HANDLE_BYTES],
-                                   uint64_t *offset) {
+                                   uint64_t *offset, uint64_t *alloc_base) {
   mem_range_fn fn = mem_range();
   uintptr_t base = 0;
   size_t size = 0;
@@ -335,42 +326,51 @@ coll_result_t coll_cudart_ipc_export(coll_comm_t *comm, const void *p,
   COLL_CUDACHECK(comm, cudaIpcGetMemHandle(&h, (void *)base));
   memcpy(handle, &h, COLL_CUDA_IPC_HANDLE_BYTES);
   *offset = (uint64_t)((uintptr_t)p - base);
+  *alloc_base = (uint64_t)base;
   return COLL_SUCCESS;
 }
 
-coll_result_t coll_cudart_ipc_import(coll_comm_t *comm, int peer,
+coll_result_t coll_cudart_ipc_open(coll_comm_t *comm, int peer,
                                    const unsigned char handle[COLL_CUDA_IPC_HANDLE_BYTES],
-                                   void **base) {
-  struct coll_cuda *c = comm->cuda;
-  for (int i = c->nmaps - 1; i >= 0; i--) {
-    if (c->maps[i].peer == peer && !memcmp(c->maps[i].handle, handle, COLL_CUDA_IPC_HANDLE_BYTES)) {
-      *base = c->maps[i].base;
-      return COLL_SUCCESS;
-    }
-  }
-  if (!c->maps) {
-    c->maps = calloc(COLL_CUDA_MAX_MAPS, sizeof *c->maps);
-    if (!c->maps) return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory", comm->rank);
-  }
-  if (c->nmaps == COLL_CUDA_MAX_MAPS) {
-    /* A peer that keeps sending from new allocations: drop the oldest map
-     * (nothing in flight uses it: every read finished before its ack). */
-    COLL_CHECK(coll_cuda_finish(comm));
-    cudaIpcCloseMemHandle(c->maps[0].base);
-    memmove(c->maps, c->maps + 1, (size_t)(c->nmaps - 1) * sizeof *c->maps);
-    c->nmaps--;
-  }
+                                   void **base, size_t *size, int *already_mapped) {
   cudaIpcMemHandle_t h;
   memcpy(&h, handle, COLL_CUDA_IPC_HANDLE_BYTES);
   void *p = NULL;
-  COLL_CUDACHECK(comm, cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess));
-  ipc_map_t *m = &c->maps[c->nmaps++];
-  m->peer = peer;
-  memcpy(m->handle, handle, COLL_CUDA_IPC_HANDLE_BYTES);
-  m->base = p;
-  COLL_INFO(COLL_LOG_CUDA, "rank %d mapped an allocation of rank %d at %p", comm->rank, peer, p);
+  *base = NULL;
+  *size = 0;
+  *already_mapped = 0;
+  cudaError_t e = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+  if (e == cudaErrorAlreadyMapped) {
+    (void)cudaGetLastError();
+    *already_mapped = 1;
+    return COLL_SUCCESS;
+  }
+  COLL_CUDACHECK(comm, e);
+  /* The mapping's extent bounds what a DESC may ask to read. */
+  mem_range_fn fn = mem_range();
+  uintptr_t b = 0;
+  size_t n = 0;
+  if (!fn || fn(&b, &n, (uintptr_t)p) != 0 || (uintptr_t)p < b || (uintptr_t)p - b >= n) {
+    cudaIpcCloseMemHandle(p);
+    (void)cudaGetLastError();
+    return coll_error(comm, COLL_CUDA_ERROR,
+                      "rank %d: cannot find the extent of rank %d's allocation mapped at %p",
+                      comm->rank, peer, p);
+  }
+  COLL_INFO(COLL_LOG_CUDA, "rank %d mapped an allocation of rank %d at %p (%zu bytes)", comm->rank,
+            peer, p, n);
   *base = p;
+  *size = n - ((uintptr_t)p - b);
   return COLL_SUCCESS;
+}
+
+void coll_cudart_ipc_close(int device, void *base, size_t size) {
+  (void)size;
+  /* Reads of it may still be queued, on any stream of this process. */
+  if (device >= 0) cudaSetDevice(device);
+  cudaDeviceSynchronize();
+  cudaIpcCloseMemHandle(base);
+  (void)cudaGetLastError();
 }
 
 void coll_cudart_destroy(coll_comm_t *comm) {
@@ -379,8 +379,6 @@ void coll_cudart_destroy(coll_comm_t *comm) {
   cudaSetDevice(c->device);
   if (c->stream) cudaStreamSynchronize(c->stream);
   if (c->ready) cudaEventDestroy(c->ready);
-  for (int i = 0; i < c->nmaps; i++) cudaIpcCloseMemHandle(c->maps[i].base);
-  free(c->maps);
   for (int i = 0; i < COLL_CUDA_EVENTS; i++)
     if (c->events[i]) cudaEventDestroy(c->events[i]);
   for (int i = 0; i < COLL_CUDA_PINNED_POOLS; i++)
@@ -460,15 +458,18 @@ coll_result_t coll_cudart_scratch(coll_comm_t *comm, int which, size_t n, void *
 }
 coll_result_t coll_cudart_ipc_export(coll_comm_t *comm, const void *p,
                                    unsigned char handle[COLL_CUDA_IPC_HANDLE_BYTES],
-                                   uint64_t *offset) {
-  (void)p; (void)handle; *offset = 0;
+                                   uint64_t *offset, uint64_t *alloc_base) {
+  (void)p; (void)handle; *offset = 0; *alloc_base = 0;
   return not_built(comm);
 }
-coll_result_t coll_cudart_ipc_import(coll_comm_t *comm, int peer,
+coll_result_t coll_cudart_ipc_open(coll_comm_t *comm, int peer,
                                    const unsigned char handle[COLL_CUDA_IPC_HANDLE_BYTES],
-                                   void **base) {
-  (void)peer; (void)handle; *base = NULL;
+                                   void **base, size_t *size, int *already_mapped) {
+  (void)peer; (void)handle; *base = NULL; *size = 0; *already_mapped = 0;
   return not_built(comm);
+}
+void coll_cudart_ipc_close(int device, void *base, size_t size) {
+  (void)device; (void)base; (void)size;
 }
 void coll_cudart_event_destroy(void *event) { (void)event; }
 void coll_cudart_destroy(coll_comm_t *comm) { (void)comm; }

@@ -265,10 +265,13 @@ static coll_result_t ipc_progress(dexec_t *x, int pi, int *moved) {
     int id = p->rq[p->launched];
     coll_step_t *st = &s->steps[id];
     const void *from = NULL;
+    void *pinned = NULL;
     COLL_CHECK(coll_ipc_desc_map(x->comm, p->peer,
                                  p->descs + (size_t)p->launched * COLL_IPC_RECORD_BYTES,
-                                 st->nbytes, &from));
-    if (st->nbytes) COLL_CHECK(apply(x, st, 0, from, st->nbytes));
+                                 st->nbytes, &from, &pinned));
+    coll_result_t r = st->nbytes ? apply(x, st, 0, from, st->nbytes) : COLL_SUCCESS;
+    coll_ipc_desc_release(pinned);
+    COLL_CHECK(r);
     COLL_CHECK(track(x, id, pi));
     p->launched++;
     *moved = 1;

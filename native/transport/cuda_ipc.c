@@ -13,10 +13,13 @@
  *            step's nbytes and offset, checked like any message header
  *         40 cudaIpcMemHandle_t of the sender's allocation (DESC; 64 bytes)
  *        104 u64 byte offset of the step's bytes in that allocation (DESC)
- *        112 16 bytes zero
+ *        112 u64 the allocation's address in the sender (DESC)
+ *        120 u64 the sender's process id (DESC)
  *
- * The receiver maps the handle once (cached per peer and handle until the
- * communicator is destroyed) and reads the peer's memory directly: a copy,
+ * The receiver maps the handle once (the process's cache of mappings,
+ * cuda/cuda.c, keyed by the handle; the sender's process and address tell it
+ * when an allocation was freed and its mapping should go) and reads the
+ * peer's memory directly, never past the end of the mapping: a copy,
  * or the reduction kernel taking the peer's bytes as its second input. The
  * sender posts a DESC only once the bytes are final on the device (the step
  * that produced them has completed on the GPU) and completes its send step
@@ -33,6 +36,7 @@
 
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "base/comm.h"
 #include "cuda/cuda.h"
@@ -47,6 +51,16 @@ int coll_cuda_ipc_usable(coll_comm_t *comm, int peer) {
   return a[0] && strcmp(a, b) == 0;
 }
 
+static void put_u64(unsigned char *b, uint64_t v) {
+  for (int i = 0; i < 8; i++) b[i] = (unsigned char)(v >> (8 * i));
+}
+
+static uint64_t get_u64(const unsigned char *b) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; i--) v = v << 8 | b[i];
+  return v;
+}
+
 coll_result_t coll_ipc_desc_encode(coll_comm_t *comm, const coll_wire_hdr_t *h, const void *src,
                                    unsigned char rec[COLL_IPC_RECORD_BYTES]) {
   memset(rec, 0, COLL_IPC_RECORD_BYTES);
@@ -54,9 +68,11 @@ coll_result_t coll_ipc_desc_encode(coll_comm_t *comm, const coll_wire_hdr_t *h, 
   d.flags = COLL_WIRE_IPC_DESC;
   coll_wire_encode(rec, &d);
   if (h->nbytes == 0) return COLL_SUCCESS; /* nothing to read: no handle */
-  uint64_t off = 0;
-  COLL_CHECK(coll_cuda_ipc_export(comm, src, rec + COLL_WIRE_HDR_BYTES, &off));
-  for (int i = 0; i < 8; i++) rec[104 + i] = (unsigned char)(off >> (8 * i));
+  uint64_t off = 0, base = 0;
+  COLL_CHECK(coll_cuda_ipc_export(comm, src, rec + COLL_WIRE_HDR_BYTES, &off, &base));
+  put_u64(rec + 104, off);
+  put_u64(rec + 112, base);
+  put_u64(rec + 120, (uint64_t)getpid());
   return COLL_SUCCESS;
 }
 
@@ -74,13 +90,27 @@ uint32_t coll_ipc_record_flags(const unsigned char rec[COLL_IPC_RECORD_BYTES]) {
 
 coll_result_t coll_ipc_desc_map(coll_comm_t *comm, int peer,
                                 const unsigned char rec[COLL_IPC_RECORD_BYTES], size_t nbytes,
-                                const void **p) {
+                                const void **p, void **pinned) {
   *p = NULL;
+  *pinned = NULL;
   if (nbytes == 0) return COLL_SUCCESS;
-  uint64_t off = 0;
-  for (int i = 7; i >= 0; i--) off = off << 8 | rec[104 + i];
+  uint64_t off = get_u64(rec + 104);
   void *base = NULL;
-  COLL_CHECK(coll_cuda_ipc_import(comm, peer, rec + COLL_WIRE_HDR_BYTES, &base));
+  size_t size = 0;
+  COLL_CHECK(coll_cuda_ipc_import(comm, peer, rec + COLL_WIRE_HDR_BYTES, get_u64(rec + 120),
+                                  get_u64(rec + 112), &base, &size));
+  if (off > size || nbytes > size - off) {
+    coll_cuda_ipc_release(base);
+    return coll_error(comm, COLL_REMOTE_ERROR,
+                      "rank %d: rank %d's CUDA IPC descriptor reads %zu bytes at offset %llu of an "
+                      "allocation of %zu bytes",
+                      comm->rank, peer, nbytes, (unsigned long long)off, size);
+  }
   *p = (const char *)base + off;
+  *pinned = base;
   return COLL_SUCCESS;
+}
+
+void coll_ipc_desc_release(void *pinned) {
+  if (pinned) coll_cuda_ipc_release(pinned);
 }

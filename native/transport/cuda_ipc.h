@@ -25,9 +25,12 @@ coll_result_t coll_ipc_desc_encode(coll_comm_t *comm, const coll_wire_hdr_t *h, 
 void coll_ipc_ack_encode(const coll_wire_hdr_t *h, unsigned char rec[COLL_IPC_RECORD_BYTES]);
 /* The flags word of a received record's header (which kind it is). */
 uint32_t coll_ipc_record_flags(const unsigned char rec[COLL_IPC_RECORD_BYTES]);
-/* The local address of the peer's bytes a checked DESC names (NULL if none). */
+/* The local address of the peer's bytes a checked DESC names (NULL if none),
+ * within the mapping of its allocation; that mapping stays pinned (never
+ * closed) until coll_ipc_desc_release(*pinned), once the read is queued. */
 coll_result_t coll_ipc_desc_map(coll_comm_t *comm, int peer,
                                 const unsigned char rec[COLL_IPC_RECORD_BYTES], size_t nbytes,
-                                const void **p);
+                                const void **p, void **pinned);
+void coll_ipc_desc_release(void *pinned);
 
 #endif

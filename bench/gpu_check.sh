@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# On a machine with an NVIDIA GPU (issue 26): build with CUDA once, then run the
+# stages named on the command line, each with its own time limit, logging
+# under ${OUT:-/tmp/gpu_out}. Stages: info build tests grid hw bench leak.
+#   bash bench/gpu_check.sh info build tests
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
+PY=${PY:-python3}
+export PYTHONUNBUFFERED=1
+stage() { echo "=== $1 ($(date +%T))"; }
+for s in "$@"; do
+  case $s in
+    info)
+      stage info
+      nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
+      $PY -c "import sys, numpy, Cython, torch; print(sys.version.split()[0], 'numpy', numpy.__version__, 'Cython', Cython.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'nccl', torch.distributed.is_nccl_available())"
+      $PY -c "import cupy; print('cupy', cupy.__version__)" 2>&1 | tail -1
+      $PY -c "import jax; print('jax', jax.__version__, jax.devices())" 2>&1 | tail -1
+      $PY -c "import pytest_timeout; print('pytest-timeout ok')" 2>&1 | tail -1
+      nvcc --version | tail -1 ;;
+    build)
+      stage build
+      t0=$(date +%s)
+      if [ -n "$(ls collectives/_core*.so 2>/dev/null)" ] && $PY -c "import collectives, sys; sys.exit(0 if collectives.cuda_built() else 1)" 2>/dev/null; then
+        COLLECTIVES_CUDA=1 $PY setup.py build_ext --inplace -j 16 >"$OUT/build.log" 2>&1
+      else
+        COLLECTIVES_CUDA=1 $PY setup.py build_ext --inplace --force -j 16 >"$OUT/build.log" 2>&1
+      fi || { tail -60 "$OUT/build.log"; exit 1; }
+      echo "built in $(( $(date +%s) - t0 )) s"
+      $PY -c "import collectives as c; from collectives import _core; print('cuda_built', c.cuda_built(), 'available', c.cuda_available(), 'devices', _core.cuda_device_count())" ;;
+    tests)
+      stage "tests/test_cuda.py"
+      timeout ${T_TESTS:-260} $PY -m pytest -q -rs -p no:cacheprovider tests/test_cuda.py --durations=20 2>&1 | tee "$OUT/test_cuda.log" | tail -60 ;;
+    tests-rest)
+      stage "tests/test_cuda.py, all but the device grid"
+      timeout 120 $PY -m pytest -q -rs -p no:cacheprovider tests/test_cuda.py -k "not test_gpu_collectives" 2>&1 | tee "$OUT/test_cuda_rest.log" | tail -30 ;;
+    hw)
+      stage "tests/test_cuda_hw.py"
+      timeout ${T_HW:-280} $PY -m pytest -q -rs -p no:cacheprovider tests/test_cuda_hw.py --durations=20 2>&1 | tee "$OUT/test_cuda_hw.log" | tail -60 ;;
+    bench)
+      stage bench
+      for np_ in 2 4; do
+        for ipc in 1 0; do
+          for sizes in "-b 8 -e 8" "-b 1M -e 256M -f 4"; do
+            echo "--- np $np_ COLLECTIVES_CUDA_IPC=$ipc $sizes" | tee -a "$OUT/bench.txt"
+            COLLECTIVES_CUDA_IPC=$ipc timeout ${T_BENCH:-100} $PY -m collectives.bench allreduce --device cuda -np $np_ --algo ${ALGOS:-ring,butterfly,auto} $sizes 2>>"$OUT/bench_err.log" | grep -v "^# measured" | tee -a "$OUT/bench.txt" | grep -E "^ +[0-9]|copy|x the|^# allreduce"
+          done
+        done
+      done ;;
+    *) echo "unknown stage $s"; exit 2 ;;
+  esac
+done
