@@ -176,12 +176,16 @@ def test_gpu_collectives(n, path):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("n,path", [(2, "ipc"), (3, "ipc"), (3, "staged-tcp"), (4, "staged-shm")])
+@pytest.mark.parametrize("n,path", [(2, "ipc"), (3, "ipc"), (3, "staged-tcp"), (4, "staged-shm"),
+                                    (3, "ipc-segmented")])
 def test_device_executor_on_emulated_gpu(n, path):
     """The same grid on one GPU emulated in host memory (COLLECTIVES_CUDA_FAKE=1):
-    the device executor, pinned staging and the CUDA IPC records, without a GPU."""
+    the device executor, pinned staging and the CUDA IPC records, without a GPU.
+    ipc-segmented: 64 KiB segments, so the larger cases run in many (the default,
+    64 MiB, leaves every case of the grid in one)."""
     env = {"ipc": {}, "staged-shm": {"COLLECTIVES_CUDA_IPC": "0"},
-           "staged-tcp": {"COLLECTIVES_TRANSPORT": "tcp"}}[path]
+           "staged-tcp": {"COLLECTIVES_TRANSPORT": "tcp"},
+           "ipc-segmented": {"COLLECTIVES_CUDA_SEGMENT_BYTES": "64K"}}[path]
     env["COLLECTIVES_CUDA_FAKE"] = "1"
     res = run_world(n, GRID_BODY, timeout=280, env=env, collective_timeout=60,
                     args=["quick"]).assert_ok()

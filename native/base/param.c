@@ -95,7 +95,7 @@ static const coll_param_decl_t params[COLL_NUM_PARAMS] = {
     [COLL_PARAM_CUDA_IPC] = {"COLLECTIVES_CUDA_IPC", "1",
                              "GPU buffers of same-host ranks: 1 reads peers' memory over CUDA IPC, "
                              "0 stages through pinned host memory", "one of: 0, 1"},
-    [COLL_PARAM_CUDA_SEGMENT_BYTES] = {"COLLECTIVES_CUDA_SEGMENT_BYTES", "4M",
+    [COLL_PARAM_CUDA_SEGMENT_BYTES] = {"COLLECTIVES_CUDA_SEGMENT_BYTES", "64M",
                                        "pipelining segment size of collectives on GPU buffers",
                                        "bytes > 0"},
     [COLL_PARAM_CUDA_FAKE] = {"COLLECTIVES_CUDA_FAKE", "0",

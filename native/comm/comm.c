@@ -247,7 +247,7 @@ static coll_result_t memory_begin(coll_comm_t *comm, const coll_args_t *a, coll_
   if (a->memory != COLL_MEMORY_CUDA) return COLL_SUCCESS;
   if (!out->segment_bytes) {
     long long seg = coll_param_int(COLL_PARAM_CUDA_SEGMENT_BYTES);
-    out->segment_bytes = seg > 0 ? (size_t)seg : (size_t)4 << 20;
+    out->segment_bytes = seg > 0 ? (size_t)seg : (size_t)64 << 20;
   }
   return coll_cuda_begin(comm, a->device, a->stream, a->ready_event);
 }

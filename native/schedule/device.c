@@ -40,7 +40,7 @@
 
 /* Staging piece: large enough that a socket call and a DMA are each worth
  * their overhead, small enough that two per link and direction keep all
- * three stages busy within a 4 MiB segment. */
+ * three stages busy within a segment (COLLECTIVES_CUDA_SEGMENT_BYTES). */
 #define PIECE ((size_t)1 << 20)
 
 typedef struct {
