@@ -238,6 +238,24 @@ def task_count() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
+def arrive(name: str) -> None:
+    """Tell the other ranks of this world that this rank reached `name` (a file in the
+    world's own directory, WORLD_DIR: see conftest.run_world)."""
+    open(os.path.join(os.environ["WORLD_DIR"], "arrived-" + name), "w").close()
+
+
+def wait_for(*names: str, timeout: float = 30.0) -> bool:
+    """Wait until every name has arrived (see arrive): instead of sleeping "long enough"
+    for the others to get somewhere. False if `timeout` seconds passed first."""
+    paths = [os.path.join(os.environ["WORLD_DIR"], "arrived-" + name) for name in names]
+    end = time.monotonic() + timeout
+    while not all(os.path.exists(p) for p in paths):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def finish() -> None:
     """Exit 1 if any case failed (flushing first)."""
     emit("done", failures=_failures)
