@@ -67,6 +67,13 @@ class _World:
             deadline = time.monotonic() + seconds
             try:
                 while time.monotonic() < deadline and not self.client.check(keys):
+                    # After a failure, a rank that has not explained yet reads through the
+                    # connection it opened at init (a client never reconnects): once no
+                    # connection but this rank's own is left (the others exited, or died
+                    # without explaining), nobody can read the store any more. (Not so
+                    # while joining: a rank may not have connected yet.)
+                    if self.failed and self.server.connection_count()[0] <= 1:
+                        break
                     time.sleep(0.05)
             except (OSError, TimeoutError, ConnectionError):
                 pass

@@ -86,15 +86,23 @@ def as_float(arr, dtype: str) -> np.ndarray:
     return np.asarray(arr).astype(np.float64)
 
 
-def rank_values(op: str, dtype: str, count: int, rank: int, seed: int = 0) -> np.ndarray:
-    """Rank-derived small integers (int64) whose reductions are exact in every dtype.
+# rank_values, expected_values and expected_stored are periodic in the element index:
+# (i + seed) % 7, and for prod (i + rank) % 3 and (i + 2 * rank) % 5. Each is computed on
+# one common period (lcm(7, 15) = 105 elements) and tiled to the count: the same values
+# as computing every element, at memcpy speed (the grids' large counts made these
+# helpers most of a grid's time).
+_PERIOD = 105
 
-    sum/min/max/avg: base(i) + rank with base(i) = (i + seed) % 7 (minus 3 when
-    signed), so sum = n*base + n(n-1)/2, min = base, max = base + n - 1.
-    prod: 1 or 2 (negated for signed types on some elements), at most 3 twos
-    among 8 ranks, so |prod| <= 8.
-    """
-    i = np.arange(count, dtype=np.int64) + seed
+
+def _tiled(one: np.ndarray, count: int) -> np.ndarray:
+    """`one` (a period) repeated to `count` elements, as a fresh array."""
+    if count <= one.size:
+        return one[:count].copy()
+    return np.tile(one, -(-count // one.size))[:count]
+
+
+def _rank_values_period(op: str, dtype: str, rank: int, seed: int) -> np.ndarray:
+    i = np.arange(_PERIOD, dtype=np.int64) + seed
     if op == "prod":
         v = np.where((i + rank) % 3 == 0, 2, 1).astype(np.int64)
         if dtype in SIGNED:
@@ -104,9 +112,19 @@ def rank_values(op: str, dtype: str, count: int, rank: int, seed: int = 0) -> np
     return base + rank
 
 
-def expected_values(op: str, dtype: str, count: int, n: int, seed: int = 0) -> np.ndarray:
-    """The exact result (float64 or int64) of op over ranks 0..n-1 of rank_values."""
-    i = np.arange(count, dtype=np.int64) + seed
+def rank_values(op: str, dtype: str, count: int, rank: int, seed: int = 0) -> np.ndarray:
+    """Rank-derived small integers (int64) whose reductions are exact in every dtype.
+
+    sum/min/max/avg: base(i) + rank with base(i) = (i + seed) % 7 (minus 3 when
+    signed), so sum = n*base + n(n-1)/2, min = base, max = base + n - 1.
+    prod: 1 or 2 (negated for signed types on some elements), at most 3 twos
+    among 8 ranks, so |prod| <= 8.
+    """
+    return _tiled(_rank_values_period(op, dtype, rank, seed), count)
+
+
+def _expected_values_period(op: str, dtype: str, n: int, seed: int) -> np.ndarray:
+    i = np.arange(_PERIOD, dtype=np.int64) + seed
     base = i % 7 - (3 if dtype in SIGNED else 0)
     if op == "sum":
         return n * base + n * (n - 1) // 2
@@ -120,23 +138,31 @@ def expected_values(op: str, dtype: str, count: int, n: int, seed: int = 0) -> n
             return np.sign(s) * (np.abs(s) // n)  # C division truncates toward zero
         return s.astype(np.float64)  # divided in the dtype by expected_stored
     # prod: oracle over the ranks (small, exact)
-    out = np.ones(count, dtype=np.int64)
+    out = np.ones(_PERIOD, dtype=np.int64)
     for r in range(n):
-        out = out * rank_values("prod", dtype, count, r, seed)
+        out = out * _rank_values_period("prod", dtype, r, seed)
     return out
+
+
+def expected_values(op: str, dtype: str, count: int, n: int, seed: int = 0) -> np.ndarray:
+    """The exact result (float64 or int64) of op over ranks 0..n-1 of rank_values."""
+    return _tiled(_expected_values_period(op, dtype, n, seed), count)
 
 
 def expected_stored(op: str, dtype: str, count: int, n: int, seed: int = 0) -> np.ndarray:
     """expected_values stored in dtype; AVG on floats divides as the dtype does."""
-    e = expected_values(op, dtype, count, n, seed)
+    e = _expected_values_period(op, dtype, n, seed)
     if op == "avg" and not dtype.startswith(("int", "uint")):
         if dtype == "bfloat16":
-            return f32_to_bf16(e.astype(np.float32) / np.float32(n))
-        if dtype == "float16":
-            return (e.astype(np.float32) / np.float32(n)).astype(np.float16)
-        t = np_dtype(dtype)
-        return (e.astype(t) / t.type(n)).astype(t)
-    return store(e, dtype)
+            one = f32_to_bf16(e.astype(np.float32) / np.float32(n))
+        elif dtype == "float16":
+            one = (e.astype(np.float32) / np.float32(n)).astype(np.float16)
+        else:
+            t = np_dtype(dtype)
+            one = (e.astype(t) / t.type(n)).astype(t)
+    else:
+        one = store(e, dtype)
+    return _tiled(one, count)  # every step above is elementwise: a period suffices
 
 
 def check(case, got: np.ndarray, expected: np.ndarray, dtype: str = "") -> bool:
@@ -152,6 +178,8 @@ def check(case, got: np.ndarray, expected: np.ndarray, dtype: str = "") -> bool:
     b = expected.view(np.uint8).reshape(expected.size, -1) if expected.size else expected
     if got.size == 0:
         return True
+    if np.array_equal(a, b):  # the usual case, fast; on a mismatch, find the first below
+        return True
     diff = np.nonzero(np.any(a != b, axis=1))[0]
     if diff.size == 0:
         return True
@@ -166,8 +194,9 @@ def check(case, got: np.ndarray, expected: np.ndarray, dtype: str = "") -> bool:
 
 def record_hash(case, arr) -> None:
     """Remember a digest of this case's result for verify_hashes."""
+    # sha256 (hardware-assisted here) reads the array in place: twice blake2b's speed
     _hashes[json.dumps(case, sort_keys=True, default=str)] = \
-        hashlib.blake2b(np.ascontiguousarray(arr).tobytes(), digest_size=8).hexdigest()
+        hashlib.sha256(np.ascontiguousarray(arr)).hexdigest()[:16]
 
 
 def verify_hashes(comm) -> None:
@@ -207,6 +236,24 @@ def fd_count() -> int:
 def task_count() -> int:
     """OS threads of this process."""
     return len(os.listdir("/proc/self/task"))
+
+
+def arrive(name: str) -> None:
+    """Tell the other ranks of this world that this rank reached `name` (a file in the
+    world's own directory, WORLD_DIR: see conftest.run_world)."""
+    open(os.path.join(os.environ["WORLD_DIR"], "arrived-" + name), "w").close()
+
+
+def wait_for(*names: str, timeout: float = 30.0) -> bool:
+    """Wait until every name has arrived (see arrive): instead of sleeping "long enough"
+    for the others to get somewhere. False if `timeout` seconds passed first."""
+    paths = [os.path.join(os.environ["WORLD_DIR"], "arrived-" + name) for name in names]
+    end = time.monotonic() + timeout
+    while not all(os.path.exists(p) for p in paths):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def finish() -> None:

@@ -197,12 +197,15 @@ def run_world(n: int, body: Optional[str] = None, *, script: Optional[str] = Non
     port). collective_timeout: COLLECTIVES_TIMEOUT unless env sets it.
     launcher=True starts the job through ``python -m collectives.run -np n``
     instead and splits its prefixed output per rank (exit codes per rank are
-    then unknown: every rank gets the launcher's code).
+    then unknown: every rank gets the launcher's code). Every rank gets
+    WORLD_DIR, a directory of this world's own, where _worker.arrive and
+    wait_for let a rank wait for another to get somewhere (not a sleep).
     """
     extra = dict(env or {})
     if collective_timeout is not None:
         extra.setdefault("COLLECTIVES_TIMEOUT", f"{collective_timeout:g}")
     with tempfile.TemporaryDirectory(prefix="collw") as tmp:
+        extra.setdefault("WORLD_DIR", tmp)  # this world's own directory (_worker.arrive)
         path = script or write_script(body, tmp)
         cmd = [sys.executable, path, *args]
         start = time.monotonic()

@@ -1,7 +1,7 @@
 """Buffer broadcasts whose ranks name different roots fail on every rank, in that
-call, naming the roots (issue 20, section 3): through MPI Bcast and Ibcast,
-collectives.jax.broadcast (eager and jit) and Horovod's broadcast, at 2, 3 and 4
-ranks, for the small (one fused step), mid (binomial tree) and large (pipelined
+call, naming the roots (issue 20, section 3): through MPI Bcast and Ibcast (at 2, 3
+and 4 ranks), collectives.jax.broadcast (eager and jit) and Horovod's broadcast (at 2
+and 3), for the small (one fused step), mid (binomial tree) and large (pipelined
 chain) paths, with every pattern of disagreement: two or more self-appointed
 roots, ranks that each think another is the root, a rank whose root puts it in
 no one's tree. Before, these returned success with a rank's own data, or waited
@@ -154,7 +154,10 @@ def test_mpi_bcast_with_disagreeing_roots_fails_everywhere(n):
     _check(res, n, [])
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
+# 2 and 3: the frameworks pass the root to the core's agreement (or, Horovod's, compare it
+# in their own negotiation), whatever the rank count; 4 ranks' patterns are checked on the
+# core through MPI above
+@pytest.mark.parametrize("n", [2, 3])
 def test_jax_and_torch_broadcast_with_disagreeing_roots_fail_everywhere(n):
     pytest.importorskip("jax")
     pytest.importorskip("torch")

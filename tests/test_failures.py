@@ -93,11 +93,12 @@ elif kind == "die_during":
             comm.Allreduce(MPI.IN_PLACE, buf, algorithm=S.get("alg", "auto"))
     attempt(many)
 elif kind == "hang":
-    if r == culprit:
-        time.sleep(S["sleep"])
+    if r == culprit:  # alive but silent until every other rank has its error
+        wait_for(*(f"raised {q}" for q in range(n) if q != culprit), timeout=S["sleep"])
         os._exit(0)
     attempt(comm.Allreduce, MPI.IN_PLACE, np.ones(1 << 16, np.float32), algorithm=S.get("alg", "ring"),
             timeout=S["call_timeout"])
+    arrive(f"raised {r}")
 elif kind == "iallreduce_die":
     if r == culprit:
         os._exit(3)
@@ -247,7 +248,7 @@ def test_rank_dies_under_iallreduce():
 @pytest.mark.timeout(70)
 def test_rank_stops_answering():
     call_timeout = 3.0
-    res = scenario(3, kind="hang", culprit=2, sleep=call_timeout + 5, call_timeout=call_timeout)
+    res = scenario(3, kind="hang", culprit=2, sleep=call_timeout + 20, call_timeout=call_timeout)
     # The ranks waiting on it time out; their neighbours see those close and
     # learn from the store that rank 2 never reported.
     assert_survivors_raise(res, 2, limit=call_timeout + SLACK,

@@ -205,7 +205,10 @@ if n > 1:
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("n", [1, 2, 3, 4])
+# 1 (no peer), 2 and 3 (odd; roots 0 and n - 1 distinct from the ends of a pair):
+# collectives.jax has no other rank-count-dependent code, and the core's algorithms at
+# 4 to 8 ranks are checked by the MPI grids (test_allreduce, test_collectives, ...)
+@pytest.mark.parametrize("n", [1, 2, 3])
 def test_collectives_grid_order_grad_vmap(n, jax_env):
     res = run_world(n, GRID_BODY, launcher=True, timeout=140, env=jax_env).assert_ok()
     for rank in range(n):

@@ -134,7 +134,10 @@ expect(np.array_equal(np.asarray(X) - r, np.stack([np.arange(3.0) + 10 * j for j
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("n", [2, 3])
+# 2 ranks: what is checked here (the aliasing in the compiled HLO, the kept input left
+# intact) does not depend on the rank count; the values at 3 ranks, every op (the mean's
+# inexact division included) and eager/jit, are test_jax.py's grid at 3
+@pytest.mark.parametrize("n", [2])
 def test_jit_allreduce_aliases_only_dead_or_donated_inputs(n, jax_env):
     res = run_world(n, BODY, launcher=True, timeout=110, env=jax_env).assert_ok()
     for rank in range(n):

@@ -1,5 +1,5 @@
 """collectives.jax send/recv/sendrecv/gather/scatter/reduce/alltoall (issue 19, section 5):
-mpi4jax's signatures and results, eager and under jax.jit, at 1-4 ranks, several
+mpi4jax's signatures and results, eager and under jax.jit, at 1-3 ranks, several
 dtypes, zero-length arrays, every root; bad arguments raise before anything is sent;
 a receive whose template does not match the message fails naming both sides."""
 import json
@@ -151,7 +151,10 @@ finish()
 ALL = ["float32", "int32", "float64", "int64", "bfloat16", "uint8", "complex64", "bool"]
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 4])
+# 1, 2 (every dtype) and 3 (a root in the middle, odd ring): collectives.jax has no other
+# rank-count-dependent code; the core's rooted and point-to-point paths at 4 to 8 ranks are
+# checked by test_rooted, test_p2p and test_collectives
+@pytest.mark.parametrize("n", [1, 2, 3])
 def test_jax_patterns(n):
     dtypes = ALL if n == 2 else ["float32", "int64", "bfloat16"]
     res = run_world(n, BODY, args=[json.dumps(dtypes)], timeout=170, collective_timeout=20,

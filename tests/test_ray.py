@@ -303,8 +303,9 @@ def test_elastic_job_goes_on_with_fewer_when_no_replacement_can_be_placed(cluste
         def ping(self):
             return True
 
-    # Replacements get elastic_timeout to start; the one that never gets CPUs is dropped.
-    ex = RayExecutor(settings(), min_workers=2, max_workers=3, elastic_timeout=10)
+    # Replacements get elastic_timeout to start; the one that never gets CPUs is dropped
+    # (the blocker, already waiting, takes them whatever the timeout: 3 s is plenty).
+    ex = RayExecutor(settings(), min_workers=2, max_workers=3, elastic_timeout=3)
     blocker = None
     try:
         ex.start()

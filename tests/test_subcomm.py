@@ -208,8 +208,8 @@ sub = w.Split(0 if r != 1 else 1, r)      # ranks 0, 2, 3: world rank 2 is sub r
 w.Barrier()
 if r == 2:
     os._exit(0)
-if r == 1:
-    time.sleep(3)
+if r == 1:  # not a member: leaves after the members have failed
+    expect(wait_for("failed 0", "failed 3"), "dead", "the members never failed")
     sys.exit(0)
 start = time.monotonic()
 try:
@@ -218,6 +218,7 @@ try:
     fail("dead", "no error")
 except MPI.Exception as exc:
     error_record(exc, start)
+arrive(f"failed {r}")
 expect(w._core.broken and sub._core.broken, "broken", "world and sub both broken")
 """
 

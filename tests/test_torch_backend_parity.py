@@ -10,7 +10,13 @@
   reference built from every rank's data; tensors of different shapes fail on every rank.
 
 Each case runs as real ranks on both backends (gloo's outcome is checked the same way where
-gloo has the feature).
+gloo has the feature). A rank that must stay out of an op waits until the others have their
+outcome (_worker.wait_for), not a fixed sleep. Where a world can go on after a case, one
+launch runs several cases (each test still checks its own case's records): gloo's two
+timeout cases, each in a process group of its own; collectives' two missing-rank monitored
+barriers, one after the other in the same group (it stays usable); the sparse cases on both
+backends in the same ranks, collectives first (in processes that ran nothing else, as
+before), then gloo.
 """
 from __future__ import annotations
 
@@ -29,41 +35,60 @@ import torch.distributed as dist
 from datetime import timedelta
 import collectives.torch  # registers the backend
 
-be = os.environ["BACKEND"]
 r, n = int(os.environ["COLLECTIVES_RANK"]), int(os.environ["COLLECTIVES_SIZE"])
-dist.init_process_group(be, init_method=f"tcp://127.0.0.1:{os.environ['TORCH_PORT']}", rank=r,
-                        world_size=n, timeout=timedelta(seconds=float(os.environ["PG_TIMEOUT"])))
 
-def attempt(tag, fn):
+def init(be, method):
+    dist.init_process_group(be, init_method=method, rank=r, world_size=n,
+                            timeout=timedelta(seconds=float(os.environ["PG_TIMEOUT"])))
+
+def attempt(tag, fn, **fields):
     t0 = time.monotonic()
     try:
         fn()
-        emit(tag, raised=None, seconds=time.monotonic() - t0)
+        emit(tag, raised=None, seconds=time.monotonic() - t0, **fields)
     except Exception as exc:
         emit(tag, raised=type(exc).__name__, runtime=isinstance(exc, RuntimeError),
-             message=str(exc), seconds=time.monotonic() - t0)
+             message=str(exc), seconds=time.monotonic() - t0, **fields)
 '''
+
+_WORLDS: dict = {}
+
+
+def _shared(key, launch):
+    """The world of `key`, launched once by the first test that needs it (several tests
+    read their own cases from one launch); a launch that failed is not kept."""
+    if key not in _WORLDS:
+        _WORLDS[key] = launch()
+    return _WORLDS[key]
+
 
 TIMEOUT_BODY = INIT + r'''
-op = os.environ["OP"]
-g = dist.new_group(timeout=timedelta(seconds=1))  # every rank; the timeout under test
-dist.barrier()
-if r == 0:
-    if op == "barrier":
-        attempt(op, lambda: dist.barrier(group=g))
-    elif op == "all_reduce":
-        attempt(op, lambda: dist.all_reduce(torch.ones(3), group=g, async_op=True).wait())
-    elif op == "Work.wait":  # the wait's own timeout, before the group's
-        work = dist.all_reduce(torch.ones(3), group=g, async_op=True)
-        attempt(op, lambda: work.wait(timeout=timedelta(seconds=0.5)))
+be = os.environ["BACKEND"]
+for i, op in enumerate(os.environ["OPS"].split(",")):
+    if i:  # gloo: the next case in a process group of its own
+        dist.destroy_process_group()
+        init(be, f"file://{os.environ['WORLD_DIR']}/init{i}")
     else:
-        attempt(op, lambda: dist.recv(torch.empty(3), src=1, group=g))
-else:
-    time.sleep(2)  # in no op of g: rank 0's op times out (at 1 s)
+        init(be, f"tcp://127.0.0.1:{os.environ['TORCH_PORT']}")
+    g = dist.new_group(timeout=timedelta(seconds=1))  # every rank; the timeout under test
+    dist.barrier()
+    if r == 0:
+        if op == "barrier":
+            attempt(op, lambda: dist.barrier(group=g))
+        elif op == "all_reduce":
+            attempt(op, lambda: dist.all_reduce(torch.ones(3), group=g, async_op=True).wait())
+        elif op == "Work.wait":  # the wait's own timeout, before the group's
+            work = dist.all_reduce(torch.ones(3), group=g, async_op=True)
+            attempt(op, lambda: work.wait(timeout=timedelta(seconds=0.5)))
+        else:
+            attempt(op, lambda: dist.recv(torch.empty(3), src=1, group=g))
+        arrive(op)
+    else:
+        expect(wait_for(op), op, "rank 0 never had an outcome")  # in no op of g meanwhile
 '''
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(90)
 @pytest.mark.parametrize("backend,op", [("gloo", "barrier"), ("collectives", "barrier"),
                                         ("collectives", "all_reduce"), ("collectives", "recv"),
                                         ("gloo", "Work.wait"), ("collectives", "Work.wait")])
@@ -71,9 +96,13 @@ def test_timeout_is_worded_as_gloos(backend, op):
     """A group op one rank enters alone fails at the group's 1 s with " Timed out " in the
     message (distributed_test.py's test_barrier_timeout_* regex), still a RuntimeError;
     Work.wait(timeout) that expires first says "Operation timed out!", as gloo's."""
-    res = run_world(2, TIMEOUT_BODY, timeout=40, collective_timeout=30,
-                    env={"BACKEND": backend, "OP": op, "PG_TIMEOUT": "30",
-                         "TORCH_PORT": free_port()})
+    # gloo's two cases share a launch (a new process group for the second); each collectives
+    # case has a launch of its own: the backend runs on the ranks' world communicator, which
+    # the timed-out op breaks on rank 0 only, so a process group made again would not agree
+    ops = "barrier,Work.wait" if backend == "gloo" else op
+    res = _shared(("timeout", backend, ops), lambda: run_world(
+        2, TIMEOUT_BODY, timeout=50, collective_timeout=30,
+        env={"BACKEND": backend, "OPS": ops, "PG_TIMEOUT": "30", "TORCH_PORT": free_port()}))
     assert not res.timed_out, res.report()
     got = res[0].one(op)
     assert got["runtime"], got
@@ -88,6 +117,8 @@ def test_timeout_is_worded_as_gloos(backend, op):
 
 
 MONITOR_BODY = INIT + r'''
+be = os.environ["BACKEND"]
+init(be, f"tcp://127.0.0.1:{os.environ['TORCH_PORT']}")
 g = dist.new_group()  # every rank, as test_monitored_barrier_gloo_rank_0_timeout's
 attempt("all pass", lambda: g.monitored_barrier(timedelta(seconds=10)))
 attempt("all pass, wait_all_ranks", lambda: g.monitored_barrier(timedelta(seconds=10),
@@ -98,19 +129,26 @@ if be == "collectives":  # (gloo's group hangs in the next collective after this
     t = torch.ones(2) * (r + 1)
     dist.all_reduce(t, group=g)  # still usable after rank 0's zero-timeout failure
     emit("after", value=t.tolist())
-if os.environ["MISSING"] == "last":  # the last rank never arrives
-    if r != n - 1:
-        attempt("missing", lambda: g.monitored_barrier(timedelta(seconds=1)))
-    else:
-        time.sleep(2)
-elif r == 0:  # every other rank never arrives
-    attempt("missing", lambda: g.monitored_barrier(timedelta(seconds=1), wait_all_ranks=True))
-else:
-    time.sleep(2)
-if be == "collectives":  # (gloo's per-call tags are out of step now: not run on gloo)
-    t = torch.ones(2) * (r + 1)
-    dist.all_reduce(t, group=g)  # a failed monitored barrier leaves the group usable
-    emit("after failure", value=t.tolist())
+# gloo: one case a launch (its per-call tags are out of step after a failure); collectives:
+# one after the other in the same group, which a failed monitored barrier leaves usable
+for missing in os.environ["MISSING"].split(","):
+    if missing == "last":  # the last rank never arrives
+        waiting = list(range(n - 1))
+        if r != n - 1:
+            attempt("missing", lambda: g.monitored_barrier(timedelta(seconds=1)), case=missing)
+    else:  # every other rank never arrives
+        waiting = [0]
+        if r == 0:
+            attempt("missing", lambda: g.monitored_barrier(timedelta(seconds=1),
+                                                           wait_all_ranks=True), case=missing)
+    if r in waiting:
+        arrive(f"{missing}-{r}")
+    else:  # stays out until the ranks in the barrier have their outcome
+        expect(wait_for(*(f"{missing}-{q}" for q in waiting)), missing, "no outcome")
+    if be == "collectives":  # (gloo's per-call tags are out of step now: not run on gloo)
+        t = torch.ones(2) * (r + 1)
+        dist.all_reduce(t, group=g)  # a failed monitored barrier leaves the group usable
+        emit("after failure", value=t.tolist(), case=missing)
 '''
 
 
@@ -120,9 +158,16 @@ if be == "collectives":  # (gloo's per-call tags are out of step now: not run on
 def test_monitored_barrier(backend, missing):
     """gloo's monitored barrier: passes when all arrive; rank 0 names who did not."""
     n = 3
-    res = run_world(n, MONITOR_BODY, timeout=60, collective_timeout=30,
-                    env={"BACKEND": backend, "MISSING": missing, "PG_TIMEOUT": "3",
-                         "TORCH_PORT": free_port()})
+    if backend == "gloo":
+        res = _shared(("monitor", backend, missing), lambda: run_world(
+            n, MONITOR_BODY, timeout=60, collective_timeout=30,
+            env={"BACKEND": backend, "MISSING": missing, "PG_TIMEOUT": "3",
+                 "TORCH_PORT": free_port()}))
+    else:
+        res = _shared(("monitor", backend), lambda: run_world(
+            n, MONITOR_BODY, timeout=60, collective_timeout=30,
+            env={"BACKEND": backend, "MISSING": "last,all", "PG_TIMEOUT": "3",
+                 "TORCH_PORT": free_port()}))
     assert not res.timed_out, res.report()
     for r in range(n):
         for tag in ("all pass", "all pass, wait_all_ranks"):
@@ -132,12 +177,18 @@ def test_monitored_barrier(backend, missing):
     if backend == "collectives":
         zero = res[0].one("zero timeout")
         assert zero["runtime"] and "Rank 0 timed out in monitoredBarrier" in zero["message"], zero
-    first = res[0].one("missing")
+
+    def outcome(rank):
+        got = [rec for rec in res[rank].get("missing") if rec["case"] == missing]
+        assert len(got) == 1, res.report()
+        return got[0]
+
+    first = outcome(0)
     if missing == "last":
         assert first["runtime"], first
         assert f"Rank {n - 1} failed to pass monitoredBarrier" in first["message"], first
         assert 0.9 <= first["seconds"] < 3.0, first
-        other = res[1].one("missing")
+        other = outcome(1)
         assert other["runtime"] and ("Rank 1 successfully reached monitoredBarrier, but received "
                                      "errors while waiting for send/recv from rank 0"
                                      in other["message"]), other
@@ -145,9 +196,11 @@ def test_monitored_barrier(backend, missing):
     else:
         assert first["runtime"], first
         assert "Ranks 1, 2 failed to pass monitoredBarrier in 1000 ms" in first["message"], first
+    assert not any(rr.get("fail") for rr in res.ranks), res.report()
     if backend == "collectives":
         for r in range(n):
-            assert res[r].one("after failure")["value"] == [n * (n + 1) / 2] * 2, res.report()
+            after = [rec for rec in res[r].get("after failure") if rec["case"] == missing]
+            assert [rec["value"] for rec in after] == [[n * (n + 1) / 2] * 2], res.report()
 
 
 SPARSE_BODY = INIT + r'''
@@ -160,20 +213,28 @@ def sparse(rank, sdim, ddim, dtype):
     vals = (vals * (rank + 1)).expand([k + 1] + [2] * ddim).to(dtype)
     return torch.sparse_coo_tensor(idx, vals, [5] + [3] * (sdim - 1) + [2] * ddim)
 
-for sdim, ddim, dtype in [(1, 0, torch.float32), (2, 1, torch.float64), (3, 0, torch.int64),
-                          (1, 2, torch.float32)]:
-    t = sparse(r, sdim, ddim, dtype)
-    work = dist.all_reduce(t, async_op=True)
-    work.wait()
-    want = sum(sparse(q, sdim, ddim, dtype).to_dense() for q in range(n))
-    expect(t.is_sparse and torch.equal(t.to_dense(), want), ("sparse sum", sdim, ddim, str(dtype)),
-           f"{t.to_dense()} != {want}")
-    emit("sparse", case=[sdim, ddim, str(dtype)])
-if os.environ["BACKEND"] == "collectives":
-    attempt("max", lambda: dist.all_reduce(sparse(r, 1, 0, torch.float32), op=dist.ReduceOp.MAX))
-    bad = torch.sparse_coo_tensor(torch.zeros(1, 1, dtype=torch.long), torch.ones(1),
-                                  [5 + (r == n - 1)])
-    attempt("shapes", lambda: dist.all_reduce(bad))
+# collectives first, in processes that ran nothing else (as a launch of its own would);
+# then gloo, the reference, in a process group of its own
+for be, port in (("collectives", os.environ["PORT_COLLECTIVES"]), ("gloo", os.environ["PORT_GLOO"])):
+    init(be, f"tcp://127.0.0.1:{port}")
+    for sdim, ddim, dtype in [(1, 0, torch.float32), (2, 1, torch.float64), (3, 0, torch.int64),
+                              (1, 2, torch.float32)]:
+        t = sparse(r, sdim, ddim, dtype)
+        work = dist.all_reduce(t, async_op=True)
+        work.wait()
+        want = sum(sparse(q, sdim, ddim, dtype).to_dense() for q in range(n))
+        expect(t.is_sparse and torch.equal(t.to_dense(), want),
+               (be, "sparse sum", sdim, ddim, str(dtype)), f"{t.to_dense()} != {want}")
+        emit("sparse", backend=be, case=[sdim, ddim, str(dtype)])
+    if be == "collectives":
+        attempt("max", lambda: dist.all_reduce(sparse(r, 1, 0, torch.float32),
+                                               op=dist.ReduceOp.MAX))
+        bad = torch.sparse_coo_tensor(torch.zeros(1, 1, dtype=torch.long), torch.ones(1),
+                                      [5 + (r == n - 1)])
+        attempt("shapes", lambda: dist.all_reduce(bad))
+        dist.barrier()  # every rank has its outcome before the group goes
+    dist.destroy_process_group()
+    emit("finished", backend=be)
 '''
 
 
@@ -183,12 +244,19 @@ if os.environ["BACKEND"] == "collectives":
 def test_sparse_all_reduce(n, backend):
     """The sum of sparse COO tensors over ranks, in place, as gloo; shapes that differ
     between ranks fail on every rank naming them; ops other than SUM are refused."""
-    res = run_world(n, SPARSE_BODY, timeout=60, collective_timeout=30,
-                    env={"BACKEND": backend, "PG_TIMEOUT": "20", "TORCH_PORT": free_port()})
+    res = _shared(("sparse", n), lambda: run_world(
+        n, SPARSE_BODY, timeout=70, collective_timeout=30,
+        env={"PG_TIMEOUT": "20", "PORT_COLLECTIVES": free_port(), "PORT_GLOO": free_port()}))
     assert not res.timed_out, res.report()
-    res.assert_ok()
+    # this backend's part: no wrong sum, and it ran to its end on every rank (the other
+    # backend's part is the other test's)
+    bad = [f for rr in res.ranks for f in rr.get("fail") if f["case"][0] == backend]
+    assert not bad, res.report()
+    assert all(rr.get("finished") and backend in [f["backend"] for f in rr.get("finished")]
+               for rr in res.ranks), res.report()
     for r in range(n):
-        assert len(res[r].get("sparse")) == 4, res.report()
+        assert len([s for s in res[r].get("sparse") if s["backend"] == backend]) == 4, \
+            res.report()
         if backend == "collectives":
             assert res[r].one("max")["raised"] == "ValueError", res.report()
             assert "ReduceOp.SUM only" in res[r].one("max")["message"]
@@ -199,12 +267,15 @@ def test_sparse_all_reduce(n, backend):
 
 
 SUBGROUP_TIMEOUT_BODY = INIT + r'''
+be = os.environ["BACKEND"]
+init(be, f"tcp://127.0.0.1:{os.environ['TORCH_PORT']}")
 g = dist.new_group(timeout=timedelta(seconds=1))
 dist.barrier()
 if r == 0:
     attempt("sub barrier", lambda: dist.barrier(group=g))
+    arrive("sub barrier")
 else:
-    time.sleep(2)
+    expect(wait_for("sub barrier"), "sub barrier", "rank 0 never had an outcome")
 attempt("default after", lambda: dist.all_reduce(torch.ones(1)))
 dist.destroy_process_group()
 dist.init_process_group(be, init_method="file://" + os.environ["REINIT"], rank=r, world_size=n,

@@ -3,7 +3,7 @@
 Issue 24: ``for i in range(10): hvd.init(); hvd.barrier(); hvd.shutdown()``
 failed with "ConnectionError: lost the store" or hung, because a rank that
 re-initialized quickly reached rank 0's store of the previous world and read
-its stale keys. Each API here is cycled 100 times at 2, 3 and 4 ranks in one
+its stale keys. Each API here is cycled 100 times at 2 and 4 ranks in one
 launch per rank count; every cycle checks a collective's result, and after
 the cycles no fd or thread is left beyond what one cycle leaves (lazily
 created torch state), and rank 0's store port no longer accepts connections.
@@ -93,7 +93,10 @@ if r == 0:  # rank 0's store is gone with its world
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("n", [2, 3, 4])
+# 2: the smallest world (and, on CI's 2 cores, not oversubscribed); 4: the most ranks racing
+# for rank 0's new store each cycle (oversubscribed there, as 3 was: same code, no rank-count
+# branch in the rendezvous or the teardown); 3 ranks cycle in the torchrun-style test below
+@pytest.mark.parametrize("n", [2, 4])
 def test_shutdown_then_init_100_times(n):
     res = run_world(n, LIFE_BODY, timeout=80, env={"CYCLES": 100, "TORCH_PORT": free_port()})
     res.assert_ok()
@@ -135,7 +138,7 @@ emit("cycled")
 def test_torchrun_style_process_group_100_times():
     """Without collectives-run, the backend builds (and owns) its communicator through
     torch's store: destroy_process_group closes it, the next init builds another (one
-    rank count: the rendezvous here is torch's, the cycles above cover 2, 3 and 4)."""
+    rank count: the rendezvous here is torch's, the cycles above cover 2 and 4)."""
     n = 3
     port = free_port()
 

@@ -146,7 +146,7 @@ dist.barrier()
 if r == 3:
     os._exit(0)
 if r == 2:  # not a member: leaves after the others have failed
-    time.sleep(4)
+    expect(wait_for("failed 0", "failed 1"), "dead", "the members never failed")
     sys.exit(0)
 start = time.monotonic()
 try:
@@ -155,7 +155,8 @@ try:
     fail("dead", "no error")
 except Exception as exc:
     error_record(exc, start)
-time.sleep(2)  # stay until every member has failed (a rank leaving is a failure too)
+arrive(f"failed {r}")  # stay until every member has failed (a rank leaving is a failure too)
+expect(wait_for("failed 0", "failed 1"), "dead", "the other member never failed")
 '''
 
 
