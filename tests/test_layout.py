@@ -123,7 +123,7 @@ def test_facade_has_no_import_cycles():
     graph = _facade_graph()
     # The graph sees lazy imports too: the package's init() goes through MPI.
     assert "collectives.MPI" in graph["collectives"]
-    assert "collectives._world" in graph["collectives.MPI"]
+    assert "collectives.rendezvous.world" in graph["collectives.MPI"]
     cycles = _cycles(graph)
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
@@ -144,3 +144,69 @@ def test_files_stay_readable():
         if n > MAX_LINES:
             long.append(f"{path.relative_to(ROOT)}: {n} lines")
     assert not long, f"files over {MAX_LINES} lines (split by concept): {long}"
+
+
+# The Python packages mirror the layers (DESIGN.md), bottom to top. A module
+# may import its own layer and the layers below it; the package's __init__
+# (init, finalize, shrink) is the facade over the front ends.
+PY_LAYERS = [
+    ("core", ["collectives._core"]),
+    ("rendezvous", ["collectives.rendezvous", "collectives.config"]),
+    ("elastic", ["collectives.elastic"]),
+    ("front ends", ["collectives", "collectives.MPI", "collectives.torch", "collectives.jax",
+                    "collectives.ps"]),
+    ("engines", ["collectives.launcher", "collectives.run", "collectives.ray",
+                 "collectives.spark", "collectives.bench"]),
+]
+TOP_LEVEL_MODULES = {"__init__.py", "config.py", "run.py"}
+
+
+def _py_layer(module: str) -> int:
+    best, best_len = None, -1
+    for index, (_, names) in enumerate(PY_LAYERS):
+        for name in names:
+            exact = name == "collectives"  # the root holds only the facade
+            if (module == name or (not exact and module.startswith(name + "."))) \
+                    and len(name) > best_len:
+                best, best_len = index, len(name)
+    return best
+
+
+def _upward_imports(graph: dict) -> list:
+    wrong = []
+    for module, targets in sorted(graph.items()):
+        mine = _py_layer(module)
+        for target in sorted(targets):
+            theirs = _py_layer(target)
+            if theirs is not None and mine is not None and theirs > mine:
+                wrong.append(f"{module} ({PY_LAYERS[mine][0]}) imports {target} "
+                             f"({PY_LAYERS[theirs][0]})")
+    return wrong
+
+
+def test_python_layer_check_finds_an_upward_import():
+    graph = {"collectives.rendezvous.world": {"collectives.MPI"},
+             "collectives.MPI": {"collectives.rendezvous.world", "collectives._core"}}
+    assert _upward_imports(graph) == [
+        "collectives.rendezvous.world (rendezvous) imports collectives.MPI (front ends)"]
+
+
+def test_python_packages_are_the_layers():
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert set(top) <= TOP_LEVEL_MODULES, \
+        f"modules at the top of collectives/ (put them in their layer's package): {top}"
+    graph = _facade_graph()
+    unplaced = sorted(m for m in graph if _py_layer(m) is None)
+    assert not unplaced, f"modules in no layer (add them to PY_LAYERS): {unplaced}"
+    for _, names in PY_LAYERS:
+        for name in names:
+            init = ROOT.joinpath(*name.split("."), "__init__.py")
+            if init.is_file():
+                assert ast.get_docstring(ast.parse(init.read_text())), \
+                    f"{name} opens with no docstring saying what it is and may import"
+
+
+def test_python_imports_only_go_down():
+    wrong = _upward_imports(_facade_graph())
+    assert not wrong, "imports from a lower layer to a higher one:\n" + "\n".join(wrong)
+

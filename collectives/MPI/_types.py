@@ -7,8 +7,8 @@ from __future__ import annotations
 import operator
 from typing import Any, Callable, Optional
 
-from . import _core
-from ._core import CollectivesError, _mpi_register, not_a_buffer
+from .. import _core
+from .._core import CollectivesError, _mpi_register, not_a_buffer
 
 ANY_SOURCE = _core.ANY_SOURCE  # a receive's source: any rank
 ANY_TAG = _core.ANY_TAG        # a receive's tag: any tag

@@ -270,5 +270,5 @@ class MoreOps:
         """gloo's monitored barrier: rank 0 names the ranks that did not arrive in time
         (_backend_more.py; torch's dist.monitored_barrier takes gloo groups only, so call
         group.monitored_barrier(timeout))."""
-        from ._backend_more import monitored_barrier
+        from ._more import monitored_barrier
         monitored_barrier(self, timeout, wait_all_ranks)
