@@ -169,7 +169,7 @@ _library: Optional[ctypes.CDLL] = None  # kept referenced: XLA calls into it
 
 def _native_dir() -> Path:
     """The directory with jax/ffi.cc and coll.h: shipped in the package, or the source tree."""
-    pkg = Path(__file__).resolve().parent
+    pkg = Path(__file__).resolve().parents[1]  # collectives/, above this jax/ package
     for d in (pkg / "_native", pkg.parent / "native"):
         if (d / "jax" / "ffi.cc").is_file() and (d / "coll.h").is_file():
             return d
