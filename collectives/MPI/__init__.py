@@ -31,6 +31,8 @@ from ..rendezvous import world as _world
 from ._request import Request
 from ._comms import COMM_NULL
 
+REQUEST_NULL = Request()
+
 __all__ = [
     "COMM_WORLD", "COMM_SELF", "Comm", "Request", "Op", "Datatype", "Exception", "IN_PLACE",
     "SUM", "PROD", "MIN", "MAX", "AVG", "Wtime", "Wtick", "Get_processor_name",
@@ -39,13 +41,33 @@ __all__ = [
 ]
 
 from ._types import (  # noqa: F401 -- mpi4py's names, re-exported
-    ANY_SOURCE, ANY_TAG, AVG, BYTE, CHAR, DOUBLE, FLOAT, IN_PLACE, INT, INT8_T, INT32_T, INT64_T,
-    LONG, LONG_LONG, MAX, MIN, PROC_NULL, PROD, SIGNED_CHAR, SUM, TAG_UB, UINT8_T, UNDEFINED,
-    UNSIGNED_CHAR, ArgumentError, Datatype, Op, Status, _buf, _dtype_name, _ITEMSIZE, _no_none,
-    _op, _pair, _vbuf)
+    ANY_SOURCE, ANY_TAG, AVG, BAND, BOR, BXOR, BYTE, CHAR, DATATYPE_NULL, DOUBLE, FLOAT,
+    IN_PLACE, INT, INT8_T, INT32_T, INT64_T, LAND, LONG, LONG_LONG, LOR, LXOR, MAX, MAXLOC, MIN,
+    MINLOC, NO_OP, OP_NULL, PROC_NULL, PROD, REPLACE, SIGNED_CHAR, SUM, TAG_UB, UINT8_T,
+    UNDEFINED, UNSIGNED_CHAR, FLOAT16_T, BFLOAT16_T, FLOAT32_T, FLOAT64_T, ArgumentError,
+    Datatype, Op, Status, _ITEMSIZE, _NULL_TYPES, _op)
+from ._types import (  # noqa: F401
+    SUCCESS, ERR_ARG, ERR_OTHER, ERR_INTERN, ERR_BUFFER, ERR_COUNT, ERR_TYPE, ERR_TAG, ERR_COMM,
+    ERR_RANK, ERR_REQUEST, ERR_ROOT, ERR_GROUP, ERR_OP, ERR_TRUNCATE, ERR_UNKNOWN, ERR_PENDING,
+    ERR_IN_STATUS, ERR_INFO, ERR_KEYVAL, ERR_ERRHANDLER, ERR_WIN, ERR_SESSION,
+    ERR_UNSUPPORTED_OPERATION, ERR_PROC_FAILED, ERR_NOT_SAME, ERR_TOPOLOGY, ERR_DIMS,
+    ERR_NO_MEM, ERR_INFO_KEY, ERR_INFO_VALUE, ERR_INFO_NOKEY, ERR_LASTCODE)
+from ._specs import BOTTOM, _buf, _dtype_name, _no_none, _pair, _vbuf  # noqa: F401
+from ._names import (  # noqa: F401
+    APPNUM, COMM_TYPE_SHARED, CONGRUENT, IDENT, INFO_NULL, KEYVAL_INVALID, MAX_OBJECT_NAME,
+    MAX_PROCESSOR_NAME, SIMILAR, SUBVERSION, THREAD_FUNNELED, THREAD_MULTIPLE, THREAD_SERIALIZED,
+    THREAD_SINGLE, UNEQUAL, VERSION, Get_library_version, Get_version, Init_thread,
+    Is_thread_main, Query_thread, get_vendor)
+
+globals().update({_n: DATATYPE_NULL for _n in _NULL_TYPES})  # SHORT, INT16_T, ...: see Datatype
 
 Exception = CollectivesError  # noqa: A001 -- mpi4py's name for its error class
 Exception.__doc__ = CollectivesError.__doc__
+
+
+def _msg(spec: Any) -> tuple:
+    """A point-to-point message spec: None is an empty message (mpi4py)."""
+    return _buf(BOTTOM if spec is None else spec, "buf")
 
 
 class Comm(_mpi_extras.CommExtras, _CommBase):
@@ -55,8 +77,38 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
     it without a Python frame: at 8 bytes the call overhead is the latency.
     """
 
-    def __init__(self) -> None:
-        raise TypeError("communicators come from MPI.COMM_WORLD or collectives.init()")
+    def __new__(cls, comm: Any = None) -> Any:
+        """mpi4py's constructor: ``Comm()`` is a null communicator (equal to COMM_NULL),
+        ``Comm(comm)`` a new handle to the same communicator (equal to it)."""
+        if comm is None or isinstance(comm, _mpi_comms._CommNull):
+            return _mpi_comms._CommNull()
+        if not isinstance(comm, Comm):
+            raise TypeError(f"Comm() takes a communicator, not {type(comm).__name__}")
+        other = cls._from_core(comm._core, comm._local_rank, comm._local_size)
+        other._name = comm._name
+        return other
+
+    def __init__(self, comm: Any = None) -> None:
+        pass  # __new__ did it
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, Comm) and other._core is self._core
+
+    def __ne__(self, other: Any) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return id(self._core)
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __reduce__(self) -> Any:
+        """COMM_WORLD and COMM_SELF pickle by name (as in mpi4py); others cannot."""
+        for name in ("COMM_WORLD", "COMM_SELF"):
+            if self._name == "MPI_" + name and globals()["__getattr__"](name) == self:
+                return (_predefined, (name,))
+        raise ValueError(f"cannot pickle {self!r}: only COMM_WORLD and COMM_SELF travel")
 
     @classmethod
     def _from_core(cls, core: Any, local_rank: int, local_size: int) -> "Comm":
@@ -136,7 +188,8 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
         return Request(self._call(self._core.ibroadcast, b, root, timeout, dtype), self)
 
     def _allgather_args(self, sendbuf: Any, recvbuf: Any) -> tuple:
-        sbuf, rbuf, dtype = _pair(sendbuf, recvbuf)
+        # mpi4py: no sendbuf (None) is the in-place form here
+        sbuf, rbuf, dtype = _pair(IN_PLACE if sendbuf is None else sendbuf, recvbuf)
         n = self.size
         total = count_of(rbuf, dtype)
         if total % n:
@@ -295,13 +348,13 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
     # -- point-to-point ------------------------------------------------------
     def Send(self, buf: Any, dest: int, tag: int = 0, *, timeout: Optional[float] = None) -> None:
         """Send buf to rank dest; returns once its bytes are handed to the link."""
-        b, dtype = _buf(buf)
+        b, dtype = _msg(buf)
         self._call(_core.p2p_send, self._core, b, dest, tag, timeout, dtype)
 
     def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG,
              status: Optional[Status] = None, *, timeout: Optional[float] = None) -> None:
         """Receive into buf a message from source with tag (ANY_SOURCE/ANY_TAG match any)."""
-        b, dtype = _buf(buf)
+        b, dtype = _msg(buf)
         src, tg, count = self._call(_core.p2p_recv, self._core, b, source, tag, timeout, dtype)
         if status is not None:
             status._fill((src, tg, count, None, count * _ITEMSIZE[dtype or _core.dtype_of(b)]))
@@ -309,13 +362,13 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
     def Isend(self, buf: Any, dest: int, tag: int = 0, *,
               timeout: Optional[float] = None) -> Request:
         """Start a Send; returns a Request (buf stays in use until it completes)."""
-        b, dtype = _buf(buf)
+        b, dtype = _msg(buf)
         return Request(self._call(_core.p2p_isend, self._core, b, dest, tag, timeout, dtype), self)
 
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, *,
               timeout: Optional[float] = None) -> Request:
         """Start a Recv into buf; returns a Request."""
-        b, dtype = _buf(buf)
+        b, dtype = _msg(buf)
         return Request(self._call(_core.p2p_irecv, self._core, b, source, tag, timeout, dtype),
                        self)
 
@@ -323,10 +376,8 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
                  source: int = ANY_SOURCE, recvtag: int = ANY_TAG,
                  status: Optional[Status] = None, *, timeout: Optional[float] = None) -> None:
         """Send sendbuf to dest and receive into recvbuf at once (neither waits for the other)."""
-        if recvbuf is None:
-            raise ValueError("Sendrecv needs a recvbuf")
-        sbuf, stype = _buf(sendbuf)
-        rbuf, rtype = _buf(recvbuf)
+        sbuf, stype = _msg(sendbuf)
+        rbuf, rtype = _msg(recvbuf)
         dtype = _dtype_name(stype, rtype)
         src, tg, count = self._call(_core.p2p_sendrecv, self._core, sbuf, dest, sendtag, rbuf,
                                     source, recvtag, timeout, dtype)
@@ -413,9 +464,27 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
         by rank here; color UNDEFINED gives COMM_NULL. It shares this one's links."""
         return _mpi_comms.split(self, color, key)
 
-    def Dup(self) -> "Comm":
-        """Collective: a new communicator over the same ranks with its own context."""
+    def Dup(self, info: Any = None) -> "Comm":
+        """Collective: a new communicator over the same ranks with its own context (info
+        hints are accepted and ignored, which MPI allows)."""
         return _mpi_comms.dup(self)
+
+    def Clone(self) -> "Comm":
+        """Same as Dup() (mpi4py's name)."""
+        return _mpi_comms.dup(self)
+
+    def Compare(self, comm: Any) -> int:
+        """IDENT (the same communicator), CONGRUENT (same ranks, same order: a Dup),
+        SIMILAR (same ranks, another order) or UNEQUAL."""
+        if not isinstance(comm, Comm):
+            raise TypeError(f"Compare takes a communicator, not {type(comm).__name__}")
+        if comm._core is self._core:
+            return IDENT
+        mine = _mpi_comms.world_ranks(self)[1] or list(range(self.size))
+        theirs = _mpi_comms.world_ranks(comm)[1] or list(range(comm.size))
+        if mine == theirs:
+            return CONGRUENT
+        return SIMILAR if sorted(mine) == sorted(theirs) else UNEQUAL
 
     def Shrink(self) -> "Comm":
         """ULFM's MPIX_Comm_shrink on the world communicator: the live ranks' new world
@@ -438,6 +507,14 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
         """mpi4py names not provided (yet): NotImplementedError naming them (see _missing)."""
         raise _missing.missing("collectives.MPI.Comm", name, _missing.MPI4PY_COMM,
                                "mpi4py's MPI.Comm", instance=True)
+
+
+def _predefined(name: str) -> "Comm":
+    """COMM_WORLD or COMM_SELF by name (what their pickles hold)."""
+    return globals()["__getattr__"](name)
+
+
+Intracomm = Comm  # every communicator here is an intracommunicator
 
 
 def Wtime() -> float:

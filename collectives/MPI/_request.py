@@ -34,14 +34,30 @@ class Request(metaclass=_RequestType):
     calls skip it.
     """
 
-    def __init__(self, core_request: _CoreRequest, comm: Any, pickled: bool = False) -> None:
+    def __init__(self, core_request: Any = None, comm: Any = None, pickled: bool = False) -> None:
+        # Request() is a null request (inactive, equal to REQUEST_NULL); Request(req) a
+        # second handle to req (mpi4py's constructors).
+        if isinstance(core_request, Request):
+            core_request, comm, pickled = core_request._req, core_request._comm, \
+                core_request._pickled
+        elif core_request is not None and not isinstance(core_request, _CoreRequest):
+            raise TypeError(f"Request() takes a request, not {type(core_request).__name__}")
         self._req = core_request
         self._comm = comm
         self._pickled = pickled
-        self._active = True
+        self._active = core_request is not None
 
     def __bool__(self) -> bool:
         return self._active
+
+    def __eq__(self, other: Any) -> bool:
+        if not isinstance(other, Request):
+            return NotImplemented
+        return (not self._active and not other._active) or \
+            (self._active and other._active and self._req is other._req)
+
+    def __hash__(self) -> int:
+        return id(self._req) if self._active else 0
 
     def __getattr__(self, name: str) -> Any:
         raise _missing.missing("collectives.MPI.Request", name, _missing.MPI4PY_REQUEST,
