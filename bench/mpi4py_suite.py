@@ -76,6 +76,11 @@ class Result(unittest.TestResult):
     def addError(self, test, err):
         note(test, "errors", self._exc_info_to_string(err, test))
 
+    def addSubTest(self, test, subtest, err):  # a failed subtest fails its test
+        if err is not None:
+            what = "failed" if issubclass(err[0], test.failureException) else "errors"
+            note(test, what, self._exc_info_to_string(err, test))
+
     def addSkip(self, test, reason):
         note(test, "skipped", reason)
 
