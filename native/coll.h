@@ -262,7 +262,13 @@ coll_result_t coll_barrier(coll_comm_t *comm, double timeout);
  *   count differs from the root's counts[rank] fails, both values named.
  * scatterv: the root sends counts[i] elements from sendbuf + displs[i] to
  *   rank i, which receives count elements into recvbuf; recvbuf ==
- *   sendbuf + displs[root] at the root is in place. */
+ *   sendbuf + displs[root] at the root is in place.
+ * A rank that refused its own arguments (a front end's check, before any byte
+ * moved) still calls the same collective, with root COLL_ROOT_REFUSED and
+ * count 0: it runs only the root agreement, so every other rank fails at once
+ * with COLL_INVALID_USAGE naming it ("refused its arguments"), nothing is
+ * sent, the communicator stays usable, and it returns COLL_INVALID_ARGUMENT. */
+#define COLL_ROOT_REFUSED (-3)
 coll_result_t coll_reduce(coll_comm_t *comm, const coll_args_t *args);
 coll_result_t coll_gatherv(coll_comm_t *comm, const coll_args_t *args);
 coll_result_t coll_scatterv(coll_comm_t *comm, const coll_args_t *args);

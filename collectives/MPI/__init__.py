@@ -65,8 +65,28 @@ Exception = CollectivesError  # noqa: A001 -- mpi4py's name for its error class
 Exception.__doc__ = CollectivesError.__doc__
 
 
+# Whether this process used point-to-point (send or receive) on any communicator: then
+# finalization waits (bounded by the timeout) until every rank has finalized too, as
+# MPI_Finalize does, so that a message whose send completed here is read there before this
+# process closes its links (a send completes once the link took its bytes; closing the link
+# right after could lose them: issue 39's send-free-exit pattern).
+_p2p_used = [False]
+
+
+def _drain_at_finalize() -> None:
+    if not _p2p_used[0] or not _world.is_initialized():
+        return
+    core = _init_world()._core
+    if core.size > 1 and not core.closed and not core.broken:
+        core.barrier()
+
+
+_world.add_finalize_hook(_drain_at_finalize)
+
+
 def _msg(spec: Any) -> tuple:
     """A point-to-point message spec: None is an empty message (mpi4py)."""
+    _p2p_used[0] = True
     return _buf(BOTTOM if spec is None else spec, "buf")
 
 
@@ -166,7 +186,11 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
 
     def _Allreduce_spec(self, sendbuf: Any, recvbuf: Any, op: Op, algorithm: str,
                         timeout: Optional[float]) -> None:
-        """Allreduce with [buf, datatype] specs (the base handles plain buffers)."""
+        """Allreduce with [buf, datatype] specs or a user op (the base handles plain buffers
+        with a predefined op)."""
+        if isinstance(op, Op) and op._user is not None:
+            _mpi_extras.user_allreduce(self, sendbuf, recvbuf, op, timeout)
+            return
         sbuf, rbuf, dtype = _pair(sendbuf, recvbuf)
         self._call(self._core.allreduce, sbuf, rbuf, _op(op), algorithm, timeout, dtype)
 
@@ -253,67 +277,87 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
     barrier = Barrier
 
     # -- rooted collectives ---------------------------------------------------
+    def _rooted(self, kind: str, timeout: Optional[float], parse: Callable[[], tuple],
+                fn: Callable[..., Any]) -> None:
+        """fn(core, *parse()); an argument this rank refuses (often at the root alone, the
+        only rank that reads a v-spec or a recvbuf) is first told to the other ranks, which
+        then fail at once naming this one (_core.refuse_rooted), and then raised here."""
+        try:
+            args = parse()
+        except Exception:
+            if not self._core.closed:
+                _core.refuse_rooted(self._core, kind, timeout)
+            raise
+        self._call(fn, self._core, *args)
+
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0, *,
                timeout: Optional[float] = None) -> None:
         """recvbuf at root = op over every rank's sendbuf (IN_PLACE at the root; recvbuf
         is ignored elsewhere and may be None)."""
-        sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf)
-        rbuf, rtype = (None, None) if recvbuf is None else _buf(recvbuf)
-        if self.rank != root:
-            rbuf = rtype = None
-        self._call(_core.reduce, self._core, sbuf, rbuf, _op(op), root, timeout,
-                   _dtype_name(stype, rtype))
+        def parse() -> tuple:
+            sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf)
+            rbuf, rtype = (None, None) if recvbuf is None or self.rank != root else _buf(recvbuf)
+            return sbuf, rbuf, _op(op), root, timeout, _dtype_name(stype, rtype)
+        self._rooted("reduce", timeout, parse, _core.reduce)
 
     def _even_blocks(self, buf: Any, dtype: Optional[str], what: str) -> list:
         total = count_of(buf, dtype)
         if total % self.size:
-            raise ValueError(f"{what}: the root's buffer has {total} elements, not a multiple "
-                             f"of {self.size} ranks")
+            raise ArgumentError(1, f"{what}: the root's buffer has {total} elements, not a "
+                                   f"multiple of {self.size} ranks")
         return [total // self.size] * self.size
 
     def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
                timeout: Optional[float] = None) -> None:
         """The root gets every rank's sendbuf in rank order in recvbuf (IN_PLACE at the root)."""
-        sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf)
-        rbuf, counts, dtype = None, None, stype
-        if self.rank == root:
-            rbuf, rtype = _buf(recvbuf)
-            dtype = _dtype_name(stype, rtype)
-            counts = self._even_blocks(rbuf, dtype, "Gather")
-        self._call(_core.gatherv, self._core, sbuf, rbuf, counts, None, root, timeout, dtype)
+        def parse() -> tuple:
+            sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf)
+            rbuf, counts, dtype = None, None, stype
+            if self.rank == root:
+                rbuf, rtype = _buf(recvbuf)
+                dtype = _dtype_name(stype, rtype)
+                counts = self._even_blocks(rbuf, dtype, "Gather")
+            return sbuf, rbuf, counts, None, root, timeout, dtype
+        self._rooted("gather", timeout, parse, _core.gatherv)
 
     def Gatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
                 timeout: Optional[float] = None) -> None:
         """Gather blocks of different sizes: recvbuf at the root is [buf, counts(, displs)]."""
-        sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf)
-        rbuf = counts = displs = None
-        dtype = stype
-        if self.rank == root:
-            rbuf, counts, displs, rtype = _vbuf(recvbuf, self.size)
-            dtype = _dtype_name(stype, rtype)
-        self._call(_core.gatherv, self._core, sbuf, rbuf, counts, displs, root, timeout, dtype)
+        def parse() -> tuple:
+            sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf)
+            rbuf = counts = displs = None
+            dtype = stype
+            if self.rank == root:
+                rbuf, counts, displs, rtype = _vbuf(recvbuf, self.size, "recvbuf")
+                dtype = _dtype_name(stype, rtype)
+            return sbuf, rbuf, counts, displs, root, timeout, dtype
+        self._rooted("gather", timeout, parse, _core.gatherv)
 
     def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
                 timeout: Optional[float] = None) -> None:
         """Rank i gets block i of the root's sendbuf in recvbuf (IN_PLACE recvbuf at the root)."""
-        rbuf, rtype = (None, None) if recvbuf is IN_PLACE else _buf(recvbuf)
-        sbuf, counts, dtype = None, None, rtype
-        if self.rank == root:
-            sbuf, stype = _buf(sendbuf)
-            dtype = _dtype_name(stype, rtype)
-            counts = self._even_blocks(sbuf, dtype, "Scatter")
-        self._call(_core.scatterv, self._core, sbuf, rbuf, counts, None, root, timeout, dtype)
+        def parse() -> tuple:
+            rbuf, rtype = (None, None) if recvbuf is IN_PLACE else _buf(recvbuf)
+            sbuf, counts, dtype = None, None, rtype
+            if self.rank == root:
+                sbuf, stype = _buf(sendbuf)
+                dtype = _dtype_name(stype, rtype)
+                counts = self._even_blocks(sbuf, dtype, "Scatter")
+            return sbuf, rbuf, counts, None, root, timeout, dtype
+        self._rooted("scatter", timeout, parse, _core.scatterv)
 
     def Scatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
                  timeout: Optional[float] = None) -> None:
         """Scatter blocks of different sizes: sendbuf at the root is [buf, counts(, displs)]."""
-        rbuf, rtype = (None, None) if recvbuf is IN_PLACE else _buf(recvbuf)
-        sbuf = counts = displs = None
-        dtype = rtype
-        if self.rank == root:
-            sbuf, counts, displs, stype = _vbuf(sendbuf, self.size)
-            dtype = _dtype_name(stype, rtype)
-        self._call(_core.scatterv, self._core, sbuf, rbuf, counts, displs, root, timeout, dtype)
+        def parse() -> tuple:
+            rbuf, rtype = (None, None) if recvbuf is IN_PLACE else _buf(recvbuf)
+            sbuf = counts = displs = None
+            dtype = rtype
+            if self.rank == root:
+                sbuf, counts, displs, stype = _vbuf(sendbuf, self.size, "sendbuf")
+                dtype = _dtype_name(stype, rtype)
+            return sbuf, rbuf, counts, displs, root, timeout, dtype
+        self._rooted("scatter", timeout, parse, _core.scatterv)
 
     def Alltoall(self, sendbuf: Any, recvbuf: Any, *, timeout: Optional[float] = None) -> None:
         """Block j of sendbuf goes to rank j; block i of recvbuf comes from rank i (sendbuf
@@ -399,6 +443,7 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
 
     def irecv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         """Start receiving a Python object; the Request's wait() returns it."""
+        _p2p_used[0] = True
         req = self._call(_core.p2p_irecv, self._core, None, source, tag)
         return Request(req, self, pickled=True)
 

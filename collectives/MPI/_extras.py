@@ -47,6 +47,34 @@ def reduce_local(op: Op, inbuf: Any, inoutbuf: Any) -> None:
     ufunc(src, out, out=out)
 
 
+# core dtype -> the Datatype a user op's function is given
+_DATATYPES = {"int8": "SIGNED_CHAR", "uint8": "BYTE", "int32": "INT", "int64": "LONG",
+              "float16": "FLOAT16_T", "float32": "FLOAT", "float64": "DOUBLE"}
+
+
+def user_allreduce(comm: Any, sendbuf: Any, recvbuf: Any, op: Op,
+                   timeout: Optional[float]) -> None:
+    """Allreduce with an Op.Create op: every rank gathers every rank's buffer and folds
+    them in rank order, x0 op (x1 op (... op x(n-1))), calling function(inbuf, inoutbuf,
+    datatype) on byte views, so every rank computes the same result in MPI's order."""
+    from . import _types
+    _no_none(sendbuf)
+    out = _array(recvbuf, "recvbuf", True)
+    mine = out.copy() if sendbuf is IN_PLACE else _array(sendbuf, "sendbuf")
+    if mine.size != out.size or mine.dtype != out.dtype:
+        raise ValueError(f"sendbuf ({mine.size} x {mine.dtype}) and recvbuf ({out.size} x "
+                         f"{out.dtype}) differ")
+    spec_type = recvbuf[-1] if isinstance(recvbuf, (list, tuple)) and \
+        isinstance(recvbuf[-1], Datatype) else None
+    datatype = spec_type or getattr(_types, _DATATYPES[str(out.dtype)])
+    parts = np.empty((comm.size, mine.size), mine.dtype)
+    comm.Allgather(mine, parts.reshape(-1), timeout=timeout)
+    acc = parts[-1].copy()
+    for k in range(comm.size - 2, -1, -1):
+        op._user(memoryview(parts[k]).cast("B"), memoryview(acc).cast("B"), datatype)
+    out[...] = acc
+
+
 class CommExtras:
     """Mixin of collectives.MPI.Comm (see the module docstring)."""
 

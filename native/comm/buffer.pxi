@@ -289,10 +289,19 @@ def not_contiguous(str name):
                       f"numpy.ascontiguousarray(a) for a numpy array")
 
 
+ERR_TYPE = 12  # MPI's error class for a bad datatype (collectives.MPI.ERR_TYPE is this)
+
+
+class DatatypeError(CollectivesError, TypeError):
+    """A buffer whose element type the core does not carry: an ``MPI.Exception`` with
+    error class ERR_TYPE (as mpi4py raises for a datatype) and a ``TypeError``."""
+
+
 def unsupported_dtype(str name, str dtype_name):
-    """The TypeError for an element type the core has no kernel for."""
-    return TypeError(f"{name} has element type {dtype_name}, which collectives does not "
-                     f"support; supported: {', '.join(DTYPES)}")
+    """The DatatypeError for an element type the core has no kernel for."""
+    return DatatypeError(COLL_INVALID_ARGUMENT,
+                         f"{name} has element type {dtype_name}, which collectives does not "
+                         f"support; supported: {', '.join(DTYPES)}", ERR_TYPE)
 
 
 cdef str _format_dtype_name(target, const char *fmt, Py_ssize_t itemsize):

@@ -77,6 +77,7 @@ cdef extern from "coll.h" nogil:
         COLL_ANY_SOURCE
         COLL_ANY_TAG
         COLL_PROC_NULL
+        COLL_ROOT_REFUSED
         COLL_TAG_MAX
     const size_t COLL_COUNT_ANY
 
