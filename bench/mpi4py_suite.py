@@ -15,8 +15,9 @@ it passed on every rank; it is an error (or failure) if it was one on any rank; 
 test some rank started and never finished because the rank died, "hang" one left unfinished
 when the job hit its deadline, "lost" one no rank reached.
 
-``--reference`` runs the same files under ``mpiexec`` with the real mpi4py when the Python
-running this script can import it (``pip install mpi4py`` with Open MPI installed), and
+``--reference`` runs the same files under ``mpiexec`` with the real mpi4py, in the Python
+``--reference-python`` names (default: this one; ``pip install mpi4py`` there, with Open MPI
+installed), and
 prints its counts in the columns on the right. Without it the totals the issue recorded for
 mpi4py 4.1.2 + Open MPI are printed under the table.
 """
@@ -208,7 +209,8 @@ def run_file(test_dir: str, module: str, n: int, env: dict, args: argparse.Names
              reference: bool) -> dict:
     logs = os.path.join(test_dir, "logs", ("ref" if reference else "ours") + f"-np{n}")
     os.makedirs(logs, exist_ok=True)
-    rank = [sys.executable, os.path.join(test_dir, "_rank.py"), logs, module]
+    python = args.reference_python if reference else sys.executable
+    rank = [python, os.path.join(test_dir, "_rank.py"), logs, module]
     if reference:
         cmd = ["mpiexec", "--oversubscribe", "--allow-run-as-root", "-n", str(n), *rank]
     else:
@@ -237,6 +239,8 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="keep the work dir and logs here")
     ap.add_argument("--reference", action="store_true",
                     help="also run the real mpi4py under mpiexec (needs mpi4py importable)")
+    ap.add_argument("--reference-python", default=sys.executable,
+                    help="the Python that has the real mpi4py (default: this one)")
     ap.add_argument("--failures", action="store_true", help="print each test not passed")
     ap.add_argument("--json", default=None, help="write every outcome to this file")
     a = ap.parse_args()

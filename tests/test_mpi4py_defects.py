@@ -339,3 +339,31 @@ def test_one_rank_refuses_bcast():
     part with an unknown count yet)."""
     res = run_world(3, ONE_RANK_REFUSES, args=["Bcast"], timeout=60, collective_timeout=30)
     res.assert_ok()
+
+
+SPLIT_TYPE = r"""
+import numpy as np
+from collectives import MPI
+from collectives.rendezvous import world as _world
+w = MPI.COMM_WORLD
+r, n = w.rank, w.size
+shared = w.Split_type(MPI.COMM_TYPE_SHARED)  # one host here: everyone
+expect((shared.size, shared.rank) == (n, w.local_rank), "one host", f"{shared.size} {shared.rank}")
+_world.host_id = lambda: f"host{r // 2}"  # as if ranks 0-1, 2-3, ... shared a host each
+local = w.Split_type(MPI.COMM_TYPE_SHARED, key=-r)
+mates = [k for k in range(n) if k // 2 == r // 2]
+expect((local.size, local.rank) == (len(mates), sorted(mates, reverse=True).index(r)),
+       "two per host", f"{local.size} {local.rank}")
+out = np.empty(1, np.int64)
+local.Allreduce(np.array([r], np.int64), out)
+check("host sum", out, np.array([sum(mates)], np.int64))
+null = w.Split_type(MPI.UNDEFINED if r == 0 else MPI.COMM_TYPE_SHARED)
+expect((null is MPI.COMM_NULL) == (r == 0), "UNDEFINED", repr(null))
+emit("ok")
+"""
+
+
+def test_split_type_shared_groups_ranks_by_host():
+    """Split_type(COMM_TYPE_SHARED): the ranks with this rank's host id, by key then rank."""
+    res = run_world(3, SPLIT_TYPE, timeout=60).assert_ok()
+    assert all(r.get("ok") for r in res.ranks), res.report()

@@ -514,6 +514,17 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
         hints are accepted and ignored, which MPI allows)."""
         return _mpi_comms.dup(self)
 
+    def Split_type(self, split_type: int, key: int = 0, info: Any = None) -> Any:
+        """Collective: COMM_TYPE_SHARED gives the ranks of this host (same host id: host
+        name and boot id), ordered by key then rank; UNDEFINED gives COMM_NULL. Other
+        split types (MPI 4's hardware kinds) are not provided."""
+        if split_type not in (UNDEFINED, COMM_TYPE_SHARED):
+            raise _missing.NotProvidedError(f"Split_type({split_type}): only "
+                                            f"COMM_TYPE_SHARED and UNDEFINED are provided")
+        hosts = self.allgather(_world.host_id())
+        color = UNDEFINED if split_type == UNDEFINED else hosts.index(hosts[self.rank])
+        return self.Split(color, key)
+
     def Clone(self) -> "Comm":
         """Same as Dup() (mpi4py's name)."""
         return _mpi_comms.dup(self)
