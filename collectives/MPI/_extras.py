@@ -47,6 +47,8 @@ def reduce_local(op: Op, inbuf: Any, inoutbuf: Any) -> None:
     ufunc(src, out, out=out)
 
 
+Op._reduce_local = staticmethod(reduce_local)
+
 # core dtype -> the Datatype a user op's function is given
 _DATATYPES = {"int8": "SIGNED_CHAR", "uint8": "BYTE", "int32": "INT", "int64": "LONG",
               "float16": "FLOAT16_T", "float32": "FLOAT", "float64": "DOUBLE"}

@@ -83,10 +83,12 @@ class Op:
         """Same as the is_commutative property."""
         return self._commute
 
+    # Set by _extras (which works on buffers and imports this module, not the reverse).
+    _reduce_local: Callable[..., None]
+
     def Reduce_local(self, inbuf: Any, inoutbuf: Any) -> None:
         """inoutbuf = op(inbuf, inoutbuf), element-wise, in this process."""
-        from ._extras import reduce_local
-        reduce_local(self, inbuf, inoutbuf)
+        Op._reduce_local(self, inbuf, inoutbuf)
 
     def __bool__(self) -> bool:
         return self._func is not None
