@@ -112,6 +112,8 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
         pass  # __new__ did it
 
     def __eq__(self, other: Any) -> bool:
+        if isinstance(other, _mpi_comms._CommNull):
+            return self._core.closed  # a freed communicator is COMM_NULL, as in MPI
         return isinstance(other, Comm) and other._core is self._core
 
     def __ne__(self, other: Any) -> bool:
@@ -121,7 +123,7 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
         return id(self._core)
 
     def __bool__(self) -> bool:
-        return True
+        return not self._core.closed
 
     def __reduce__(self) -> Any:
         """COMM_WORLD and COMM_SELF pickle by name (as in mpi4py); others cannot."""
@@ -173,7 +175,10 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
         except CollectivesError as exc:
             raise self._explained(exc) from None
         except ValueError as exc:  # a bad rank, tag, root, count: mpi4py raises MPI.Exception
-            raise ArgumentError(1, str(exc)) from None
+            text = str(exc)  # with the error class MPI gives (the core's words name the kind)
+            cls = ERR_ROOT if text.startswith("root ") else ERR_RANK if " rank " in \
+                f" {text}" and "out of range" in text else ERR_TAG if "tag" in text else ERR_ARG
+            raise ArgumentError(1, text, cls) from None
 
     def _explained(self, exc: CollectivesError) -> CollectivesError:
         """exc, or the same error with the cause other ranks reported appended."""
@@ -213,7 +218,8 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
 
     def _allgather_args(self, sendbuf: Any, recvbuf: Any) -> tuple:
         # mpi4py: no sendbuf (None) is the in-place form here
-        sbuf, rbuf, dtype = _pair(IN_PLACE if sendbuf is None else sendbuf, recvbuf)
+        sbuf, rbuf, dtype = _pair(IN_PLACE if sendbuf is None else sendbuf, recvbuf, 0,
+                                  self.size)
         n = self.size
         total = count_of(rbuf, dtype)
         if total % n:
@@ -314,7 +320,7 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
             sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf)
             rbuf, counts, dtype = None, None, stype
             if self.rank == root:
-                rbuf, rtype = _buf(recvbuf)
+                rbuf, rtype = _buf(recvbuf, "recvbuf", self.size)
                 dtype = _dtype_name(stype, rtype)
                 counts = self._even_blocks(rbuf, dtype, "Gather")
             return sbuf, rbuf, counts, None, root, timeout, dtype
@@ -340,7 +346,7 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
             rbuf, rtype = (None, None) if recvbuf is IN_PLACE else _buf(recvbuf)
             sbuf, counts, dtype = None, None, rtype
             if self.rank == root:
-                sbuf, stype = _buf(sendbuf)
+                sbuf, stype = _buf(sendbuf, "sendbuf", self.size)
                 dtype = _dtype_name(stype, rtype)
                 counts = self._even_blocks(sbuf, dtype, "Scatter")
             return sbuf, rbuf, counts, None, root, timeout, dtype
@@ -362,7 +368,7 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
     def Alltoall(self, sendbuf: Any, recvbuf: Any, *, timeout: Optional[float] = None) -> None:
         """Block j of sendbuf goes to rank j; block i of recvbuf comes from rank i (sendbuf
         may be IN_PLACE)."""
-        sbuf, rbuf, dtype = _pair(sendbuf, recvbuf)
+        sbuf, rbuf, dtype = _pair(sendbuf, recvbuf, self.size, self.size)
         counts = self._even_blocks(rbuf, dtype, "Alltoall")
         if sbuf is not None and count_of(sbuf, dtype) != sum(counts):
             raise ValueError(f"Alltoall: sendbuf has {count_of(sbuf, dtype)} elements, "

@@ -20,10 +20,11 @@ class _CommNull:
         return False
 
     def __eq__(self, other: Any) -> bool:
-        return isinstance(other, _CommNull)
+        core = getattr(other, "_core", None)
+        return isinstance(other, _CommNull) or (core is not None and core.closed)
 
     def __ne__(self, other: Any) -> bool:
-        return not isinstance(other, _CommNull)
+        return not self == other
 
     def __hash__(self) -> int:
         return 0

@@ -63,8 +63,10 @@ def _part(buf: Any, dtype: Optional[str], count: Optional[int], displ: int, name
     return _core.host_array(buf, name, False, dtype)[displ:displ + count]
 
 
-def _buf(spec: Any, name: str = "buffer") -> tuple[Any, Optional[str]]:
-    """(buffer, core dtype or None) of a buffer spec (see the module docstring)."""
+def _buf(spec: Any, name: str = "buffer", blocks: int = 0) -> tuple[Any, Optional[str]]:
+    """(buffer, core dtype or None) of a buffer spec (see the module docstring). blocks > 0:
+    the buffer holds one block per rank (Allgather's and Gather's recvbuf, Scatter's sendbuf,
+    both of Alltoall's), and a count is per block, as mpi4py reads it."""
     if not isinstance(spec, (list, tuple)):
         return (_empty(None) if spec is BOTTOM else spec), None
     if not spec:
@@ -81,6 +83,8 @@ def _buf(spec: Any, name: str = "buffer") -> tuple[Any, Optional[str]]:
     if len(rest) > 2:
         raise TypeError(f"{name}: a message is [buf, count, displ, datatype] at most")
     count = None if not rest or rest[0] is None else _int(rest[0], "count")
+    if count is not None and blocks:
+        count *= blocks
     displ = _int(rest[1], "displacement") if len(rest) > 1 and rest[1] is not None else 0
     return _part(buf, dtype, count, displ, name), dtype
 
@@ -92,21 +96,25 @@ def _no_none(sendbuf: Any) -> None:
         raise TypeError("sendbuf is None: pass MPI.IN_PLACE for the in-place form")
 
 
-def _pair(sendbuf: Any, recvbuf: Any) -> tuple[Any, Any, Optional[str]]:
-    """(sendbuf, or None for IN_PLACE; recvbuf; the datatype both specs agree on, or None)."""
+def _pair(sendbuf: Any, recvbuf: Any, sblocks: int = 0,
+          rblocks: int = 0) -> tuple[Any, Any, Optional[str]]:
+    """(sendbuf, or None for IN_PLACE; recvbuf; the datatype both specs agree on, or None);
+    sblocks/rblocks: see _buf's blocks."""
     _no_none(sendbuf)
     if not isinstance(recvbuf, (list, tuple)) and \
             (sendbuf is IN_PLACE or not isinstance(sendbuf, (list, tuple))):
         return (None if sendbuf is IN_PLACE else sendbuf), recvbuf, None  # plain buffers
-    rbuf, rtype = _buf(recvbuf, "recvbuf")
-    sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf, "sendbuf")
+    rbuf, rtype = _buf(recvbuf, "recvbuf", rblocks)
+    sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf, "sendbuf", sblocks)
     return sbuf, rbuf, _dtype_name(stype, rtype)
 
 
 def _vbuf(spec: Any, size: int, name: str = "buffer") -> tuple[Any, list, Optional[list],
                                                              Optional[str]]:
     """(buffer, counts, displs or None, dtype) of a vector spec (see the module docstring)."""
-    if not isinstance(spec, (list, tuple)) or len(spec) < 2:
+    if not isinstance(spec, (list, tuple)):
+        spec = [spec, None]  # a plain buffer: equal blocks, packed
+    if len(spec) < 2:
         raise TypeError(f"{name}: a vector message is [buf, counts] or [buf, counts, displs]")
     items = list(spec)
     dtype = None
