@@ -297,7 +297,7 @@ static coll_result_t run_allreduce(coll_comm_t *comm, const coll_args_t *args) {
   coll_sched_t s;
   coll_sched_init(&s, comm, COLL_KIND_ALLREDUCE, a, (uint32_t)algo);
   COLL_INFO(COLL_LOG_TUNE, "allreduce #%u %zu bytes on %d ranks: %s", s.hdr.seq, nbytes, comm->size,
-            e->name);
+            coll_algo_name(algo));
   coll_result_t res = e->build(&s, a);
   if (res == COLL_SUCCESS) res = run_sched(&s, a);
   coll_sched_free(&s);
@@ -433,6 +433,18 @@ coll_result_t coll_broadcast(coll_comm_t *comm, const coll_args_t *a) {
 }
 coll_result_t coll_reduce_scatter_block(coll_comm_t *comm, const coll_args_t *a) {
   return coll_comm_blocking(comm, a, check_reduce_scatter, run_reduce_scatter);
+}
+coll_result_t coll_reduce(coll_comm_t *comm, const coll_args_t *a) {
+  return coll_comm_blocking(comm, a, coll_check_reduce, coll_run_reduce);
+}
+coll_result_t coll_gatherv(coll_comm_t *comm, const coll_args_t *a) {
+  return coll_comm_blocking(comm, a, coll_check_gatherv, coll_run_gatherv);
+}
+coll_result_t coll_scatterv(coll_comm_t *comm, const coll_args_t *a) {
+  return coll_comm_blocking(comm, a, coll_check_scatterv, coll_run_scatterv);
+}
+coll_result_t coll_alltoallv(coll_comm_t *comm, const coll_args_t *a) {
+  return coll_comm_blocking(comm, a, coll_check_alltoallv, coll_run_alltoallv);
 }
 coll_result_t coll_barrier(coll_comm_t *comm, double timeout) {
   coll_args_t a;
