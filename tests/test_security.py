@@ -282,7 +282,8 @@ def test_forged_opening_with_the_comm_id_is_dropped(capfd):
 _JOB_BODY = r"""
 import json, os, time
 import numpy as np
-from collectives import MPI, _world
+from collectives import MPI
+from collectives.rendezvous import world as _world
 comm = MPI.COMM_WORLD
 state = _world._state
 d = os.environ["SEC_DIR"]

@@ -31,7 +31,7 @@
 
 #include "coll.h"
 #include "algorithms/algorithms.h"
-#include "base/comm.h"
+#include "base/comm_state.h"
 #include "algorithms/pattern.h"
 #include "reduce/reduce.h"
 #include "schedule/schedule.h"
@@ -104,14 +104,14 @@ static coll_result_t run_refused(coll_comm_t *comm, const coll_args_t *a, coll_k
 
 /* ---- reduce ---- */
 
-static coll_result_t check_reduce(coll_comm_t *comm, const coll_args_t *a) {
+coll_result_t coll_check_reduce(coll_comm_t *comm, const coll_args_t *a) {
   COLL_CHECK(check_rooted(comm, a, "reduce", 1));
   if (a->count && (!a->sendbuf || (comm->rank == a->root && !a->recvbuf)))
     return coll_error(comm, COLL_INVALID_ARGUMENT, "reduce: NULL buffer with count %zu", a->count);
   return COLL_SUCCESS;
 }
 
-static coll_result_t run_reduce(coll_comm_t *comm, const coll_args_t *a) {
+coll_result_t coll_run_reduce(coll_comm_t *comm, const coll_args_t *a) {
   if (a->root == COLL_ROOT_REFUSED) return run_refused(comm, a, COLL_KIND_REDUCE);
   size_t nbytes = a->count * coll_dtype_size(a->dtype);
   int root = a->root, r = comm->rank, n = comm->size;
@@ -158,7 +158,7 @@ static coll_result_t run_reduce(coll_comm_t *comm, const coll_args_t *a) {
 
 /* ---- gatherv ---- */
 
-static coll_result_t check_gatherv(coll_comm_t *comm, const coll_args_t *a) {
+coll_result_t coll_check_gatherv(coll_comm_t *comm, const coll_args_t *a) {
   COLL_CHECK(check_rooted(comm, a, "gatherv", 0));
   COLL_CHECK(check_blocks(comm, a, "gatherv"));
   if (a->count && !a->sendbuf)
@@ -166,7 +166,7 @@ static coll_result_t check_gatherv(coll_comm_t *comm, const coll_args_t *a) {
   return COLL_SUCCESS;
 }
 
-static coll_result_t run_gatherv(coll_comm_t *comm, const coll_args_t *a) {
+coll_result_t coll_run_gatherv(coll_comm_t *comm, const coll_args_t *a) {
   if (a->root == COLL_ROOT_REFUSED) return run_refused(comm, a, COLL_KIND_GATHER);
   size_t elem = coll_dtype_size(a->dtype);
   int root = a->root, r = comm->rank, done;
@@ -190,7 +190,7 @@ static coll_result_t run_gatherv(coll_comm_t *comm, const coll_args_t *a) {
 
 /* ---- scatterv ---- */
 
-static coll_result_t check_scatterv(coll_comm_t *comm, const coll_args_t *a) {
+coll_result_t coll_check_scatterv(coll_comm_t *comm, const coll_args_t *a) {
   COLL_CHECK(check_rooted(comm, a, "scatterv", 0));
   COLL_CHECK(check_blocks(comm, a, "scatterv"));
   if (a->count && !a->recvbuf)
@@ -198,7 +198,7 @@ static coll_result_t check_scatterv(coll_comm_t *comm, const coll_args_t *a) {
   return COLL_SUCCESS;
 }
 
-static coll_result_t run_scatterv(coll_comm_t *comm, const coll_args_t *a) {
+coll_result_t coll_run_scatterv(coll_comm_t *comm, const coll_args_t *a) {
   if (a->root == COLL_ROOT_REFUSED) return run_refused(comm, a, COLL_KIND_SCATTER);
   size_t elem = coll_dtype_size(a->dtype);
   int root = a->root, r = comm->rank, done;
@@ -220,12 +220,3 @@ static coll_result_t run_scatterv(coll_comm_t *comm, const coll_args_t *a) {
   return run(comm, &s, a);
 }
 
-coll_result_t coll_reduce(coll_comm_t *comm, const coll_args_t *a) {
-  return coll_comm_blocking(comm, a, check_reduce, run_reduce);
-}
-coll_result_t coll_gatherv(coll_comm_t *comm, const coll_args_t *a) {
-  return coll_comm_blocking(comm, a, check_gatherv, run_gatherv);
-}
-coll_result_t coll_scatterv(coll_comm_t *comm, const coll_args_t *a) {
-  return coll_comm_blocking(comm, a, check_scatterv, run_scatterv);
-}
