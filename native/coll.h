@@ -288,6 +288,11 @@ coll_result_t coll_alltoallv(coll_comm_t *comm, const coll_args_t *args);
 coll_result_t coll_iallreduce(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req);
 coll_result_t coll_iallgatherv(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req);
 coll_result_t coll_ibroadcast(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req);
+/* Non-blocking reduce, gatherv, scatterv: the same contracts as the blocking calls, run on
+ * the progress thread in submission order (counts and displs are copied). */
+coll_result_t coll_ireduce(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req);
+coll_result_t coll_igatherv(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req);
+coll_result_t coll_iscatterv(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req);
 coll_result_t coll_ireduce_scatter_block(coll_comm_t *comm, const coll_args_t *args,
                                          coll_request_t **req);
 coll_result_t coll_ibarrier(coll_comm_t *comm, double timeout, coll_request_t **req);

@@ -101,6 +101,20 @@ for make in (LegacyDL, VersionedDL, HostCAI):
             expect(exc.Get_error_class() == MPI.ERR_TYPE and isinstance(exc, TypeError),
                    (kind, "ERR_TYPE"), repr(exc))
         alive(kind)
+# zero-size buffers without memory (an empty array.array has a NULL pointer, which the core
+# took for "no buffer": the root of a Gatherv sent its empty blocks instead of receiving)
+for make in (lambda: array.array("i"), lambda: HostCAI(np.zeros(0, np.int32))):
+    for root in range(n):
+        w.Gatherv(make(), [make(), [0] * n] if r == root else None, root)
+        w.Scatterv([make(), [0] * n] if r == root else None, make(), root)
+        w.Gather(make(), make() if r == root else None, root)
+        w.Reduce(make(), make() if r == root else None, root=root)
+        w.Bcast(make(), root=root)
+        w.Barrier()
+    w.Alltoall(make(), make())
+    w.Allgather(make(), make())
+    w.Allreduce(make(), make())
+    alive("zero-size")
 ro = np.zeros(3, np.int32)
 for bad in (HostCAI(ro, readonly=True), b"\0" * 12, memoryview(bytearray(12)).toreadonly()):
     try:

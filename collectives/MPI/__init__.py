@@ -294,17 +294,28 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
             if not self._core.closed:
                 _core.refuse_rooted(self._core, kind, timeout)
             raise
-        self._call(fn, self._core, *args)
+        return self._call(fn, self._core, *args)
 
-    def Reduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0, *,
-               timeout: Optional[float] = None) -> None:
+    def _reduce(self, sendbuf: Any, recvbuf: Any, op: Op, root: int, timeout: Optional[float],
+                fn: Callable[..., Any]) -> Any:
         """recvbuf at root = op over every rank's sendbuf (IN_PLACE at the root; recvbuf
         is ignored elsewhere and may be None)."""
         def parse() -> tuple:
             sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf)
             rbuf, rtype = (None, None) if recvbuf is None or self.rank != root else _buf(recvbuf)
             return sbuf, rbuf, _op(op), root, timeout, _dtype_name(stype, rtype)
-        self._rooted("reduce", timeout, parse, _core.reduce)
+        return self._rooted("reduce", timeout, parse, fn)
+
+    def Reduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0, *,
+                timeout: Optional[float] = None) -> None:
+        """recvbuf at root = op over every rank's sendbuf (IN_PLACE at the root; recvbuf
+        is ignored elsewhere and may be None)."""
+        self._reduce(sendbuf, recvbuf, op, root, timeout, _core.reduce)
+
+    def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0, *,
+                 timeout: Optional[float] = None) -> Request:
+        """Start a Reduce; returns a Request (the buffers stay in use until it completes)."""
+        return Request(self._reduce(sendbuf, recvbuf, op, root, timeout, _core.ireduce), self)
 
     def _even_blocks(self, buf: Any, dtype: Optional[str], what: str) -> list:
         total = count_of(buf, dtype)
@@ -313,8 +324,8 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
                                    f"multiple of {self.size} ranks")
         return [total // self.size] * self.size
 
-    def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
-               timeout: Optional[float] = None) -> None:
+    def _gather(self, sendbuf: Any, recvbuf: Any, root: int, timeout: Optional[float],
+                fn: Callable[..., Any]) -> Any:
         """The root gets every rank's sendbuf in rank order in recvbuf (IN_PLACE at the root)."""
         def parse() -> tuple:
             sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf)
@@ -324,10 +335,20 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
                 dtype = _dtype_name(stype, rtype)
                 counts = self._even_blocks(rbuf, dtype, "Gather")
             return sbuf, rbuf, counts, None, root, timeout, dtype
-        self._rooted("gather", timeout, parse, _core.gatherv)
+        return self._rooted("gather", timeout, parse, fn)
 
-    def Gatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
+    def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
                 timeout: Optional[float] = None) -> None:
+        """The root gets every rank's sendbuf in rank order in recvbuf (IN_PLACE at the root)."""
+        self._gather(sendbuf, recvbuf, root, timeout, _core.gatherv)
+
+    def Igather(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
+                 timeout: Optional[float] = None) -> Request:
+        """Start a Gather; returns a Request (the buffers stay in use until it completes)."""
+        return Request(self._gather(sendbuf, recvbuf, root, timeout, _core.igatherv), self)
+
+    def _gatherv(self, sendbuf: Any, recvbuf: Any, root: int, timeout: Optional[float],
+                 fn: Callable[..., Any]) -> Any:
         """Gather blocks of different sizes: recvbuf at the root is [buf, counts(, displs)]."""
         def parse() -> tuple:
             sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf)
@@ -337,10 +358,20 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
                 rbuf, counts, displs, rtype = _vbuf(recvbuf, self.size, "recvbuf")
                 dtype = _dtype_name(stype, rtype)
             return sbuf, rbuf, counts, displs, root, timeout, dtype
-        self._rooted("gather", timeout, parse, _core.gatherv)
+        return self._rooted("gather", timeout, parse, fn)
 
-    def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
-                timeout: Optional[float] = None) -> None:
+    def Gatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
+                 timeout: Optional[float] = None) -> None:
+        """Gather blocks of different sizes: recvbuf at the root is [buf, counts(, displs)]."""
+        self._gatherv(sendbuf, recvbuf, root, timeout, _core.gatherv)
+
+    def Igatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
+                  timeout: Optional[float] = None) -> Request:
+        """Start a Gatherv; returns a Request (the buffers stay in use until it completes)."""
+        return Request(self._gatherv(sendbuf, recvbuf, root, timeout, _core.igatherv), self)
+
+    def _scatter(self, sendbuf: Any, recvbuf: Any, root: int, timeout: Optional[float],
+                 fn: Callable[..., Any]) -> Any:
         """Rank i gets block i of the root's sendbuf in recvbuf (IN_PLACE recvbuf at the root)."""
         def parse() -> tuple:
             rbuf, rtype = (None, None) if recvbuf is IN_PLACE else _buf(recvbuf)
@@ -350,10 +381,20 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
                 dtype = _dtype_name(stype, rtype)
                 counts = self._even_blocks(sbuf, dtype, "Scatter")
             return sbuf, rbuf, counts, None, root, timeout, dtype
-        self._rooted("scatter", timeout, parse, _core.scatterv)
+        return self._rooted("scatter", timeout, parse, fn)
 
-    def Scatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
+    def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
                  timeout: Optional[float] = None) -> None:
+        """Rank i gets block i of the root's sendbuf in recvbuf (IN_PLACE recvbuf at the root)."""
+        self._scatter(sendbuf, recvbuf, root, timeout, _core.scatterv)
+
+    def Iscatter(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
+                  timeout: Optional[float] = None) -> Request:
+        """Start a Scatter; returns a Request (the buffers stay in use until it completes)."""
+        return Request(self._scatter(sendbuf, recvbuf, root, timeout, _core.iscatterv), self)
+
+    def _scatterv(self, sendbuf: Any, recvbuf: Any, root: int, timeout: Optional[float],
+                  fn: Callable[..., Any]) -> Any:
         """Scatter blocks of different sizes: sendbuf at the root is [buf, counts(, displs)]."""
         def parse() -> tuple:
             rbuf, rtype = (None, None) if recvbuf is IN_PLACE else _buf(recvbuf)
@@ -363,7 +404,17 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
                 sbuf, counts, displs, stype = _vbuf(sendbuf, self.size, "sendbuf")
                 dtype = _dtype_name(stype, rtype)
             return sbuf, rbuf, counts, displs, root, timeout, dtype
-        self._rooted("scatter", timeout, parse, _core.scatterv)
+        return self._rooted("scatter", timeout, parse, fn)
+
+    def Scatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
+                  timeout: Optional[float] = None) -> None:
+        """Scatter blocks of different sizes: sendbuf at the root is [buf, counts(, displs)]."""
+        self._scatterv(sendbuf, recvbuf, root, timeout, _core.scatterv)
+
+    def Iscatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
+                   timeout: Optional[float] = None) -> Request:
+        """Start a Scatterv; returns a Request (the buffers stay in use until it completes)."""
+        return Request(self._scatterv(sendbuf, recvbuf, root, timeout, _core.iscatterv), self)
 
     def Alltoall(self, sendbuf: Any, recvbuf: Any, *, timeout: Optional[float] = None) -> None:
         """Block j of sendbuf goes to rank j; block i of recvbuf comes from rank i (sendbuf

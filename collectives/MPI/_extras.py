@@ -147,7 +147,10 @@ class CommExtras:
 
     # -- buffer forms ------------------------------------------------------
     def _prefix(self, sendbuf: Any, recvbuf: Any, op: Any, timeout: Optional[float],
-                exclusive: bool) -> None:
+                exclusive: bool, start: bool = False) -> Any:
+        """Scan/Exscan: every rank's sendbuf by Allgather, then the prefix in rank order
+        into recvbuf; start=True: an Iallgather whose Request computes the prefix once
+        complete (Iscan/Iexscan), returned."""
         _no_none(sendbuf)
         name = _op(op)
         if name not in _UFUNCS:
@@ -159,15 +162,34 @@ class CommExtras:
             raise ValueError(f"sendbuf ({mine.size} x {mine.dtype}) and recvbuf "
                              f"({out.size} x {out.dtype}) differ")
         parts = np.empty((self.size, mine.size), mine.dtype)
-        self.Allgather(mine.copy() if sendbuf is IN_PLACE else mine, parts.reshape(-1),
-                       timeout=timeout)
         upto = self.rank if exclusive else self.rank + 1
-        if upto == 0:
-            return  # Exscan at rank 0: recvbuf is left as it was (undefined in MPI)
-        acc = parts[0].copy()
-        for k in range(1, upto):
-            _UFUNCS[name](acc, parts[k], out=acc)
-        out[...] = acc
+
+        def fold() -> None:
+            if upto == 0:
+                return  # Exscan at rank 0: recvbuf is left as it was (undefined in MPI)
+            acc = parts[0].copy()
+            for k in range(1, upto):
+                _UFUNCS[name](acc, parts[k], out=acc)
+            out[...] = acc
+
+        send = mine.copy() if sendbuf is IN_PLACE or start else mine
+        if start:
+            req = self.Iallgather(send, parts.reshape(-1), timeout=timeout)
+            req._then = fold
+            return req
+        self.Allgather(send, parts.reshape(-1), timeout=timeout)
+        fold()
+        return None
+
+    def Iscan(self, sendbuf: Any, recvbuf: Any, op: Any = None, *,
+              timeout: Optional[float] = None) -> Any:
+        """Start a Scan; returns a Request (recvbuf is written when it completes)."""
+        return self._prefix(sendbuf, recvbuf, SUM if op is None else op, timeout, False, True)
+
+    def Iexscan(self, sendbuf: Any, recvbuf: Any, op: Any = None, *,
+                timeout: Optional[float] = None) -> Any:
+        """Start an Exscan; returns a Request (recvbuf is written when it completes)."""
+        return self._prefix(sendbuf, recvbuf, SUM if op is None else op, timeout, True, True)
 
     def Scan(self, sendbuf: Any, recvbuf: Any, op: Any = None, *,
              timeout: Optional[float] = None) -> None:

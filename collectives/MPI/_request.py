@@ -37,7 +37,7 @@ class Request(metaclass=_RequestType):
     def __init__(self, core_request: Any = None, comm: Any = None, pickled: bool = False) -> None:
         # Request() is a null request (inactive, equal to REQUEST_NULL); Request(req) a
         # second handle to req (mpi4py's constructors).
-        if isinstance(core_request, Request):
+        if isinstance(core_request, Request):  # (its _then stays with the original)
             core_request, comm, pickled = core_request._req, core_request._comm, \
                 core_request._pickled
         elif core_request is not None and not isinstance(core_request, _CoreRequest):
@@ -46,6 +46,7 @@ class Request(metaclass=_RequestType):
         self._comm = comm
         self._pickled = pickled
         self._active = core_request is not None
+        self._then: Optional[Any] = None  # run once on success (Iscan's local fold)
 
     def __bool__(self) -> bool:
         return self._active
@@ -85,6 +86,9 @@ class Request(metaclass=_RequestType):
             except CollectivesError:
                 self._active = False
                 raise
+            then, self._then = self._then, None
+            if then is not None:
+                then()
         return self._outcome(status)
 
     def _done(self) -> bool:

@@ -418,8 +418,23 @@ cdef object _dlpack_host(_View v, obj, str name, bint writable, object dtype):
     return None
 
 
+cdef char _zero_bytes[8]  # where an empty buffer without memory points (never read)
+
+
 cdef _View as_view(obj, str name, bint writable, object dtype):
-    """Resolve obj into a contiguous view; `name` is used in messages."""
+    """Resolve obj into a contiguous view; `name` is used in messages. An empty buffer
+    always has a non-NULL pointer: the core reads NULL as "no buffer" (a rooted block with
+    a NULL destination is a send), and an empty array.array or DLPack tensor may have none."""
+    cdef _View v = _as_view(obj, name, writable, dtype)
+    if v.ptr == NULL:
+        if v.nbytes:
+            v = None
+            raise ValueError(f"{name}: NULL data pointer for a non-empty buffer")
+        v.ptr = <void *>_zero_bytes
+    return v
+
+
+cdef _View _as_view(obj, str name, bint writable, object dtype):
     if obj is None:
         raise not_a_buffer(name, obj)
     cdef _View v = _View()

@@ -32,7 +32,8 @@ cdef object _blocks(Communicator c, size_t *cc, counts, displs, size_t total, st
     return counts
 
 
-cdef object _reduce(Communicator comm, sendbuf, recvbuf, op, int root, timeout, dtype):
+cdef object _reduce(Communicator comm, sendbuf, recvbuf, op, int root, timeout, dtype,
+                    Request r=None):
     if not (0 <= root < comm._size):
         raise ValueError(f"root {root} out of range for {comm._size} ranks")
     cdef bint is_root = comm._rank == root
@@ -56,13 +57,16 @@ cdef object _reduce(Communicator comm, sendbuf, recvbuf, op, int root, timeout, 
     a.root = root
     a.timeout = as_timeout(timeout)
     cdef coll_result_t res
+    if r is not None:  # non-blocking: the request keeps the buffers alive
+        r.views = (sv, rv)
+        return coll_ireduce(comm.comm, &a, &r.req)
     with nogil:
         res = coll_reduce(comm.comm, &a)
     return res
 
 
 cdef object _gatherv(Communicator comm, sendbuf, recvbuf, counts, displs, int root, timeout,
-                     dtype):
+                     dtype, Request r=None):
     if not (0 <= root < comm._size):
         raise ValueError(f"root {root} out of range for {comm._size} ranks")
     cdef int n = comm._size
@@ -108,6 +112,9 @@ cdef object _gatherv(Communicator comm, sendbuf, recvbuf, counts, displs, int ro
             a.dtype = <coll_dtype_t>sv.dtype
         a.root = root
         a.timeout = as_timeout(timeout)
+        if r is not None:  # non-blocking: counts are copied, the request keeps the views
+            r.views = (sv, rv)
+            return coll_igatherv(comm.comm, &a, &r.req)
         with nogil:
             res = coll_gatherv(comm.comm, &a)
         return res
@@ -116,7 +123,7 @@ cdef object _gatherv(Communicator comm, sendbuf, recvbuf, counts, displs, int ro
 
 
 cdef object _scatterv(Communicator comm, sendbuf, recvbuf, counts, displs, int root, timeout,
-                      dtype):
+                      dtype, Request r=None):
     if not (0 <= root < comm._size):
         raise ValueError(f"root {root} out of range for {comm._size} ranks")
     cdef int n = comm._size
@@ -162,6 +169,9 @@ cdef object _scatterv(Communicator comm, sendbuf, recvbuf, counts, displs, int r
             a.dtype = <coll_dtype_t>rv.dtype
         a.root = root
         a.timeout = as_timeout(timeout)
+        if r is not None:  # non-blocking: counts are copied, the request keeps the views
+            r.views = (sv, rv)
+            return coll_iscatterv(comm.comm, &a, &r.req)
         with nogil:
             res = coll_scatterv(comm.comm, &a)
         return res
@@ -217,16 +227,18 @@ cdef int _rooted_call(Communicator comm, str kind, timeout, fn, tuple args) exce
     return 0
 
 
-def _reduce_py(Communicator comm, sendbuf, recvbuf, op, int root, timeout, dtype):
-    return _reduce(comm, sendbuf, recvbuf, op, root, timeout, dtype)
+def _reduce_py(Communicator comm, sendbuf, recvbuf, op, int root, timeout, dtype, r=None):
+    return _reduce(comm, sendbuf, recvbuf, op, root, timeout, dtype, r)
 
 
-def _gatherv_py(Communicator comm, sendbuf, recvbuf, counts, displs, int root, timeout, dtype):
-    return _gatherv(comm, sendbuf, recvbuf, counts, displs, root, timeout, dtype)
+def _gatherv_py(Communicator comm, sendbuf, recvbuf, counts, displs, int root, timeout, dtype,
+                r=None):
+    return _gatherv(comm, sendbuf, recvbuf, counts, displs, root, timeout, dtype, r)
 
 
-def _scatterv_py(Communicator comm, sendbuf, recvbuf, counts, displs, int root, timeout, dtype):
-    return _scatterv(comm, sendbuf, recvbuf, counts, displs, root, timeout, dtype)
+def _scatterv_py(Communicator comm, sendbuf, recvbuf, counts, displs, int root, timeout, dtype,
+                 r=None):
+    return _scatterv(comm, sendbuf, recvbuf, counts, displs, root, timeout, dtype, r)
 
 
 def reduce(Communicator comm, sendbuf, recvbuf, op="sum", root=0, timeout=None,
@@ -254,3 +266,30 @@ def scatterv(Communicator comm, sendbuf, recvbuf, counts=None, displs=None, root
     refuses its arguments tells the others (refuse_rooted) before raising."""
     _rooted_call(comm, "scatter", timeout, _scatterv_py,
                  (sendbuf, recvbuf, counts, displs, root, timeout, dtype))
+
+
+def ireduce(Communicator comm, sendbuf, recvbuf, op="sum", root=0, timeout=None,
+            dtype=None) -> Request:
+    """Start a reduce (see reduce) on the progress thread; returns a Request."""
+    cdef Request r = comm._request(None)
+    _rooted_call(comm, "reduce", timeout, _reduce_py,
+                 (sendbuf, recvbuf, op, root, timeout, dtype, r))
+    return r
+
+
+def igatherv(Communicator comm, sendbuf, recvbuf, counts=None, displs=None, root=0,
+             timeout=None, dtype=None) -> Request:
+    """Start a gatherv (see gatherv) on the progress thread; returns a Request."""
+    cdef Request r = comm._request(None)
+    _rooted_call(comm, "gather", timeout, _gatherv_py,
+                 (sendbuf, recvbuf, counts, displs, root, timeout, dtype, r))
+    return r
+
+
+def iscatterv(Communicator comm, sendbuf, recvbuf, counts=None, displs=None, root=0,
+              timeout=None, dtype=None) -> Request:
+    """Start a scatterv (see scatterv) on the progress thread; returns a Request."""
+    cdef Request r = comm._request(None)
+    _rooted_call(comm, "scatter", timeout, _scatterv_py,
+                 (sendbuf, recvbuf, counts, displs, root, timeout, dtype, r))
+    return r
