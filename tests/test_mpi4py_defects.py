@@ -381,3 +381,39 @@ def test_split_type_shared_groups_ranks_by_host():
     """Split_type(COMM_TYPE_SHARED): the ranks with this rank's host id, by key then rank."""
     res = run_world(3, SPLIT_TYPE, timeout=60).assert_ok()
     assert all(r.get("ok") for r in res.ranks), res.report()
+
+
+NONBLOCKING = r"""
+import numpy as np
+from collectives import MPI
+w = MPI.COMM_WORLD
+r, n = w.rank, w.size
+for root in range(n):
+    g = np.full(2 * n, -1, np.int32) if r == root else None
+    red = np.zeros(3, np.int64) if r == root else None
+    sc = np.full(2, -1, np.float64)
+    scan = np.zeros(2, np.int32)
+    ex = np.full(2, -7, np.int32)
+    reqs = [w.Igather(np.full(2, r, np.int32), g, root),
+            w.Ireduce(np.full(3, r + 1, np.int64), red, MPI.SUM, root),
+            w.Iscatterv([np.arange(2 * n, dtype=np.float64), [2] * n] if r == root else None,
+                        sc, root),
+            w.Iscan(np.array([1, r], np.int32), scan),
+            w.Iexscan(np.array([1, r], np.int32), ex)]
+    MPI.Request.Waitall(reqs)
+    if r == root:
+        check(("Igather", root), g, np.repeat(np.arange(n, dtype=np.int32), 2))
+        check(("Ireduce", root), red, np.full(3, n * (n + 1) // 2, np.int64))
+    check(("Iscatterv", root), sc, np.array([2 * r, 2 * r + 1], np.float64))
+    check(("Iscan", root), scan, np.array([r + 1, r * (r + 1) // 2], np.int32))
+    if r > 0:
+        check(("Iexscan", root), ex, np.array([r, r * (r - 1) // 2], np.int32))
+emit("ok")
+"""
+
+
+def test_nonblocking_rooted_and_prefix_forms():
+    """Igather, Ireduce, Iscatterv, Iscan, Iexscan in flight together, completed by Waitall."""
+    for n in (1, 3):
+        res = run_world(n, NONBLOCKING, timeout=60).assert_ok()
+        assert all(r.get("ok") for r in res.ranks), res.report()

@@ -20,8 +20,10 @@ class _CommNull:
         return False
 
     def __eq__(self, other: Any) -> bool:
-        core = getattr(other, "_core", None)
-        return isinstance(other, _CommNull) or (core is not None and core.closed)
+        if isinstance(other, _CommNull):
+            return True
+        core = getattr(other, "_core", None)  # a freed communicator is COMM_NULL
+        return core is not None and core.closed
 
     def __ne__(self, other: Any) -> bool:
         return not self == other
