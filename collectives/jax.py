@@ -128,7 +128,7 @@ __all__ = ["allreduce", "allgather", "broadcast", "barrier", "CollectiveEffect",
 
 # coll_op_t / coll_algo_t codes (native/coll.h)
 _OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "mean": 4, "avg": 4}
-_ALGORITHMS = {"auto": 0, "ring": 1, "tree": 2, "butterfly": 3}
+_ALGORITHMS = {"auto": 0, "ring": 1, "tree": 2, "butterfly": 3, "two_level": 4}
 _SUM, _MEAN = 0, 4
 # dtypes the core reduces (allreduce); allgather/broadcast move any dtype as bytes
 _REDUCIBLE = {np.dtype(d) for d in ("int8", "uint8", "int32", "int64", "float16",

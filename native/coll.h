@@ -81,7 +81,8 @@ typedef enum {
   COLL_ALGO_RING = 1,
   COLL_ALGO_TREE = 2,
   COLL_ALGO_BUTTERFLY = 3,
-  COLL_NUM_ALGOS = 4
+  COLL_ALGO_TWO_LEVEL = 4, /* inside hosts, then across them on rails (allreduce_two_level.c) */
+  COLL_NUM_ALGOS = 5
 } coll_algo_t;
 
 typedef enum {

@@ -12,6 +12,9 @@
 coll_result_t coll_allreduce_ring(coll_sched_t *s, const coll_args_t *a);
 coll_result_t coll_allreduce_tree(coll_sched_t *s, const coll_args_t *a);
 coll_result_t coll_allreduce_butterfly(coll_sched_t *s, const coll_args_t *a);
+/* Reduce inside each host, allreduce across hosts on rails, broadcast inside
+ * each host (allreduce_two_level.c); any topology, uneven hosts included. */
+coll_result_t coll_allreduce_two_level(coll_sched_t *s, const coll_args_t *a);
 coll_result_t coll_allgatherv_ring(coll_sched_t *s, const coll_args_t *a);
 coll_result_t coll_broadcast_tree(coll_sched_t *s, const coll_args_t *a);
 /* Runs before every broadcast, reduce, gatherv and scatterv on more than one
@@ -26,6 +29,15 @@ coll_result_t coll_root_agree(coll_comm_t *comm, const coll_args_t *a, coll_kind
 coll_result_t coll_reduce_scatter_ring(coll_sched_t *s, const coll_args_t *a, void *tmp);
 coll_result_t coll_barrier_dissemination(coll_sched_t *s, const coll_args_t *a);
 
+/* One rank's allreduce schedule (sum) for a world given by host labels,
+ * built without a socket (dryrun.c, for tests): 8 numbers per step (kind,
+ * peer, nbytes, offset, src buffer, src offset, dst buffer, dst offset;
+ * buffer 0 in, 1 out, -1 none) and the (pred, succ) edges; free both. */
+coll_result_t coll_dryrun_allreduce(int n, const int *labels, int rank, coll_algo_t algo,
+                                    size_t count, coll_dtype_t dtype, size_t segment_bytes,
+                                    const void *in, void *out, long long **steps, int *nsteps,
+                                    int **edges, int *nedges);
+
 typedef struct {
   coll_algo_t id;
   const char *name;
@@ -35,8 +47,9 @@ typedef struct {
 
 /* The registry, indexed by coll_algo_t (entry 0, AUTO, has no builder). */
 const coll_algo_entry_t *coll_algo_entry(coll_algo_t id);
-/* What AUTO picks for an allreduce of nbytes on comm: by rank count, size
- * and whether every link is shared memory (tune.c). */
+/* What AUTO picks for an allreduce of nbytes on comm: two_level when two or
+ * more hosts run and one of them runs two or more ranks; otherwise by rank
+ * count, size and whether every link is shared memory (tune.c). */
 coll_algo_t coll_tune_choose_comm(coll_comm_t *comm, size_t nbytes);
 
 #endif

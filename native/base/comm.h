@@ -75,6 +75,8 @@ struct coll_comm {
   int oversubscribed;    /* the host runs more ranks than cores (coll_comm_set_oversubscribed) */
   int job_oversubscribed;/* some host of the job does (coll_comm_set_job_oversubscribed) */
   int all_shm;           /* coll_links_all_shm's answer: 0 not yet known, 1 yes, 2 no */
+  struct coll_topo *topo;/* host groups and host order (algorithms/topology.c); NULL until
+                            first needed, dropped when a host id changes */
 
   /* Progress thread: runs queued requests in order; blocking calls made
    * meanwhile wait for the queue to drain (coll_comm_enter). */

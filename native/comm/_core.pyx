@@ -22,6 +22,7 @@ include "subcomm.pxi"
 include "generation.pxi"
 include "dgc.pxi"
 include "gpu.pxi"
+include "topology.pxi"
 
 
 cdef class Request:

@@ -22,6 +22,7 @@
 #include "cuda/cuda.h"
 #include "base/param.h"
 #include "algorithms/pattern.h"
+#include "algorithms/topology.h"
 #include "base/status.h"
 #include "transport/transport.h"
 #include "transport/wire.h"
@@ -117,6 +118,7 @@ coll_result_t coll_comm_set_peer_host(coll_comm_t *comm, int peer, const char *h
     return coll_error(comm, COLL_INVALID_ARGUMENT, "invalid host id for rank %d", peer);
   snprintf(comm->peers[peer].host_id, sizeof comm->peers[peer].host_id, "%s", host_id);
   comm->all_shm = 0; /* recomputed on the next AUTO choice */
+  coll_comm_topo_forget(comm); /* and the topology on next use */
   return COLL_SUCCESS;
 }
 
@@ -603,6 +605,7 @@ void coll_comm_destroy(coll_comm_t *comm) {
   while (comm->busy) pthread_cond_wait(&comm->cv, &comm->mu);
   pthread_mutex_unlock(&comm->mu);
   coll_p2p_destroy(comm);
+  coll_comm_topo_forget(comm);
   coll_links_close_all(comm);
   coll_tcp_shutdown(comm);
   coll_cuda_destroy(comm);

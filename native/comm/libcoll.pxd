@@ -37,6 +37,7 @@ cdef extern from "coll.h" nogil:
         COLL_ALGO_RING
         COLL_ALGO_TREE
         COLL_ALGO_BUTTERFLY
+        COLL_ALGO_TWO_LEVEL
         COLL_NUM_ALGOS
 
     ctypedef enum coll_memory_t:
@@ -179,6 +180,28 @@ cdef extern from "algorithms/pattern.h" nogil:
     int coll_pow2_floor(int n)
     int coll_bfly_vrank(int r, int n)
     int coll_bfly_real(int v, int n)
+
+cdef extern from "algorithms/topology.h" nogil:
+    ctypedef struct coll_topo_t:
+        int n
+        int nhosts
+        int *host
+        int *local
+        int *order
+        int *first
+        int *pos
+        int min_local
+        int max_local
+    int coll_topo_build(coll_topo_t *t, int n, const int *labels)
+    void coll_topo_free(coll_topo_t *t)
+    int coll_topo_owner(const coll_topo_t *t, int h, int j)
+    int coll_topo_two_level(const coll_topo_t *t)
+
+cdef extern from "algorithms/algorithms.h" nogil:
+    coll_result_t coll_dryrun_allreduce(int n, const int *labels, int rank, coll_algo_t algo,
+                                        size_t count, coll_dtype_t dtype, size_t segment_bytes,
+                                        const void *inp, void *out, long long **steps,
+                                        int *nsteps, int **edges, int *nedges)
 
 cdef extern from "reduce/sparse.h" nogil:
     coll_result_t coll_sparse_count_above(const float *x, size_t n, float threshold,
