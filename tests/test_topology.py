@@ -55,17 +55,19 @@ def placements(hosts):
     yield "random", shuffled(hosts, sum(hosts) * 7 + len(hosts))
 
 
-def test_topology_groups_hosts_by_lowest_rank_and_orders_ranks_host_by_host():
+def test_topology_groups_hosts_and_orders_ranks_host_by_host():
     for hosts in SHAPES + [[5, 1, 7], [8] * 8, [1] * 64]:
         for name, labels in placements(hosts):
             n = len(labels)
             t = topology(labels)
-            # hosts in order of their lowest rank, ranks ascending inside a host
+            # hosts by rank count (most first), ties by their lowest rank; ranks
+            # ascending inside a host
             firsts = [min(r for r in range(n) if labels[r] == lab) for lab in labels]
             expect_hosts = []
             for r in range(n):
                 if firsts[r] == r:
                     expect_hosts.append([q for q in range(n) if labels[q] == labels[r]])
+            expect_hosts.sort(key=lambda h: (-len(h), h[0]))
             assert t["hosts"] == expect_hosts, (hosts, name)
             assert t["order"] == [r for h in expect_hosts for r in h]
             assert sorted(t["order"]) == list(range(n))

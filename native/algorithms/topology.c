@@ -23,15 +23,35 @@ int coll_topo_build(coll_topo_t *t, int n, const int *labels) {
   t->order = mem + 2 * n;
   t->pos = mem + 3 * n;
   t->first = mem + 4 * n; /* at most n + 1 entries */
-  /* Hosts in the order of their lowest rank: rank r opens a new host unless
-   * a lower rank carries its label. Quadratic, once per communicator. */
+  /* Hosts by rank count, most first, ties in the order of their lowest
+   * rank: so the shape of every schedule (which positions fold, which pair)
+   * is the same whichever host rank 0 happens to be on. Labels first become
+   * host numbers in lowest-rank order (quadratic, once per communicator). */
   int nh = 0;
+  int *cnt = t->pos, *rank_of = t->order; /* scratch until filled below */
   for (int r = 0; r < n; r++) {
     int h = -1;
     for (int q = 0; q < r && h < 0; q++)
-      if (labels[q] == labels[r]) h = t->host[q];
-    t->host[r] = h >= 0 ? h : nh++;
+      if (labels[q] == labels[r]) h = t->local[q];
+    if (h < 0) {
+      h = nh++;
+      cnt[h] = 0;
+    }
+    t->local[r] = h; /* lowest-rank host number, for now */
+    cnt[h]++;
   }
+  /* rank_of[k]: the lowest-rank number of the k-th host in the final order
+   * (insertion sort: stable, so ties keep lowest-rank order). */
+  for (int h = 0; h < nh; h++) {
+    int k = h;
+    while (k > 0 && cnt[rank_of[k - 1]] < cnt[h]) {
+      rank_of[k] = rank_of[k - 1];
+      k--;
+    }
+    rank_of[k] = h;
+  }
+  for (int k = 0; k < nh; k++) t->first[rank_of[k]] = k; /* first: scratch, old -> new */
+  for (int r = 0; r < n; r++) t->host[r] = t->first[t->local[r]];
   t->nhosts = nh;
   /* Counting sort by host keeps rank order inside each host. */
   for (int h = 0; h <= nh; h++) t->first[h] = 0;

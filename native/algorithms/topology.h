@@ -6,7 +6,9 @@
  * (coll_comm_set_peer_host), so every rank holds the same list and derives
  * the same picture from it with the pure arithmetic below:
  *
- *   hosts       numbered in the order of their lowest rank
+ *   hosts       numbered by rank count, most first, ties in the order of
+ *               their lowest rank (so which host rank 0 is on changes
+ *               nothing)
  *   local rank  a rank's index among its host's ranks, in rank order
  *   order       the ranks host by host (host 0's ranks, then host 1's, ...);
  *               pos is its inverse. Rings, chains and butterflies run over
