@@ -436,6 +436,20 @@ _ECHOES = ("closed the connection", "connection to rank", "timed out", "is broke
 REPORT_S = 2.0
 
 
+def _whole_hosts(core, ranks: Sequence[int]) -> str:
+    """' (all of host NAME: ranks ...)' for each host every one of whose ranks is in ranks."""
+    try:
+        ids = core.host_ids()
+    except Exception:  # closed meanwhile: the ranks alone still say it
+        return ""
+    whole = []
+    for hid in dict.fromkeys(ids[p] for p in ranks if ids[p]):
+        on_host = [q for q, h in enumerate(ids) if h == hid]
+        if set(on_host) <= set(ranks):
+            whole.append(f"all of host {hid.split('/')[0]}: rank {', '.join(map(str, on_host))}")
+    return f" ({'; '.join(whole)})" if whole else ""
+
+
 def explain_failure(rank: int, message: str, peers: Optional[Sequence[int]] = None) -> str:
     """Report this rank's failure to the store and add the cause others saw.
 
@@ -493,7 +507,8 @@ def explain_failure(rank: int, message: str, peers: Optional[Sequence[int]] = No
                 # Everyone who is alive has reported an echo by now; the
                 # ranks that said nothing are the ones that died or hung.
                 names = ", ".join(str(p) for p in silent)
-                causes.append(f"rank {names} reported nothing: it exited, was killed or is stuck")
+                causes.append(f"rank {names} reported nothing: it exited, was killed or is stuck"
+                              + _whole_hosts(state.core, silent))
         client.set(f"{prefix}explained/{rank}", b"", timeout=left())
     except OutOfTime:  # the store answered, slowly: report what was found
         pass

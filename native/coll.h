@@ -157,6 +157,8 @@ coll_result_t coll_comm_set_peer(coll_comm_t *comm, int peer, const char *host, 
 /* An identifier equal for ranks on the same host (hostname + boot id): such
  * peers may use the shared-memory transport. Optional; "" means unknown. */
 coll_result_t coll_comm_set_peer_host(coll_comm_t *comm, int peer, const char *host_id);
+/* The host id set for `peer` ("" if none or out of range). */
+const char *coll_comm_peer_host(const coll_comm_t *comm, int peer);
 /* How long a rank that cannot progress keeps checking before it sleeps in
  * poll() (microseconds; 0: sleep at once). */
 void coll_comm_set_spin(coll_comm_t *comm, double us);

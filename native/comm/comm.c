@@ -122,6 +122,10 @@ coll_result_t coll_comm_set_peer_host(coll_comm_t *comm, int peer, const char *h
   return COLL_SUCCESS;
 }
 
+const char *coll_comm_peer_host(const coll_comm_t *comm, int peer) {
+  return peer >= 0 && peer < comm->size ? comm->peers[peer].host_id : "";
+}
+
 const char *coll_comm_last_error(const coll_comm_t *comm) {
   /* A subcommunicator's link and point-to-point failures are recorded on
    * its root, which runs them. */

@@ -98,6 +98,7 @@ cdef extern from "coll.h" nogil:
     void coll_comm_set_job_oversubscribed(coll_comm_t *comm, int oversubscribed)
     void coll_comm_bind_cpu(coll_comm_t *comm, int cpu)
     coll_result_t coll_comm_set_peer_host(coll_comm_t *comm, int peer, const char *host_id)
+    const char *coll_comm_peer_host(const coll_comm_t *comm, int peer)
     void coll_comm_destroy(coll_comm_t *comm)
     int COLL_UNDEFINED
     coll_result_t coll_comm_split(coll_comm_t *comm, int color, int key, double timeout,
