@@ -15,7 +15,7 @@ import random
 import numpy as np
 import pytest
 
-from collectives._core import dryrun_allreduce, topology
+from collectives._core import dryrun, topology
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -97,16 +97,30 @@ def test_topology_rejects_an_empty_world():
         topology([])
 
 
-def simulate(labels, algorithm, count, segment_bytes=0, in_place=False):
-    """Runs every rank's schedule; returns (outputs, bytes leaving each host)."""
+def simulate(labels, algorithm, count, segment_bytes=0, in_place=False, collective="allreduce"):
+    """Runs every rank's schedule; returns (outputs, expected output, bytes leaving each host)."""
     n = len(labels)
-    scheds = [dryrun_allreduce(labels, r, algorithm, count, "int64", segment_bytes, in_place)
+    scheds = [dryrun(collective, labels, r, algorithm, count, "int64", segment_bytes, in_place)
               for r in range(n)]
-    ins = [np.arange(count, dtype=np.int64) * (r + 1) + 1000 * r for r in range(n)]
-    bufs = [[x.copy(), x.copy() if in_place else np.full(count, -7, np.int64)] for x in ins]
-    if in_place:
-        for b in bufs:
-            b[0] = b[1]
+    length = count * n if collective == "reduce_scatter" else count
+    ins = [np.arange(length, dtype=np.int64) * (r + 1) + 1000 * r for r in range(n)]
+    if collective == "reduce_scatter":  # out is the scratch; rank r's block is checked
+        expect = sum(ins)
+        bufs = [[x.copy(), np.full(length, -7, np.int64)] for x in ins]
+    elif collective == "allreduce":
+        expect = sum(ins)
+        bufs = [[x.copy(), x.copy() if in_place else np.full(count, -7, np.int64)] for x in ins]
+        if in_place:
+            for b in bufs:
+                b[0] = b[1]
+    else:
+        expect = np.concatenate(ins) if ins else np.empty(0, np.int64)
+        bufs = []
+        for r, x in enumerate(ins):
+            out = np.full(n * count, -7, np.int64)
+            if in_place:
+                out[r * count:(r + 1) * count] = x
+            bufs.append([x.copy(), out])
     npred, succ, done = [], [], []
     sq, rq = [], []  # per rank: peer -> step indices, in the order added
     for r, (steps, edges) in enumerate(scheds):
@@ -199,7 +213,7 @@ def simulate(labels, algorithm, count, segment_bytes=0, in_place=False):
             raise AssertionError(f"{algorithm} {labels} count {count}: nothing can move; "
                                  f"first waiting steps per rank: {stuck}")
     assert all(not q for q in chan.values()), "messages nobody received"
-    return [b[1] for b in bufs], sum(ins), sent_from_host
+    return [b[1] for b in bufs], expect, sent_from_host
 
 
 ALGORITHMS = ["two_level", "ring", "butterfly", "tree"]
@@ -252,10 +266,66 @@ def test_placement_does_not_change_what_crosses_hosts():
             assert max(totals) - min(totals) <= 8 * 4 * sum(hosts), (hosts, algorithm, totals)
 
 
+@pytest.mark.parametrize("algorithm", ["two_level", "ring"])
+def test_allgather_every_rank_gets_every_block_for_every_shape_and_placement(algorithm):
+    for hosts in SHAPES:
+        for name, labels in placements(hosts):
+            n = len(labels)
+            if n == 1 and algorithm != "two_level":
+                continue
+            for count, seg in ((0, 0), (1, 0), (n + 1, 0), (37, 16), (5000, 4096)):
+                for in_place in (False, True):
+                    outs, expect, _ = simulate(labels, algorithm, count, seg, in_place,
+                                               "allgather")
+                    for r, out in enumerate(outs):
+                        assert np.array_equal(out, expect), (algorithm, hosts, name, count, seg,
+                                                             in_place, r)
+
+
+def test_allgather_two_level_sends_h_minus_1_over_h_per_host_link():
+    count = 4096  # per rank
+    for hosts in ([2, 2], [2, 4], [4, 2], [2, 3], [3, 3, 3]):
+        n, H = sum(hosts), len(hosts)
+        for name, labels in placements(hosts):
+            _, _, out_two = simulate(labels, "two_level", count, 8192, collective="allgather")
+            _, _, out_ring = simulate(labels, "ring", count, 8192, collective="allgather")
+            for h in range(H):
+                mine = labels.count(h)
+                # each host's blocks go out once per other host: (H-1)/H of the buffer for
+                # even hosts; a ring in host order sends n-1 blocks out of every host
+                assert out_two.get(h, 0) == mine * count * 8 * (H - 1), (hosts, name, h)
+                assert out_ring.get(h, 0) == (n - 1) * count * 8, (hosts, name, h)
+
+
+@pytest.mark.parametrize("algorithm", ["two_level", "ring"])
+def test_reduce_scatter_every_rank_gets_its_block_reduced(algorithm):
+    for hosts in SHAPES:
+        for name, labels in placements(hosts):
+            n = len(labels)
+            if n == 1:
+                continue  # one rank copies (comm.c)
+            for count, seg in ((0, 0), (1, 0), (n + 1, 0), (37, 16), (3000, 4096)):
+                outs, expect, sent = simulate(labels, algorithm, count, seg,
+                                              collective="reduce_scatter")
+                for r, out in enumerate(outs):
+                    blk = slice(r * count, (r + 1) * count)
+                    assert np.array_equal(out[blk], expect[blk]), (algorithm, hosts, name, count,
+                                                                   seg, r)
+                if algorithm == "two_level":
+                    H = len(hosts)
+                    for h in range(H):  # one partial per destination on another host
+                        mine = labels.count(h)
+                        assert sent.get(h, 0) == (n - mine) * count * 8, (hosts, name, h, sent)
+
+
 def test_dryrun_rejects_bad_arguments():
     with pytest.raises(ValueError):
-        dryrun_allreduce([0, 0], 0, "auto", 4)
+        dryrun("allreduce", [0, 0], 0, "auto", 4)
     with pytest.raises(ValueError):
-        dryrun_allreduce([0, 0], 2, "ring", 4)
+        dryrun("allreduce", [0, 0], 2, "ring", 4)
     with pytest.raises(ValueError):
-        dryrun_allreduce([0, 0], 0, "ring", 4, "complex")
+        dryrun("allreduce", [0, 0], 0, "ring", 4, "complex")
+    with pytest.raises(ValueError):
+        dryrun("allgather", [0, 0], 0, "butterfly", 4)
+    with pytest.raises(ValueError):
+        dryrun("alltoall", [0, 0], 0, "ring", 4)

@@ -13,7 +13,10 @@
 #include "base/comm.h"
 #include "base/status.h"
 
-/* in/out are caller buffers (equal for in place); each step comes back as
+/* For allreduce (count elements), allgatherv (count elements per rank,
+ * blocks in rank order; out holds n * count) and reduce-scatter (in and the
+ * scratch out hold n * count; rank r's block ends at out + r * count). in/out are caller buffers
+ * (equal for in place); each step comes back as
  * kind, peer, nbytes, offset, src buffer/offset, dst buffer/offset (buffer 0:
  * in, 1: out, -1: none; in place reports out) and its edges as pairs. */
 static void where(const void *p, const char *in, const char *out, size_t span, long long *buf,
@@ -25,18 +28,27 @@ static void where(const void *p, const char *in, const char *out, size_t span, l
   *buf = -2; *off = 0; /* elsewhere: a test fails on it */
 }
 
-coll_result_t coll_dryrun_allreduce(int n, const int *labels, int rank, coll_algo_t algo,
-                                    size_t count, coll_dtype_t dtype, size_t segment_bytes,
-                                    const void *in, void *out, long long **steps, int *nsteps,
-                                    int **edges, int *nedges) {
+coll_result_t coll_dryrun(int n, const int *labels, int rank, coll_kind_t kind, coll_algo_t algo,
+                          size_t count, coll_dtype_t dtype, size_t segment_bytes, const void *in,
+                          void *out, long long **steps, int *nsteps, int **edges, int *nedges) {
   *steps = NULL;
   *edges = NULL;
   *nsteps = *nedges = 0;
-  if (n < 1 || rank < 0 || rank >= n || algo <= COLL_ALGO_AUTO || algo >= COLL_NUM_ALGOS)
+  if (n < 1 || rank < 0 || rank >= n || algo <= COLL_ALGO_AUTO || algo >= COLL_NUM_ALGOS ||
+      (kind != COLL_KIND_ALLREDUCE && kind != COLL_KIND_ALLGATHERV &&
+       kind != COLL_KIND_REDUCE_SCATTER) ||
+      (kind != COLL_KIND_ALLREDUCE && algo != COLL_ALGO_RING && algo != COLL_ALGO_TWO_LEVEL))
     return COLL_INVALID_ARGUMENT;
+  size_t *cv = calloc(2 * (size_t)n, sizeof(size_t)); /* allgatherv: equal blocks */
+  if (!cv) return COLL_SYSTEM_ERROR;
+  for (int i = 0; i < n; i++) {
+    cv[i] = count;
+    cv[n + i] = (size_t)i * count;
+  }
   coll_comm_t *c = calloc(1, sizeof *c);
   if (!c || !(c->peers = calloc((size_t)n, sizeof *c->peers))) {
     free(c);
+    free(cv);
     return COLL_SYSTEM_ERROR;
   }
   c->rank = rank;
@@ -52,11 +64,19 @@ coll_result_t coll_dryrun_allreduce(int n, const int *labels, int rank, coll_alg
   a.dtype = dtype;
   a.op = COLL_SUM;
   a.algo = algo;
+  a.counts = cv;
+  a.displs = cv + n;
   coll_sched_t s;
-  coll_sched_init(&s, c, COLL_KIND_ALLREDUCE, &a, (uint32_t)algo);
-  coll_result_t res = coll_algo_entry(algo)->build(&s, &a);
+  coll_sched_init(&s, c, kind, &a, (uint32_t)algo);
+  coll_result_t res;
+  if (kind == COLL_KIND_ALLREDUCE) res = coll_algo_entry(algo)->build(&s, &a);
+  else if (kind == COLL_KIND_ALLGATHERV)
+    res = algo == COLL_ALGO_RING ? coll_allgatherv_ring(&s, &a) : coll_allgatherv_two_level(&s, &a);
+  else /* reduce-scatter: out is the scratch (n blocks), block rank ends at rank * count */
+    res = algo == COLL_ALGO_RING ? coll_reduce_scatter_ring(&s, &a, out)
+                                 : coll_reduce_scatter_two_level(&s, &a, out);
   if (res == COLL_SUCCESS && s.oom) res = COLL_SYSTEM_ERROR;
-  size_t span = count * coll_dtype_size(dtype);
+  size_t span = count * coll_dtype_size(dtype) * (kind == COLL_KIND_ALLREDUCE ? 1 : (size_t)n);
   if (res == COLL_SUCCESS) {
     *steps = malloc(sizeof(long long) * 8 * (size_t)(s.nsteps + 1));
     *edges = malloc(sizeof(int) * 2 * (size_t)(s.nedges + 1));
@@ -89,5 +109,6 @@ coll_result_t coll_dryrun_allreduce(int n, const int *labels, int rank, coll_alg
   coll_comm_topo_forget(c);
   free(c->peers);
   free(c);
+  free(cv);
   return res;
 }

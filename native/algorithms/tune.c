@@ -201,6 +201,12 @@ coll_algo_t coll_tune_choose_comm(coll_comm_t *comm, size_t nbytes) {
   return choose(comm->size, nbytes, coll_links_all_shm(comm) ? TUNE_SHM : TUNE_TCP);
 }
 
+int coll_tune_two_level(coll_comm_t *comm) {
+  pthread_once(&once, load);
+  if (forced != COLL_ALGO_AUTO && forced != COLL_ALGO_TWO_LEVEL) return 0;
+  return coll_topo_two_level(coll_comm_topo(comm));
+}
+
 /* Without a communicator (collectives._core.tune_choose): a world of ranks on
  * one host, over the transport COLLECTIVES_TRANSPORT asks for. */
 coll_algo_t coll_tune_choose(int size, size_t nbytes) {

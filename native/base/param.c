@@ -32,8 +32,9 @@ static const coll_param_decl_t params[COLL_NUM_PARAMS] = {
                                   "auto: 4M, or autotuning when the host runs more ranks than "
                                   "cores)", "bytes, or auto"},
     [COLL_PARAM_ALGO] = {"COLLECTIVES_ALGO", "",
-                         "force an allreduce algorithm: ring, tree, butterfly (overrides auto)",
-                         "one of: ring, tree, butterfly, auto"},
+                         "force an allreduce algorithm: ring, tree, butterfly, two_level "
+                         "(overrides auto; ring, tree or butterfly: flat even across hosts)",
+                         "one of: ring, tree, butterfly, two_level, auto"},
     [COLL_PARAM_TUNE_FILE] = {"COLLECTIVES_TUNE_FILE", "",
                               "table written by collectives-bench --tune that auto reads",
                               "a file path"},

@@ -333,8 +333,11 @@ static coll_result_t run_allgatherv(coll_comm_t *comm, const coll_args_t *args) 
   coll_args_t d;
   COLL_CHECK(memory_begin(comm, args, &d));
   coll_sched_t s;
-  coll_sched_init(&s, comm, COLL_KIND_ALLGATHERV, &d, 0);
-  coll_result_t res = coll_allgatherv_ring(&s, &d);
+  int two = comm->size > 1 && coll_tune_two_level(comm);
+  coll_sched_init(&s, comm, COLL_KIND_ALLGATHERV, &d, (uint32_t)two);
+  COLL_INFO(COLL_LOG_TUNE, "allgatherv #%u on %d ranks: %s", s.hdr.seq, comm->size,
+            two ? "two_level" : "ring");
+  coll_result_t res = two ? coll_allgatherv_two_level(&s, &d) : coll_allgatherv_ring(&s, &d);
   if (res == COLL_SUCCESS) res = run_sched(&s, &d);
   coll_sched_free(&s);
   return memory_end(comm, &d, res);
@@ -384,8 +387,12 @@ static coll_result_t run_reduce_scatter(coll_comm_t *comm, const coll_args_t *ar
     if (!tmp) return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory", comm->rank);
   }
   coll_sched_t s;
-  coll_sched_init(&s, comm, COLL_KIND_REDUCE_SCATTER, a, 0);
-  coll_result_t res = coll_reduce_scatter_ring(&s, a, tmp);
+  int two = coll_tune_two_level(comm);
+  coll_sched_init(&s, comm, COLL_KIND_REDUCE_SCATTER, a, (uint32_t)two);
+  COLL_INFO(COLL_LOG_TUNE, "reduce_scatter #%u on %d ranks: %s", s.hdr.seq, comm->size,
+            two ? "two_level" : "ring");
+  coll_result_t res = two ? coll_reduce_scatter_two_level(&s, a, tmp)
+                          : coll_reduce_scatter_ring(&s, a, tmp);
   if (res == COLL_SUCCESS) res = run_sched(&s, a);
   coll_sched_free(&s);
   if (res == COLL_SUCCESS) res = local_copy(comm, a, a->recvbuf, tmp + (size_t)comm->rank * block, block);

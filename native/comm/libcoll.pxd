@@ -198,11 +198,17 @@ cdef extern from "algorithms/topology.h" nogil:
     int coll_topo_owner(const coll_topo_t *t, int h, int j)
     int coll_topo_two_level(const coll_topo_t *t)
 
+cdef extern from "transport/wire.h" nogil:
+    enum:
+        COLL_KIND_ALLREDUCE
+        COLL_KIND_ALLGATHERV
+        COLL_KIND_REDUCE_SCATTER
+
 cdef extern from "algorithms/algorithms.h" nogil:
-    coll_result_t coll_dryrun_allreduce(int n, const int *labels, int rank, coll_algo_t algo,
-                                        size_t count, coll_dtype_t dtype, size_t segment_bytes,
-                                        const void *inp, void *out, long long **steps,
-                                        int *nsteps, int **edges, int *nedges)
+    coll_result_t coll_dryrun(int n, const int *labels, int rank, int kind, coll_algo_t algo,
+                              size_t count, coll_dtype_t dtype, size_t segment_bytes,
+                              const void *inp, void *out, long long **steps, int *nsteps,
+                              int **edges, int *nedges)
 
 cdef extern from "reduce/sparse.h" nogil:
     coll_result_t coll_sparse_count_above(const float *x, size_t n, float threshold,

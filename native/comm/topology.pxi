@@ -39,9 +39,15 @@ def topology(labels) -> dict:
         coll_topo_free(&t)
 
 
-def dryrun_allreduce(labels, int rank, str algorithm, size_t count, str dtype="float32",
-                     size_t segment_bytes=0, bint in_place=False) -> tuple:
-    """Rank `rank`'s allreduce (sum) schedule for a world of host labels, built without a socket.
+def dryrun(str collective, labels, int rank, str algorithm, size_t count, str dtype="float32",
+           size_t segment_bytes=0, bint in_place=False) -> tuple:
+    """Rank `rank`'s schedule for a world of host labels, built without a socket.
+
+    collective: "allreduce" (sum of count elements), "allgather" (count
+    elements per rank; in place: each rank's block already in its place in
+    the output) or "reduce_scatter" (sum of n blocks of count; out is the
+    scratch, rank r's block ends at r * count); algorithm ring or two_level
+    for the last two.
 
     Returns:
         (steps, edges): steps as tuples (kind, peer, nbytes, offset, src_buf,
@@ -50,13 +56,18 @@ def dryrun_allreduce(labels, int rank, str algorithm, size_t count, str dtype="f
     """
     if algorithm not in ALGORITHMS or algorithm == "auto":
         raise ValueError(f"unknown algorithm {algorithm!r}")
+    if collective not in ("allreduce", "allgather", "reduce_scatter"):
+        raise ValueError(f"unknown collective {collective!r}")
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}")
     cdef int n = len(labels)
     cdef int *lab = <int *>malloc(sizeof(int) * max(n, 1))
-    cdef size_t nbytes = count * coll_dtype_size(DTYPES[dtype]) + 1
-    cdef char *inp = <char *>malloc(nbytes)
-    cdef char *out = inp if in_place else <char *>malloc(nbytes)
+    cdef int kind = {"allreduce": COLL_KIND_ALLREDUCE, "allgather": COLL_KIND_ALLGATHERV,
+                     "reduce_scatter": COLL_KIND_REDUCE_SCATTER}[collective]
+    cdef size_t esize = coll_dtype_size(DTYPES[dtype]) if dtype in DTYPES else 1
+    cdef size_t nout = count * esize * (1 if kind == COLL_KIND_ALLREDUCE else n) + 1
+    cdef char *out = <char *>malloc(nout)
+    cdef char *inp = out if in_place else <char *>malloc(nout)
     cdef long long *steps = NULL
     cdef int *edges = NULL
     cdef int nsteps = 0, nedges = 0
@@ -66,8 +77,10 @@ def dryrun_allreduce(labels, int rank, str algorithm, size_t count, str dtype="f
             raise MemoryError()
         for i in range(n):
             lab[i] = int(labels[i])
-        res = coll_dryrun_allreduce(n, lab, rank, ALGORITHMS[algorithm], count, DTYPES[dtype],
-                                    segment_bytes, inp, out, &steps, &nsteps, &edges, &nedges)
+        if in_place and kind == COLL_KIND_ALLGATHERV and 0 <= rank < n:
+            inp = out + <size_t>rank * count * esize  # the block in its place
+        res = coll_dryrun(n, lab, rank, kind, ALGORITHMS[algorithm], count, DTYPES[dtype],
+                          segment_bytes, inp, out, &steps, &nsteps, &edges, &nedges)
         if res != COLL_SUCCESS:
             raise ValueError(f"dry run failed: {coll_strerror(res).decode()}")
         return ([tuple(steps[8 * i + k] for k in range(8)) for i in range(nsteps)],
@@ -76,6 +89,6 @@ def dryrun_allreduce(labels, int rank, str algorithm, size_t count, str dtype="f
         free(steps)
         free(edges)
         free(lab)
-        if out != inp:
-            free(out)
-        free(inp)
+        if not in_place:
+            free(inp)
+        free(out)
