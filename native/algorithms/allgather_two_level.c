@@ -30,7 +30,7 @@
 #include "algorithms/algorithms.h"
 #include "algorithms/pattern.h"
 #include "algorithms/topology.h"
-#include "base/comm.h"
+#include "base/comm_state.h"
 
 /* The rank of host h that receives rank q's block from the rail. */
 static int rail_receiver(const coll_topo_t *t, int h, int q) {

@@ -58,7 +58,7 @@
 #include "algorithms/algorithms.h"
 #include "algorithms/pattern.h"
 #include "algorithms/topology.h"
-#include "base/comm.h"
+#include "base/comm_state.h"
 #include "base/status.h"
 
 /* Up to this size a message has one slice per host (P = 1). */

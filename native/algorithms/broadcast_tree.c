@@ -19,7 +19,7 @@
  * stay on hosts as far as the numbering allows.
  */
 #include "algorithms/algorithms.h"
-#include "base/comm.h"
+#include "base/comm_state.h"
 #include "algorithms/pattern.h"
 #include "algorithms/topology.h"
 

@@ -10,7 +10,7 @@
 
 #include "algorithms/algorithms.h"
 #include "algorithms/topology.h"
-#include "base/comm.h"
+#include "base/comm_state.h"
 #include "base/status.h"
 
 /* For allreduce (count elements), allgatherv (count elements per rank,

@@ -29,7 +29,7 @@
 #include "algorithms/algorithms.h"
 #include "algorithms/pattern.h"
 #include "algorithms/topology.h"
-#include "base/comm.h"
+#include "base/comm_state.h"
 
 coll_result_t coll_reduce_scatter_two_level(coll_sched_t *s, const coll_args_t *a, void *tmp) {
   coll_comm_t *comm = s->comm;
