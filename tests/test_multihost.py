@@ -186,3 +186,48 @@ def test_a_dead_host_makes_every_survivor_raise_naming_its_ranks(placement):
         for d in doomed:
             assert str(d) in rec["message"], (q, d, rec["message"])
         assert c.hostname(1) in rec["message"], (q, rec["message"])
+
+
+GPU_BODY = r"""
+from collectives import MPI, _core
+comm = MPI.COMM_WORLD
+core = comm._core
+n, r = comm.size, comm.rank
+for count in (1, 4097, 300_001):
+    host = (np.arange(count) % 13 + r).astype(np.float32)
+    want = (n * (np.arange(count) % 13) + n * (n - 1) // 2).astype(np.float32)
+    for alg in ("auto", "two_level"):
+        for inplace in (True, False):
+            case = dict(what="device allreduce", count=count, alg=alg, inplace=inplace)
+            src = _core.DeviceBuffer(count * 4, "float32", 0)
+            src.copy_from(host)
+            dst = src if inplace else _core.DeviceBuffer(count * 4, "float32", 0)
+            guarded(case, core.allreduce, None if inplace else src, dst, "sum", alg, None,
+                    "float32")
+            got = np.empty(count, np.float32)
+            dst.copy_to(got)
+            check(case, got, want)
+    g = _core.DeviceBuffer(count * 4 * n, "float32", 0)
+    src = _core.DeviceBuffer(count * 4, "float32", 0)
+    src.copy_from(np.full(count, r, np.float32))
+    guarded(dict(what="device allgather", count=count), comm.Allgather, src, g)
+    got = np.empty(count * n, np.float32)
+    g.copy_to(got)
+    check(dict(what="device allgather", count=count), got,
+          np.repeat(np.arange(n, dtype=np.float32), count))
+emit("done")
+"""
+
+
+def test_device_buffers_go_two_level_on_the_emulated_gpu():
+    """GPU buffers through the device executor (COLLECTIVES_CUDA_FAKE=1: a GPU
+    emulated in host memory): CUDA IPC between same-host ranks, staging to the
+    others, with the two-level schedules."""
+    sizes = [2, 2]
+    with Cluster(2, rate="4gbit") as c:
+        hosts = c.hosts_of(4, _placement(sizes, "cyclic"))
+        res = run_world(4, GPU_BODY, timeout=200, rank_env=c.rank_env(free_port()),
+                        prefix=c.prefix, env={"COLLECTIVES_CUDA_FAKE": "1"})
+    res.assert_ok()
+    for r in range(4):
+        res[r].one("done")
