@@ -215,7 +215,7 @@ for count in (1, 4097, 300_001):
     g.copy_to(got)
     check(dict(what="device allgather", count=count), got,
           np.repeat(np.arange(n, dtype=np.float32), count))
-emit("done")
+emit("gpu_cases")
 """
 
 
@@ -230,4 +230,4 @@ def test_device_buffers_go_two_level_on_the_emulated_gpu():
                         prefix=c.prefix, env={"COLLECTIVES_CUDA_FAKE": "1"})
     res.assert_ok()
     for r in range(4):
-        res[r].one("done")
+        res[r].one("gpu_cases")
