@@ -231,3 +231,49 @@ def test_device_buffers_go_two_level_on_the_emulated_gpu():
     res.assert_ok()
     for r in range(4):
         res[r].one("gpu_cases")
+
+
+TORCH_BODY = r"""
+import torch
+import torch.distributed as dist
+import collectives.torch  # registers the "collectives" backend
+dist.init_process_group("collectives", init_method=f"tcp://{os.environ['MASTER_ADDR']}:"
+                        f"{os.environ['MASTER_PORT']}", rank=RANK, world_size=int(os.environ["COLLECTIVES_SIZE"]))
+n, r = dist.get_world_size(), dist.get_rank()
+for count in (1, 1000, 300_001):
+    t = torch.arange(count, dtype=torch.float32) % 17 + r
+    dist.all_reduce(t)
+    check(dict(what="all_reduce", count=count), t.numpy(),
+          ((np.arange(count) % 17) * n + n * (n - 1) // 2).astype(np.float32))
+    parts = [torch.empty(count) for _ in range(n)]
+    dist.all_gather(parts, torch.full((count,), float(r)))
+    check(dict(what="all_gather", count=count), torch.cat(parts).numpy(),
+          np.repeat(np.arange(n, dtype=np.float32), count))
+    out = torch.empty(count)
+    dist.reduce_scatter_tensor(out, torch.arange(n, dtype=torch.float32).repeat_interleave(count) + r)
+    check(dict(what="reduce_scatter", count=count), out.numpy(),
+          np.full(count, n * r + n * (n - 1) / 2, np.float32))
+evens = dist.new_group([q for q in range(n) if q % 2 == 0])
+if r % 2 == 0:
+    t = torch.full((50_000,), 1.0)
+    dist.all_reduce(t, group=evens)
+    check(dict(what="subgroup all_reduce"), t.numpy(), np.full(50_000, (n + 1) // 2, np.float32))
+dist.destroy_process_group()
+emit("torch_cases")
+"""
+
+
+def test_torch_distributed_takes_the_two_level_path():
+    """The torch.distributed backend rides on auto: two levels, and its groups get their own hosts."""
+    pytest.importorskip("torch")
+    with Cluster(2, rate="4gbit") as c:
+        hosts = c.hosts_of(8, [0, 1, 0, 1, 1, 0, 1, 0])  # 4 + 4, a random-looking placement
+        res = run_world(8, TORCH_BODY, timeout=200, rank_env=c.rank_env(free_port()),
+                        prefix=c.prefix,
+                        env={"COLLECTIVES_DEBUG": "INFO", "COLLECTIVES_DEBUG_SUBSYS": "TUNE"})
+    res.assert_ok()
+    for r in range(8):
+        res[r].one("torch_cases")
+    for kind in ("allreduce", "allgatherv", "reduce_scatter"):
+        assert any(f"{kind} #" in line and "two_level" in line
+                   for line in res[0].stderr.splitlines()), (kind, res[0].stderr[-3000:])

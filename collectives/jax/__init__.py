@@ -463,7 +463,7 @@ def allreduce(x: Any, op: Any = "sum", *, comm: Any = None, algorithm: str = "au
             is a float, as ``jax.lax.pmean`` gives: the integer sum divided by
             the number of ranks.
         comm: a ``collectives.MPI.Comm`` (default: the world).
-        algorithm: "auto", "ring", "tree" or "butterfly".
+        algorithm: "auto", "ring", "tree", "butterfly" or "two_level".
 
     Returns:
         The same structure with the reduced arrays. Differentiable for sum and mean.

@@ -190,8 +190,10 @@ coll_algo_t coll_tune_choose_comm(coll_comm_t *comm, size_t nbytes) {
   /* Two or more hosts, one running two or more ranks: two levels at every
    * size. Per host link it sends 2(H-1)/H of the message against 2(n-1)/n
    * for a flat ring, in 2(H-1) network steps against 2(n-1) or 2 log2(n);
-   * on the namespace cluster (bench/README.md, "Several hosts") it was ahead
-   * of every flat algorithm from 8 B to 64 MiB. COLLECTIVES_ALGO still wins. */
+   * on the namespace cluster at 1 Gbit/s (bench/README.md, "Several ranks
+   * per host") 64 MiB took 0.57-0.66x the flat ring's time at 2 hosts (0.91x
+   * at 4 x 2), and 8 B - 64 KiB 0.37-0.45x the flat ring's at 2 x 4, level
+   * with the flat butterfly there. COLLECTIVES_ALGO still wins. */
   pthread_once(&once, load);
   if (forced == COLL_ALGO_AUTO && coll_topo_two_level(coll_comm_topo(comm))) return COLL_ALGO_TWO_LEVEL;
   return choose(comm->size, nbytes, coll_links_all_shm(comm) ? TUNE_SHM : TUNE_TCP);
