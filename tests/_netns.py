@@ -12,7 +12,8 @@ through the shaped links. Nothing is routed out of these namespaces.
 Names are unique per cluster (pid and a counter), and every namespace is
 deleted on exit from the ``with`` block whatever happened, and at interpreter
 exit for any left behind (a test killed by pytest-timeout still unwinds the
-``with``). Building a cluster that the kernel refuses raises ClusterError: a
+``with``); a cluster whose process was killed outright is deleted by the next
+one built. Building a cluster that the kernel refuses raises ClusterError: a
 test that needs one fails, it does not skip.
 
 Placement: ``Cluster.hosts_of(n, "block"|"cyclic"|[h0, h1, ...])`` maps ranks
@@ -25,6 +26,7 @@ from __future__ import annotations
 import atexit
 import itertools
 import os
+import re
 import shutil
 import subprocess
 from typing import Callable, List, Sequence, Union
@@ -53,6 +55,14 @@ def _delete(name: str) -> None:
 def _delete_all() -> None:
     for name in list(_LIVE):
         _delete(name)
+
+
+def _delete_orphans() -> None:
+    """Deletes clusters whose creating process is gone (killed before its atexit ran)."""
+    for name in _ip("netns", "list", check=False).stdout.split():
+        m = re.fullmatch(r"c(\d+)x\d+-(sw|h\d+)", name)
+        if m and not os.path.exists(f"/proc/{m.group(1)}"):
+            _delete(name)
 
 
 class Cluster:
@@ -84,6 +94,7 @@ class Cluster:
         for tool in ("ip", "tc", "unshare"):
             if shutil.which(tool) is None:
                 raise ClusterError(f"{tool} is not installed (iproute2, util-linux)")
+        _delete_orphans()
         try:
             self._build()
         except BaseException:

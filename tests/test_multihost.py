@@ -5,7 +5,8 @@ ranks of one host use shared memory and ranks of different hosts TCP through
 tbf-shaped links. One launch per (hosts x ranks, placement) runs a grid of
 every collective against exact closed forms: allreduce with every algorithm
 (auto picks two_level here), dtype and op, in place and not, allgather(v),
-broadcast from several roots, reduce-scatter, and a subcommunicator that gets
+broadcast from several roots, reduce to two roots, reduce-scatter, and a
+subcommunicator that gets
 a topology of its own. Needs root: without namespaces these tests fail.
 """
 import os
@@ -72,6 +73,13 @@ for count in (0, 1, 1000, 300_001):
         b = np.full(count, r, np.float64)
         guarded(dict(case, what="bcast", root=root), comm.Bcast, b, root=root)
         check(dict(case, what="bcast", root=root), b, np.full(count, root, np.float64))
+    for root in sorted({0, n - 1}):
+        red = np.full(count, -1.0, np.float64)
+        guarded(dict(case, what="reduce", root=root), comm.Reduce,
+                np.full(count, r + 1, np.float64), red, MPI.SUM, root=root)
+        if r == root:
+            check(dict(case, what="reduce", root=root), red,
+                  np.full(count, n * (n + 1) / 2, np.float64))
     rs = np.empty(count, np.float32)
     guarded(dict(case, what="reduce_scatter"), comm.Reduce_scatter_block,
             np.tile(np.arange(n, dtype=np.float32), (count, 1)).T.copy().ravel() + r, rs)

@@ -15,10 +15,10 @@
  *                          out_j = in_j op x_1 op x_2 ...
  *   B  rail allreduce      the owners of slice j, one per host, in host
  *                          order, allreduce out_j: a ring (reduce-scatter +
- *                          allgather over the H owners) or, for a slice of at
- *                          most COLL_RAIL_FULL_BYTES among a power-of-two
- *                          number of hosts, recursive doubling (log2 H full
- *                          exchanges)
+ *                          allgather over the H owners) or, when slices are
+ *                          at most COLL_RAIL_FULL_BYTES and H is a power of
+ *                          two, recursive doubling (log2 H full exchanges:
+ *                          fewer steps, more bytes, so only for small ones)
  *   C  intra-host bcast    o_h(j) sends the final out_j to the host's others
  *
  * Example, 2 hosts x 2 ranks (ranks 0,1 on host 0; 2,3 on host 1), P = 2:
@@ -71,7 +71,8 @@
 
 /* Allreduce of [off, off + len) among the m ranks part[0..m-1] (this rank is
  * part[me]) by recursive doubling (full) or a ring: the result lands in out,
- * the operand is acc (in or out), every step runs after `ready`. Returns a step after which out's region is final. */
+ * the operand is acc (in or out), every step runs after `ready`. Returns a
+ * step after which out's region is final. */
 static int rail(coll_sched_t *s, const int *part, int m, int me, int full, char *out,
                 const char *acc, size_t off, size_t len, int ready) {
   if (m == 1) {

@@ -1,6 +1,7 @@
 /* topology.c -- host groups, local ranks and the host order (see topology.h). */
 #include "algorithms/topology.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -80,17 +81,27 @@ const coll_topo_t *coll_comm_topo(coll_comm_t *comm) {
   int n = comm->size;
   coll_topo_t *t = calloc(1, sizeof *t);
   int *labels = malloc(sizeof(int) * (size_t)n);
-  if (t && labels) {
-    /* label = the lowest rank with the same (known) host id */
+  uint64_t *hash = malloc(sizeof(uint64_t) * (size_t)n);
+  if (t && labels && hash) {
+    /* label = the lowest rank with the same (known) host id; ids are
+     * compared by a hash first (FNV-1a), so thousands of ranks cost
+     * integer comparisons, not string ones. */
+    for (int r = 0; r < n; r++) {
+      uint64_t h = 1469598103934665603ull;
+      for (const char *c = comm->peers[r].host_id; *c; c++) h = (h ^ (uint8_t)*c) * 1099511628211ull;
+      hash[r] = h;
+    }
     for (int r = 0; r < n; r++) {
       const char *id = comm->peers[r].host_id;
       labels[r] = r;
       for (int q = 0; id[0] && q < r; q++)
-        if (strcmp(comm->peers[q].host_id, id) == 0) {
+        if (hash[q] == hash[r] && strcmp(comm->peers[q].host_id, id) == 0) {
           labels[r] = labels[q];
           break;
         }
     }
+    free(hash);
+    hash = NULL;
     if (coll_topo_build(t, n, labels) == 0) {
       free(labels);
       comm->topo = t;
@@ -101,6 +112,7 @@ const coll_topo_t *coll_comm_topo(coll_comm_t *comm) {
     }
   }
   free(labels);
+  free(hash);
   free(t);
   coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory for the topology", comm->rank);
   return NULL;
