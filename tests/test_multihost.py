@@ -6,8 +6,10 @@ tbf-shaped links. One launch per (hosts x ranks, placement) runs a grid of
 every collective against exact closed forms: allreduce with every algorithm
 (auto picks two_level here), dtype and op, in place and not, allgather(v),
 broadcast from several roots, reduce to two roots, reduce-scatter, and a
-subcommunicator that gets
-a topology of its own. Needs root: without namespaces these tests fail.
+subcommunicator that gets a topology of its own. Also: a host whose ranks
+are all SIGKILLed (every survivor raises within timeout + 2 s naming them
+and the host), GPU buffers on the emulated GPU, and torch.distributed.
+Needs root: without namespaces these tests fail.
 """
 import os
 import signal
