@@ -225,8 +225,14 @@ def admit_joiners(client, ms: Membership, rank: int, min_new: int, deadline: flo
             if taken - ms.next_ticket + 1 >= min_new or _left(deadline) <= 0:
                 break
             time.sleep(POLL_S)
-        tickets = [t for t in range(ms.next_ticket, taken + 1)
-                   if client.check([f"reform/joiner/{t}"])]
+        # A joiner counts its ticket (ADD) before it writes its key: a ticket counted
+        # whose key is not there yet is a joiner between its two writes, not a lost
+        # one. Wait for the keys (bounded by the deadline): deciding without them
+        # would skip those joiners for good (next_ticket moves past them).
+        keys = {t: f"reform/joiner/{t}" for t in range(ms.next_ticket, taken + 1)}
+        while not client.check(list(keys.values())) and _left(deadline) > 0:
+            time.sleep(POLL_S)
+        tickets = [t for t, key in keys.items() if client.check([key])]
         members = [("r", p) for p in range(n)] + [("j", t) for t in tickets]
         raw = _encode_members(ms, base, members, taken + 1)
         for t in tickets:
