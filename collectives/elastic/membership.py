@@ -28,6 +28,9 @@ grow (every rank of generation g, plus the processes that called join()):
   admits the tickets taken so far (waiting up to the deadline for at least
   min_new), writes the members (the ranks of g in order, then the joiners by
   ticket) and the admissions, and everyone forms generation g+1 as above.
+  A ticket is counted before its key is written: the decision waits for the
+  key of every ticket counted (a joiner between its two writes), up to the
+  deadline.
 
 Keys are never reused: each agreement and each world has its own prefix, and
 the failure reports of a world (collectives/rendezvous/world.py) carry its prefix, so a
