@@ -25,7 +25,7 @@
 static coll_result_t xfer(coll_comm_t *comm, int fd, int peer, void *buf, size_t n, int sending,
                           double deadline) {
   size_t done = 0;
-  struct pollfd pfs[COLL_MAX_PENDING + 2];
+  struct pollfd *pfs = comm->pending_pfs; /* max_pending + 2 (tcp.c) */
   while (done < n) {
     ssize_t r = sending ? send(fd, (char *)buf + done, n - done, MSG_NOSIGNAL | MSG_DONTWAIT)
                         : recv(fd, (char *)buf + done, n - done, MSG_DONTWAIT);
