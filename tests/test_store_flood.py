@@ -47,8 +47,8 @@ def _store_env(port: int):
 @pytest.mark.parametrize("hold", [0, 2000])
 def test_a_job_starts_while_its_store_port_is_flooded(hold):
     port = free_port()
-    flooders = [subprocess.Popen([sys.executable, str(TESTS / "_store_flood.py"), "127.0.0.1",
-                                  str(port), str(FLOOD_S), "400000", str(hold)],
+    flooders = [subprocess.Popen([sys.executable, str(TESTS / "_store_flood.py"), "connect",
+                                  "127.0.0.1", str(port), str(FLOOD_S), "400000", str(hold)],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=base_env())
                 for _ in range(2)]
     try:
