@@ -12,8 +12,9 @@ connects to the peers an algorithm needs on first use.
 
 After a collective fails, a rank reports its error under ``failed/<rank>``;
 a rank whose own error is only the echo ("closed the connection", timeout)
-appends what the rank that saw the cause reported, so every survivor names
-the culprit.
+puts what the rank that saw the cause reported (or which ranks reported
+nothing: the dead) in front of its own text, so every survivor names the
+culprit first.
 """
 from __future__ import annotations
 
@@ -570,7 +571,17 @@ def explain_failure(rank: int, message: str, peers: Optional[Sequence[int]] = No
     except ValueError:
         return message
     state.cause = "; ".join(causes)
-    return message + (f"; {state.cause}" if state.cause else "")
+    return _cause_first(rank, state.cause, message)
+
+
+def _cause_first(rank: int, cause: str, message: str) -> str:
+    """This rank's error with the cause found in the reports in front: its own error is an
+    echo that names a neighbour (whose communicator broke because of the cause), so the
+    first rank the text names is the one where the failure began."""
+    if not cause:
+        return message
+    own = f"rank {rank}: "
+    return own + cause + "; " + (message[len(own):] if message.startswith(own) else message)
 
 
 atexit.register(finalize)
