@@ -61,7 +61,7 @@ def kill(victim: int, alg: str, seed: int, transport: str = "tcp", n: int = 4) -
 
 
 @pytest.mark.parametrize("victim,alg,seed", [(1, "ring", 1), (2, "tree", 2), (3, "butterfly", 3),
-                                             (2, "ring", 4)])
+                                             (2, "ring", 4), (0, "tree", 5)])
 def test_survivors_name_the_killed_rank_first(victim, alg, seed):
     wrong = [(rank, msg) for rank, msg in kill(victim, alg, seed)
              if first_named(msg, rank) != victim]

@@ -567,6 +567,8 @@ def explain_failure(rank: int, message: str, peers: Optional[Sequence[int]] = No
             return message
         state.cause = (f"the store at rank 0 ({client.address}) did not answer within "
                        f"{REPORT_S:g} s: rank 0 is stopped, cut off or gone ({exc})")
+        if any(echo in message for echo in _ECHOES):
+            return _cause_first(rank, state.cause, message)
         return message + f"; {state.cause}"
     except ValueError:
         return message
