@@ -86,3 +86,19 @@ def test_every_lower_rank_dialing_all_its_connections_at_once_gets_through(tmp_p
     text = out.stdout.decode() + out.stderr.decode()[-3000:]
     assert f"held {(N - 1) * NSOCKS} of {(N - 1) * NSOCKS}" in text, text
     assert out.returncode == 0, text
+
+
+def test_a_ranks_listener_binds_only_the_address_the_job_uses():
+    """A rank listens on the address it publishes, not on every address of the host:
+    another local address (127.0.0.2, also this host's) finds nothing there."""
+    import socket
+
+    from collectives._core import Communicator
+
+    core = Communicator(0, 2, "127.0.0.1")
+    try:
+        socket.create_connection(("127.0.0.1", core.port), timeout=2).close()
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.2", core.port), timeout=2).close()
+    finally:
+        core.close()
