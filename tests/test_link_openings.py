@@ -102,3 +102,62 @@ def test_a_ranks_listener_binds_only_the_address_the_job_uses():
             socket.create_connection(("127.0.0.2", core.port), timeout=2).close()
     finally:
         core.close()
+
+
+def test_an_impostor_at_a_peers_address_learns_neither_the_comm_id_nor_the_shm_path():
+    """A process at a peer's address (poisoned outside the store) gets only the hello:
+    the comm_id travels as a tag under the job's key, and the offer (which names the
+    shared-memory segment) waits for the acceptor to prove the key, which it cannot."""
+    import os
+    import socket
+    import threading
+
+    import numpy as np
+
+    from collectives._core import Communicator, CollectivesError
+    from collectives.rendezvous import auth
+
+    key = auth.link_key(b"impostor-test-secret-0123456789ab")
+    cid = os.urandom(16)
+    impostor = socket.socket()
+    impostor.bind(("127.0.0.1", 0))
+    impostor.listen(4)
+    heard = bytearray()
+
+    def serve():
+        impostor.settimeout(10)
+        try:
+            conn, _ = impostor.accept()
+        except OSError:
+            return
+        with conn:
+            conn.settimeout(3)
+            try:
+                heard.extend(conn.recv(4096))
+                conn.sendall(os.urandom(48))  # a challenge it cannot back with the key
+                while True:
+                    b = conn.recv(4096)
+                    if not b:
+                        break
+                    heard.extend(b)
+            except OSError:
+                pass
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    core = Communicator(0, 2, "127.0.0.1", cid)
+    try:
+        core.set_link_key(key)
+        core.set_peer(0, "127.0.0.1", core.port)
+        core.set_peer(1, "127.0.0.1", impostor.getsockname()[1])
+        for r in range(2):
+            core.set_peer_host(r, "one-host")  # so that the link would offer shared memory
+        with pytest.raises(CollectivesError, match="does not prove this job's secret"):
+            core.allreduce(np.ones(4, np.float32), np.zeros(4, np.float32), timeout=5)
+    finally:
+        core.close()
+        t.join(10)
+        impostor.close()
+    assert len(heard) == 48, bytes(heard)  # the hello part, nothing after it
+    assert cid not in bytes(heard) and b"/dev/shm" not in bytes(heard) \
+        and b"collectives-" not in bytes(heard), bytes(heard)

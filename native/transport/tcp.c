@@ -235,18 +235,27 @@ static int classify(coll_comm_t *comm, int i) {
   typeof(comm->pending[0]) *pd = &comm->pending[i];
   int kind = coll_opening_kind(pd->buf);
   if (kind == 2) return 1;
-  int from = kind == 1 ? coll_hello_decode(pd->buf, comm->id, comm->rank, NULL, NULL) : -1;
+  int from = kind == 1 ? coll_hello_decode(pd->buf, comm->link_key, comm->id, comm->rank, NULL, NULL) : -1;
   if (from < 0 || from >= comm->rank) {
-    drop_warn(comm, i, "it did not open with a valid hello for this job and rank");
+    /* The hello names the communicator under the job's key (wire.h): one
+     * that does not is another job's, or a rank with another secret's. */
+    drop_warn(comm, i, kind == 1 ? "its hello is not for this rank of this job under this "
+                                   "job's secret (another job, or one that does not prove this "
+                                   "job's secret: a different COLLECTIVES_JOB_SECRET?)"
+                                 : "it did not open with a valid hello for this job and rank");
     return 0;
   }
   if (coll_random_bytes(pd->challenge, sizeof pd->challenge) != 0) {
     drop_warn(comm, i, "no random bytes for its challenge");
     return 0;
   }
-  /* Sixteen bytes on a fresh socket always fit its buffer. */
-  if (send(pd->fd, pd->challenge, sizeof pd->challenge, MSG_NOSIGNAL | MSG_DONTWAIT) !=
-      (ssize_t)sizeof pd->challenge) {
+  /* The nonce and a MAC proving the key over it and the hello: the dialer
+   * sends its offer only once this checks out (wire.h). Forty-eight bytes on
+   * a fresh socket always fit its buffer. */
+  unsigned char msg[COLL_CHALLENGE_BYTES];
+  memcpy(msg, pd->challenge, COLL_NONCE_BYTES);
+  coll_challenge_mac(comm->link_key, pd->challenge, pd->buf, msg + COLL_NONCE_BYTES);
+  if (send(pd->fd, msg, sizeof msg, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof msg) {
     close(pd->fd);
     drop_pending(comm, i);
     return 0;
@@ -280,7 +289,7 @@ static void complete(coll_comm_t *comm, int i) {
     drop_warn(comm, i, "its hello does not prove this job's secret");
     return;
   }
-  int from = coll_hello_decode(pd->buf, comm->id, comm->rank, NULL, NULL);
+  int from = coll_hello_decode(pd->buf, comm->link_key, comm->id, comm->rank, NULL, NULL);
   if (comm->peers[from].link) {
     COLL_WARN("rank %d: rank %d connected twice; keeping the first link", comm->rank, from);
     close(pd->fd);
