@@ -134,6 +134,12 @@ static const coll_param_decl_t params[COLL_NUM_PARAMS] = {
                            "over them in 64K units, round robin (equal on every rank; more than 1 "
                            "helps only where one flow cannot fill the NIC)",
                            "integer, 1 to 16"},
+    [COLL_PARAM_PICKLE] = {"COLLECTIVES_PICKLE", "auto",
+                           "what the object collectives (bcast, allgather, recv...) unpickle from "
+                           "peers: auto loads anything in a job with a secret and plain data "
+                           "only (numbers, strings, containers, arrays, tensors) without one; "
+                           "plain always restricts; any never does",
+                           "one of: auto, plain, any"},
 };
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
