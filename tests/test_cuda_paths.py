@@ -96,6 +96,23 @@ for alg in ALGORITHMS:
                     calls += 1
 for dtype in ("float32", "int8", "bfloat16"):
     calls += others_case(dtype, 5)
+# allgatherv in place (this rank's block already in recvbuf), and a queued allreduce
+counts_v = [3 + i for i in range(n)]
+displs = [sum(counts_v[:i]) for i in range(n)]
+full = np.zeros(sum(counts_v), np.float32)
+full[displs[r]:displs[r] + counts_v[r]] = rank_values("sum", "float32", counts_v[r], r)
+out = on_device(full, "float32")
+guarded(dict(what="allgatherv in place"), core.allgatherv, None, out, counts_v, None, None,
+        "float32")
+want = np.concatenate([store(rank_values("sum", "float32", counts_v[i], i), "float32")
+                       for i in range(n)])
+check(dict(what="allgatherv in place"), fetch(out, sum(counts_v), "float32"), want, "float32")
+d = on_device(store(rank_values("sum", "float64", 100, r), "float64"), "float64")
+req = core.iallreduce(None, d, "sum", "auto", None, "float64")
+req.Wait()
+check(dict(what="iallreduce"), fetch(d, 100, "float64"), expected_stored("sum", "float64", 100, n),
+      "float64")
+calls += 2
 small = delta(before)
 emit("small", calls=calls, **small)
 # one element over the limit: the device executor runs it

@@ -89,29 +89,29 @@ for dtype in (jnp.float32, jnp.bfloat16, jnp.int32, jnp.float16):
             x = value(r, shape, dtype, op)
             want = oracle(op, shape, dtype)
             same(dict(what="eager", dtype=str(dtype), op=op, shape=shape),
-                 cj.allreduce(x, op=op, comm=comm), want, tol)
-            f = jax.jit(lambda v, op=op: cj.allreduce(v * 1, op=op, comm=comm))
+                 cj.allreduce(x, op=op), want, tol)
+            f = jax.jit(lambda v, op=op: cj.allreduce(v * 1, op=op))
             same(dict(what="jit", dtype=str(dtype), op=op, shape=shape), f(x), want, tol)
             cases += 2
 tree = {"a": value(r, (4,), jnp.float32), "b": [value(r, (2, 3), jnp.int32)]}
-out = jax.jit(lambda t: cj.allreduce(t, comm=comm))(tree)
+out = jax.jit(lambda t: cj.allreduce(t))(tree)
 same(dict(what="pytree a"), out["a"], oracle("sum", (4,), jnp.float32))
 same(dict(what="pytree b"), out["b"][0], oracle("sum", (2, 3), jnp.int32))
 for shape in ((3,), (1 << 18,)):
-    g = jax.jit(lambda v: cj.allgather(v, comm=comm))(value(r, shape, jnp.float32))
+    g = jax.jit(lambda v: cj.allgather(v))(value(r, shape, jnp.float32))
     same(dict(what="allgather", shape=shape), g,
          np.stack([np.asarray(value(k, shape, jnp.float32)) for k in range(n)]))
     for root in range(n):
         x = value(r, shape, jnp.float32, seed=root)
-        b = jax.jit(lambda v, root=root: cj.broadcast(v, root=root, comm=comm))(x)
+        b = jax.jit(lambda v, root=root: cj.broadcast(v, root=root))(x)
         same(dict(what="broadcast", root=root, shape=shape), b,
              np.asarray(value(root, shape, jnp.float32, seed=root)))
         same(dict(what="broadcast keeps x", root=root), x,
              np.asarray(value(r, shape, jnp.float32, seed=root)))
     cases += 1 + n
-cj.barrier(comm=comm)
+cj.barrier()
 try:
-    cj.send(value(r, (2,), jnp.float32), dest=(r + 1) % n, comm=comm)
+    cj.send(value(r, (2,), jnp.float32), dest=(r + 1) % n)
     fail(dict(what="send on GPU"), "no error")
 except NotImplementedError:
     pass
