@@ -57,7 +57,7 @@ for s in "${stages[@]}"; do
       stage "compare: allreduce gpu / host / gloo-cuda over TCP"
       for np_ in 2 4; do
         echo "--- np $np_ COLLECTIVES_TRANSPORT=tcp (ranks size impl time_us algbw busbw wrong)" | tee -a "$OUT/compare.txt"
-        COLLECTIVES_TRANSPORT=tcp timeout ${T_COMPARE:-75} $PY -m collectives.run -np $np_ $PY bench/gpu_compare.py --sizes ${SIZES:-8,1M,16M,64M,256M} --iters ${ITERS:-10} --json "$OUT/compare_np$np_.json" 2>>"$OUT/compare_err.log" | sed -E 's/^\[0\]<stdout>: ?//' | grep -v "^\[" | tee -a "$OUT/compare.txt"
+        COLLECTIVES_TRANSPORT=tcp timeout ${T_COMPARE:-75} $PY -m collectives.run -np $np_ $PY bench/gpu_compare.py --impls ${IMPLS:-gpu,host,gloo} --sizes ${SIZES:-8,1M,16M,64M,256M} --iters ${ITERS:-10} --json "$OUT/compare_np$np_.json" 2>>"$OUT/compare_err.log" | sed -E 's/^\[0\]<stdout>: ?//' | grep -v "^\[" | tee -a "$OUT/compare.txt"
       done
       tail -5 "$OUT/compare_err.log" 2>/dev/null ;;
     hw)

@@ -180,6 +180,110 @@ def test_pipelined_tcp_path_keeps_segments_in_flight(n, backend):
         assert got["staged_max_apply"] >= 2, got
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n", [2, 3])
+def test_ipc_path_keeps_segments_in_flight(n, backend):
+    """Same-host GPU buffers over CUDA IPC, 64 KiB segments: exact results, and a link
+    had DESCs of at least 2 segments posted before the first of them was acknowledged
+    (the reader's ACK still ends each segment: no stream-ordered signal yet)."""
+    env = _env(backend, {"COLLECTIVES_CUDA_SEGMENT_BYTES": "64K"})
+    res = run_world(n, PIPE_BODY, timeout=280, env=env, collective_timeout=60).assert_ok()
+    for rr in res.ranks:
+        got = rr.one("pipe")
+        assert got["small_calls"] == 0 and got["staged_pieces"] == 0, got
+        assert got["ipc_descs"] > 20 * got["cases"], got
+        assert got["ipc_max_posted"] >= 2, got
+
+
+WHOLE_BODY = COMMON + r"""
+before = _core.cuda_stats(core)
+calls = 0
+for dtype in ("float32", "int32", "bfloat16"):
+    nd = np_dtype(dtype)
+    for count in (5, 200003):
+        for root in range(n):
+            for inplace in (False, True):
+                case = dict(what="reduce", dtype=dtype, count=count, root=root, inplace=inplace)
+                mine = store(rank_values("sum", dtype, count, r), dtype)
+                send = on_device(mine, dtype)
+                recv = on_device(np.zeros(count, nd), dtype)
+                if inplace and r == root:
+                    guarded(case, _core.reduce, core, None, send, "sum", root, None, dtype)
+                    recv = send
+                else:
+                    guarded(case, _core.reduce, core, send, recv, "sum", root, None, dtype)
+                if r == root:
+                    check(case, fetch(recv, count, dtype), expected_stored("sum", dtype, count, n),
+                          dtype)
+                counts = [count + i for i in range(n)]
+                displs = [sum(counts[:i]) + 3 * i for i in range(n)]   # gaps between blocks
+                total = displs[-1] + counts[-1]
+                blocks = [store(rank_values("sum", dtype, counts[i], i, root), dtype)
+                          for i in range(n)]
+                case = dict(what="gatherv", dtype=dtype, count=count, root=root, inplace=inplace)
+                out_host = np.zeros(total, nd)
+                if inplace and r == root:
+                    out_host[displs[r]:displs[r] + counts[r]] = blocks[r]
+                    out = on_device(out_host, dtype)
+                    guarded(case, _core.gatherv, core, None, out, counts, displs, root, None, dtype)
+                else:
+                    out = on_device(out_host, dtype)
+                    guarded(case, _core.gatherv, core, on_device(blocks[r], dtype), out, counts,
+                            displs, root, None, dtype)
+                if r == root:
+                    got = fetch(out, total, dtype)
+                    for i in range(n):
+                        check(dict(case, block=i), got[displs[i]:displs[i] + counts[i]], blocks[i],
+                              dtype)
+                case = dict(what="scatterv", dtype=dtype, count=count, root=root, inplace=inplace)
+                src_host = np.zeros(total, nd)
+                for i in range(n):
+                    src_host[displs[i]:displs[i] + counts[i]] = blocks[i]
+                src = on_device(src_host, dtype)
+                if inplace and r == root:
+                    guarded(case, _core.scatterv, core, src, None, counts, displs, root, None, dtype)
+                    got = fetch(src, total, dtype)[displs[r]:displs[r] + counts[r]]
+                else:
+                    mineb = on_device(np.zeros(counts[r], nd), dtype)
+                    guarded(case, _core.scatterv, core, src if r == root else None, mineb, counts,
+                            displs, root, None, dtype)
+                    got = fetch(mineb, counts[r], dtype)
+                check(case, got, blocks[r], dtype)
+                calls += 3
+        # alltoallv: rank r sends (count + r + j) elements to rank j
+        sc = [count + r + j for j in range(n)]
+        rc = [count + j + r for j in range(n)]
+        sd = [sum(sc[:j]) for j in range(n)]
+        rd = [sum(rc[:j]) for j in range(n)]
+        sendh = np.concatenate([store(rank_values("sum", dtype, sc[j], r, j), dtype)
+                                for j in range(n)])
+        recv = on_device(np.zeros(sum(rc), nd), dtype)
+        case = dict(what="alltoallv", dtype=dtype, count=count)
+        guarded(case, _core.alltoallv, core, on_device(sendh, dtype), recv, sc, rc, sd, rd, None,
+                dtype)
+        want = np.concatenate([store(rank_values("sum", dtype, rc[j], j, r), dtype)
+                               for j in range(n)])
+        check(case, fetch(recv, sum(rc), dtype), want, dtype)
+        calls += 1
+emit("whole", calls=calls, **delta(before))
+"""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n,path", [(2, "shm"), (3, "tcp")])
+def test_rooted_and_alltoall_on_gpu_buffers_are_staged_whole(n, path, backend):
+    """reduce, gatherv, scatterv (every root, in place and not) and alltoallv on GPU
+    buffers: exact results, every call staged whole (no device schedule)."""
+    env = _env(backend, {"shm": {}, "tcp": {"COLLECTIVES_TRANSPORT": "tcp"}}[path])
+    res = run_world(n, WHOLE_BODY, timeout=280, env=env, collective_timeout=60).assert_ok()
+    for rr in res.ranks:
+        got = rr.one("whole")
+        assert got["calls"] > 30 and got["whole_calls"] == got["calls"], got
+        assert got["device_runs"] == 0 and got["small_calls"] == 0, got
+
+
 def test_cuda_stats_are_zero_before_a_gpu_call():
     comm = collectives._core.Communicator(0, 1)
     try:

@@ -445,17 +445,51 @@ coll_result_t coll_broadcast(coll_comm_t *comm, const coll_args_t *a) {
 coll_result_t coll_reduce_scatter_block(coll_comm_t *comm, const coll_args_t *a) {
   return coll_comm_blocking(comm, a, check_reduce_scatter, run_reduce_scatter);
 }
+/* Reduce, gatherv, scatterv and alltoallv have host schedules only: on GPU
+ * buffers the host check runs on the same arguments as host memory, and the
+ * call is staged whole through pinned memory around the host run
+ * (comm/gpu_small.c). */
+static coll_result_t check_whole(coll_comm_t *comm, const coll_args_t *a, check_fn host_check) {
+  if (a->memory != COLL_MEMORY_CUDA) return host_check(comm, a);
+  coll_args_t h = *a;
+  h.memory = COLL_MEMORY_HOST;
+  COLL_CHECK(host_check(comm, &h));
+  if (!coll_cuda_built()) return coll_cuda_begin(comm, a->device, NULL, NULL); /* says why */
+  if (a->device < 0) return coll_error(comm, COLL_INVALID_ARGUMENT, "invalid CUDA device %d", a->device);
+  return COLL_SUCCESS;
+}
+
+static coll_result_t run_whole(coll_comm_t *comm, const coll_args_t *a, coll_kind_t kind,
+                               run_fn host_run) {
+  if (a->memory != COLL_MEMORY_CUDA) return host_run(comm, a);
+  coll_args_t d = *a;
+  coll_gpu_small_t g;
+  d.ready_event = NULL;
+  COLL_CHECK(coll_cuda_begin(comm, a->device, a->stream, a->ready_event));
+  COLL_CHECK(coll_gpu_whole_begin(comm, kind, &d, &g));
+  return coll_gpu_small_end(comm, &g, host_run(comm, &d));
+}
+
+static coll_result_t check_reduce(coll_comm_t *c, const coll_args_t *a) { return check_whole(c, a, coll_check_reduce); }
+static coll_result_t check_gatherv(coll_comm_t *c, const coll_args_t *a) { return check_whole(c, a, coll_check_gatherv); }
+static coll_result_t check_scatterv(coll_comm_t *c, const coll_args_t *a) { return check_whole(c, a, coll_check_scatterv); }
+static coll_result_t check_alltoallv(coll_comm_t *c, const coll_args_t *a) { return check_whole(c, a, coll_check_alltoallv); }
+static coll_result_t run_reduce(coll_comm_t *c, const coll_args_t *a) { return run_whole(c, a, COLL_KIND_REDUCE, coll_run_reduce); }
+static coll_result_t run_gatherv(coll_comm_t *c, const coll_args_t *a) { return run_whole(c, a, COLL_KIND_GATHER, coll_run_gatherv); }
+static coll_result_t run_scatterv(coll_comm_t *c, const coll_args_t *a) { return run_whole(c, a, COLL_KIND_SCATTER, coll_run_scatterv); }
+static coll_result_t run_alltoallv(coll_comm_t *c, const coll_args_t *a) { return run_whole(c, a, COLL_KIND_ALLTOALL, coll_run_alltoallv); }
+
 coll_result_t coll_reduce(coll_comm_t *comm, const coll_args_t *a) {
-  return coll_comm_blocking(comm, a, coll_check_reduce, coll_run_reduce);
+  return coll_comm_blocking(comm, a, check_reduce, run_reduce);
 }
 coll_result_t coll_gatherv(coll_comm_t *comm, const coll_args_t *a) {
-  return coll_comm_blocking(comm, a, coll_check_gatherv, coll_run_gatherv);
+  return coll_comm_blocking(comm, a, check_gatherv, run_gatherv);
 }
 coll_result_t coll_scatterv(coll_comm_t *comm, const coll_args_t *a) {
-  return coll_comm_blocking(comm, a, coll_check_scatterv, coll_run_scatterv);
+  return coll_comm_blocking(comm, a, check_scatterv, run_scatterv);
 }
 coll_result_t coll_alltoallv(coll_comm_t *comm, const coll_args_t *a) {
-  return coll_comm_blocking(comm, a, coll_check_alltoallv, coll_run_alltoallv);
+  return coll_comm_blocking(comm, a, check_alltoallv, run_alltoallv);
 }
 coll_result_t coll_barrier(coll_comm_t *comm, double timeout) {
   coll_args_t a;

@@ -25,6 +25,11 @@ typedef struct {
  * same path. g->on = 0: run d as it is. */
 coll_result_t coll_gpu_small_begin(coll_comm_t *comm, coll_kind_t kind, coll_args_t *d,
                                    size_t caller_segment, coll_gpu_small_t *g);
+/* The same for reduce, gatherv, scatterv and alltoallv (COLL_KIND_REDUCE,
+ * _GATHER, _SCATTER, _ALLTOALL), which have no device schedule: staged
+ * whole at any size (the caller has bound the device). */
+coll_result_t coll_gpu_whole_begin(coll_comm_t *comm, coll_kind_t kind, coll_args_t *d,
+                                   coll_gpu_small_t *g);
 /* After the host call: copies the result back and waits for the copy. */
 coll_result_t coll_gpu_small_end(coll_comm_t *comm, const coll_gpu_small_t *g, coll_result_t res);
 

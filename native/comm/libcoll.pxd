@@ -194,6 +194,7 @@ cdef extern from "reduce/sparse.h" nogil:
 cdef extern from "cuda/cuda.h" nogil:
     ctypedef struct coll_cuda_stats_t:
         uint64_t small_calls
+        uint64_t whole_calls
         uint64_t device_runs
         uint64_t staged_pieces
         uint64_t staged_max_ahead

@@ -94,6 +94,7 @@ coll_result_t coll_cuda_finish(coll_comm_t *comm);
  * comm/gpu_small.c). Each backend's state starts with this struct. */
 typedef struct {
   uint64_t small_calls;      /* calls staged whole through pinned memory (small path) */
+  uint64_t whole_calls;      /* rooted and all-to-all calls staged whole (any size) */
   uint64_t device_runs;      /* schedules run by the device executor */
   uint64_t staged_pieces;    /* pieces sent on staged (pinned host) links */
   uint64_t staged_max_ahead; /* most outgoing pieces staged on one link at once */
@@ -110,6 +111,8 @@ coll_result_t coll_cuda_pinned(coll_comm_t *comm, int which, size_t n, unsigned 
 /* The pools: 0 and 1 staged sends and receives (device executor), 2 the
  * small path's copy of a whole call (comm/gpu_small.c). */
 #define COLL_CUDA_PINNED_SMALL 2
+/* ... and 3 the whole-call copy of the collectives without a device schedule. */
+#define COLL_CUDA_PINNED_WHOLE 3
 /* Device scratch of at least n bytes on the bound device (kept, grown);
  * `which` picks one of two pools (0: reduce-scatter's vector, 1: the
  * device executor's IPC bounce space). */
