@@ -96,15 +96,16 @@ def main() -> None:
             want = n * (np.arange(count) % 7) + n * (n - 1) / 2
             wrong = int(np.count_nonzero(fetch(impl, buf) != want))
             buf = make(impl, count)
+            iters = args.iters if size > 65536 else max(args.iters, 200)  # latency: more calls
             for _ in range(args.warmup):
                 run(impl, buf)
             sync()
             comm.Barrier()
             t0 = time.perf_counter()
-            for _ in range(args.iters):
+            for _ in range(iters):
                 run(impl, buf)
             sync()
-            mine = (time.perf_counter() - t0) / args.iters
+            mine = (time.perf_counter() - t0) / iters
             t = comm.allreduce(mine, op=MPI.MAX)
             wrong = comm.allreduce(wrong, op=MPI.SUM)
             algbw = size / t / 1e9
@@ -114,7 +115,17 @@ def main() -> None:
                 x = rows[-1]
                 print(f"{n:5d} {size:>11d} {impl:>5s} {x['time_us']:12.1f} {algbw:8.3f} "
                       f"{x['busbw']:8.3f} {wrong:6d}", flush=True)
+    # the latency target: 3x the host time plus one copy each way
+    small = np.zeros(2, np.float32)
+    dev8 = _core.DeviceBuffer(8, "float32", 0)
+    t0 = time.perf_counter()
+    for _ in range(200):
+        dev8.copy_from(small)
+        dev8.copy_to(small)
+    copies_us = (time.perf_counter() - t0) / 200 * 1e6
     if r == 0:
+        print(f"# 8 B device-to-host + host-to-device copies (cudaMemcpy, rank 0): "
+              f"{copies_us:.1f} us; target for gpu at 8 B: 3 x host + that")
         by = {(x["size"], x["impl"]): x for x in rows}
         print(f"# ratios, {n} ranks (busbw; at 8 B the times):")
         for size in sorted({x["size"] for x in rows}):
