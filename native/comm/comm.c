@@ -467,6 +467,9 @@ static coll_result_t run_whole(coll_comm_t *comm, const coll_args_t *a, coll_kin
   d.ready_event = NULL;
   COLL_CHECK(coll_cuda_begin(comm, a->device, a->stream, a->ready_event));
   COLL_CHECK(coll_gpu_whole_begin(comm, kind, &d, &g));
+  if (!g.on) /* never run host code on device pointers */
+    return coll_error(comm, COLL_INVALID_ARGUMENT, "rank %d: %s on GPU buffers needs counts and "
+                      "displacements", comm->rank, coll_kind_name(kind));
   return coll_gpu_small_end(comm, &g, host_run(comm, &d));
 }
 
