@@ -7,8 +7,9 @@
  *   coll_barrier                       blocking collectives
  *   coll_iallreduce + coll_request_*   non-blocking allreduce on the progress thread
  *   coll_reduce, coll_gatherv, coll_scatterv
- *                                      blocking rooted collectives (rooted.c), host memory
- *   coll_alltoallv                     pairwise exchange (alltoall.c), host memory
+ *                                      blocking rooted collectives (rooted.c); GPU
+ *                                      buffers are staged whole through pinned memory
+ *   coll_alltoallv                     pairwise exchange (alltoall.c); GPU buffers as above
  *   coll_isend / coll_irecv / coll_send / coll_recv / coll_sendrecv
  *                                      point-to-point messages with tags (p2p.c)
  *   coll_comm_split / coll_comm_dup / coll_comm_free
@@ -254,7 +255,8 @@ coll_result_t coll_broadcast(coll_comm_t *comm, const coll_args_t *args);
 coll_result_t coll_reduce_scatter_block(coll_comm_t *comm, const coll_args_t *args);
 coll_result_t coll_barrier(coll_comm_t *comm, double timeout);
 
-/* Rooted collectives (rooted.c), host memory only; root in args->root.
+/* Rooted collectives (rooted.c), host memory (GPU buffers: staged whole through pinned
+ * memory by the communicator, comm/gpu_small.c); root in args->root.
  * reduce: recvbuf (root only; ignored elsewhere, may be NULL) = op over the
  *   ranks' sendbuf, count elements each; sendbuf == recvbuf at the root is
  *   in place; AVG divides once at the root.
@@ -269,7 +271,7 @@ coll_result_t coll_barrier(coll_comm_t *comm, double timeout);
 coll_result_t coll_reduce(coll_comm_t *comm, const coll_args_t *args);
 coll_result_t coll_gatherv(coll_comm_t *comm, const coll_args_t *args);
 coll_result_t coll_scatterv(coll_comm_t *comm, const coll_args_t *args);
-/* alltoallv (alltoall.c), host memory: rank r sends counts[j] elements from
+/* alltoallv (alltoall.c), host memory (GPU buffers: as the rooted ones): rank r sends counts[j] elements from
  * sendbuf + displs[j] to rank j and receives counts[size + j] elements from
  * rank j into recvbuf + displs[size + j] (counts and displs hold 2 * size
  * entries: send side, then receive side). Every pair must agree on the

@@ -102,6 +102,10 @@ static const coll_param_decl_t params[COLL_NUM_PARAMS] = {
     [COLL_PARAM_CUDA_FAKE] = {"COLLECTIVES_CUDA_FAKE", "0",
                               "tests only: 1 emulates one GPU in host memory, so that the GPU code "
                               "paths run on machines without one", "one of: 0, 1"},
+    [COLL_PARAM_CUDA_SMALL_BYTES] = {"COLLECTIVES_CUDA_SMALL_BYTES", "16K",
+                                     "collectives on GPU buffers up to this many bytes are copied "
+                                     "whole to pinned host memory and run on the host path (0: never)",
+                                     "bytes"},
     [COLL_PARAM_P2P_BUFFER_BYTES] = {"COLLECTIVES_P2P_BUFFER_BYTES", "64M",
                                      "point-to-point messages that arrive before their receive "
                                      "is posted are kept up to this many bytes in all; later "

@@ -222,6 +222,16 @@ cdef extern from "reduce/sparse.h" nogil:
 
 
 cdef extern from "cuda/cuda.h" nogil:
+    ctypedef struct coll_cuda_stats_t:
+        uint64_t small_calls
+        uint64_t whole_calls
+        uint64_t device_runs
+        uint64_t staged_pieces
+        uint64_t staged_max_ahead
+        uint64_t staged_max_apply
+        uint64_t ipc_descs
+        uint64_t ipc_max_posted
+    coll_cuda_stats_t *coll_cuda_stats(coll_comm_t *comm)
     int coll_cuda_pointer_device(const void *p)
     const char *coll_cuda_error_text()
     coll_result_t coll_cuda_alloc(int device, size_t n, void **p)
