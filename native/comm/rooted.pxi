@@ -1,11 +1,17 @@
 # rooted.pxi -- reduce, gatherv, scatterv (coll.h; rooted.c): module functions over a
-# Communicator, each: check -> nogil -> one checked C call. Host buffers.
+# Communicator, each: check -> nogil -> one checked C call. Host buffers, or GPU
+# buffers (staged whole through pinned memory by the core: comm/gpu_small.c).
 
 cdef _View _host(obj, str name, bint writable, dtype):
-    cdef _View v = as_view(obj, name, writable, dtype)
-    if v.device >= 0:
-        raise TypeError(f"{name} is a GPU buffer; rooted collectives take host memory")
-    return v
+    return as_view(obj, name, writable, dtype)
+
+
+cdef int _host_only(int memory, str what) except -1:
+    """The non-blocking rooted forms take host buffers (GPU ones are staged by the blocking
+    entry points only)."""
+    if memory != COLL_MEMORY_HOST:
+        raise TypeError(f"i{what} takes host buffers; use the blocking form for GPU memory")
+    return 0
 
 
 cdef object _blocks(Communicator c, size_t *cc, counts, displs, size_t total, str what):
@@ -56,8 +62,10 @@ cdef object _reduce(Communicator comm, sendbuf, recvbuf, op, int root, timeout, 
     a.op = <coll_op_t>code_of(OPS, op, "op")
     a.root = root
     a.timeout = as_timeout(timeout)
+    set_memory(&a, None, rv if rv is not None else sv, sv)
     cdef coll_result_t res
     if r is not None:  # non-blocking: the request keeps the buffers alive
+        _host_only(a.memory, "reduce")
         r.views = (sv, rv)
         return coll_ireduce(comm.comm, &a, &r.req)
     with nogil:
@@ -112,7 +120,9 @@ cdef object _gatherv(Communicator comm, sendbuf, recvbuf, counts, displs, int ro
             a.dtype = <coll_dtype_t>sv.dtype
         a.root = root
         a.timeout = as_timeout(timeout)
+        set_memory(&a, None, rv if rv is not None else sv, sv)
         if r is not None:  # non-blocking: counts are copied, the request keeps the views
+            _host_only(a.memory, "gatherv")
             r.views = (sv, rv)
             return coll_igatherv(comm.comm, &a, &r.req)
         with nogil:
@@ -169,7 +179,9 @@ cdef object _scatterv(Communicator comm, sendbuf, recvbuf, counts, displs, int r
             a.dtype = <coll_dtype_t>rv.dtype
         a.root = root
         a.timeout = as_timeout(timeout)
+        set_memory(&a, None, rv if rv is not None else sv, sv)
         if r is not None:  # non-blocking: counts are copied, the request keeps the views
+            _host_only(a.memory, "scatterv")
             r.views = (sv, rv)
             return coll_iscatterv(comm.comm, &a, &r.req)
         with nogil:
