@@ -307,13 +307,13 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
         return self._rooted("reduce", timeout, parse, fn)
 
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0, *,
-                timeout: Optional[float] = None) -> None:
+               timeout: Optional[float] = None) -> None:
         """recvbuf at root = op over every rank's sendbuf (IN_PLACE at the root; recvbuf
         is ignored elsewhere and may be None)."""
         self._reduce(sendbuf, recvbuf, op, root, timeout, _core.reduce)
 
     def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0, *,
-                 timeout: Optional[float] = None) -> Request:
+                timeout: Optional[float] = None) -> Request:
         """Start a Reduce; returns a Request (the buffers stay in use until it completes)."""
         return Request(self._reduce(sendbuf, recvbuf, op, root, timeout, _core.ireduce), self)
 
@@ -338,12 +338,12 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
         return self._rooted("gather", timeout, parse, fn)
 
     def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
-                timeout: Optional[float] = None) -> None:
+               timeout: Optional[float] = None) -> None:
         """The root gets every rank's sendbuf in rank order in recvbuf (IN_PLACE at the root)."""
         self._gather(sendbuf, recvbuf, root, timeout, _core.gatherv)
 
     def Igather(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
-                 timeout: Optional[float] = None) -> Request:
+                timeout: Optional[float] = None) -> Request:
         """Start a Gather; returns a Request (the buffers stay in use until it completes)."""
         return Request(self._gather(sendbuf, recvbuf, root, timeout, _core.igatherv), self)
 
@@ -361,12 +361,12 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
         return self._rooted("gather", timeout, parse, fn)
 
     def Gatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
-                 timeout: Optional[float] = None) -> None:
+                timeout: Optional[float] = None) -> None:
         """Gather blocks of different sizes: recvbuf at the root is [buf, counts(, displs)]."""
         self._gatherv(sendbuf, recvbuf, root, timeout, _core.gatherv)
 
     def Igatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
-                  timeout: Optional[float] = None) -> Request:
+                 timeout: Optional[float] = None) -> Request:
         """Start a Gatherv; returns a Request (the buffers stay in use until it completes)."""
         return Request(self._gatherv(sendbuf, recvbuf, root, timeout, _core.igatherv), self)
 
@@ -384,12 +384,12 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
         return self._rooted("scatter", timeout, parse, fn)
 
     def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
-                 timeout: Optional[float] = None) -> None:
+                timeout: Optional[float] = None) -> None:
         """Rank i gets block i of the root's sendbuf in recvbuf (IN_PLACE recvbuf at the root)."""
         self._scatter(sendbuf, recvbuf, root, timeout, _core.scatterv)
 
     def Iscatter(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
-                  timeout: Optional[float] = None) -> Request:
+                 timeout: Optional[float] = None) -> Request:
         """Start a Scatter; returns a Request (the buffers stay in use until it completes)."""
         return Request(self._scatter(sendbuf, recvbuf, root, timeout, _core.iscatterv), self)
 
@@ -407,12 +407,12 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
         return self._rooted("scatter", timeout, parse, fn)
 
     def Scatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
-                  timeout: Optional[float] = None) -> None:
+                 timeout: Optional[float] = None) -> None:
         """Scatter blocks of different sizes: sendbuf at the root is [buf, counts(, displs)]."""
         self._scatterv(sendbuf, recvbuf, root, timeout, _core.scatterv)
 
     def Iscatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
-                   timeout: Optional[float] = None) -> Request:
+                  timeout: Optional[float] = None) -> Request:
         """Start a Scatterv; returns a Request (the buffers stay in use until it completes)."""
         return Request(self._scatterv(sendbuf, recvbuf, root, timeout, _core.iscatterv), self)
 
