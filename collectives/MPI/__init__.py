@@ -129,7 +129,9 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
         """COMM_WORLD and COMM_SELF pickle by name (as in mpi4py); others cannot."""
         for name in ("COMM_WORLD", "COMM_SELF"):
             if self._name == "MPI_" + name and globals()["__getattr__"](name) == self:
-                return (_predefined, (name,))
+                if globals()["__getattr__"](name) is self:
+                    return (_predefined, (name,))
+                return (Comm, (_predefined(name),))  # a second handle to it
         raise ValueError(f"cannot pickle {self!r}: only COMM_WORLD and COMM_SELF travel")
 
     @classmethod
@@ -491,7 +493,11 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
 
     def recv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG,
              status: Optional[Status] = None) -> Any:
-        """Receive a Python object sent with send/isend (buf is ignored, as in mpi4py 4)."""
+        """Receive a Python object sent with send/isend (buf is ignored, with a UserWarning,
+        as in mpi4py 4)."""
+        if buf is not None:
+            import warnings
+            warnings.warn("recv: the buf argument is ignored", UserWarning, stacklevel=2)
         return self.irecv(None, source, tag).wait(status)
 
     def isend(self, obj: Any, dest: int, tag: int = 0) -> Request:

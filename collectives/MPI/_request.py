@@ -146,7 +146,10 @@ class Request(metaclass=_RequestType):
 
     @staticmethod
     def waitall(requests: Sequence["Request"], statuses: Optional[list] = None) -> list:
-        """Wait for every request; returns each one's object (see wait)."""
+        """Wait for every request; returns each one's object (see wait). A statuses list
+        shorter than requests is extended with new Status objects (as mpi4py does)."""
+        if isinstance(statuses, list):
+            statuses.extend(Status() for _ in range(len(requests) - len(statuses)))
         objs, first = [], None
         for i, r in enumerate(requests):
             st = statuses[i] if statuses is not None and i < len(statuses) else None

@@ -44,8 +44,10 @@ class Op:
     inoutbuf (datatype None for objects); buffer calls with it run in Python.
     """
 
-    def __init__(self, name: Optional[str] = None, func: Optional[Callable[[Any, Any], Any]] = None,
+    def __init__(self, name: Any = None, func: Optional[Callable[[Any, Any], Any]] = None,
                  commute: bool = True, user: Optional[Callable[..., Any]] = None) -> None:
+        if isinstance(name, Op):  # Op(op): a second handle to op, equal to it
+            name, func, commute, user = name.name, name._func, name._commute, name._user
         self.name = name
         self._func = func
         self._commute = commute
@@ -102,17 +104,17 @@ class Op:
     def __eq__(self, other: Any) -> bool:
         if not isinstance(other, Op):
             return NotImplemented
-        return self is other or (self._func is None and other._func is None)
+        return self._func is other._func  # handles of one op share its function
 
     def __hash__(self) -> int:
-        return 0 if self._func is None else id(self)
+        return id(self._func)
 
     def __reduce__(self) -> Any:
         for name in _OP_NAMES:
             if globals()[name] is self:
                 return name  # a predefined op pickles by name
-        if self._func is None:
-            return (Op, ())
+            if globals()[name] == self:
+                return (Op, (globals()[name],))  # a second handle to one
         raise ValueError("cannot pickle a user-defined MPI.Op")
 
     def __repr__(self) -> str:
