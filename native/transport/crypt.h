@@ -49,7 +49,7 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 
-#include "base/comm.h"
+#include "base/comm_state.h"
 #include "coll.h"
 
 /* Plaintext bytes per record at most: the stripe unit (transport.h), so a
