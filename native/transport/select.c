@@ -85,7 +85,7 @@ static coll_result_t link_ready(coll_comm_t *comm, coll_link_t *link, int shm) {
     return coll_error(comm, COLL_INVALID_USAGE,
                       "rank %d: COLLECTIVES_TRANSPORT=shm but rank %d cannot share memory with it",
                       comm->rank, link->peer);
-  char buffers[80] = "";
+  char buffers[100] = "";
   if (!shm) {
     int bytes = coll_tcp_link_buffer(comm);
     if (bytes > 0) snprintf(buffers, sizeof buffers, ", socket buffers %d B", bytes);
@@ -94,6 +94,10 @@ static coll_result_t link_ready(coll_comm_t *comm, coll_link_t *link, int shm) {
   if (coll_stripe_sockets(link) > 1) {
     size_t used = strlen(buffers);
     snprintf(buffers + used, sizeof buffers - used, ", %d connections", coll_stripe_sockets(link));
+  }
+  if (link->crypt) {
+    size_t used = strlen(buffers);
+    snprintf(buffers + used, sizeof buffers - used, ", AES-256-GCM");
   }
   COLL_INFO(COLL_LOG_NET, "rank %d <-> rank %d via %s (%s:%d%s)", comm->rank, link->peer,
             link->tp->name, p->host, p->port, buffers);
