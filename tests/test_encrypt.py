@@ -226,6 +226,30 @@ def test_altered_records_break_the_communicator_naming_the_peer(fault, k, text):
     assert not errs[0]["ok"] and "rank 1" in errs[0]["error"], res.report()
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("k", [1, 4])
+def test_keys_change_in_step_on_both_ends(k):
+    # COLLECTIVES_ENCRYPT_FAULT=rekey: every 3 records instead of 2^20. On
+    # both ranks the calls succeed; on one only, the other's next record fails.
+    env = {**ENC, "COLLECTIVES_TRANSPORT": "tcp", "COLLECTIVES_NSOCKS": str(k),
+           "COLLECTIVES_ENCRYPT_FAULT": "rekey"}
+    res = run_world(2, RESULT, env=env, timeout=50)
+    assert all(e["ok"] for e in _errors(res, 2).values()), res.report()
+    port = free_port()
+
+    def rank_env(rank, n):
+        return {"COLLECTIVES_RANK": rank, "COLLECTIVES_SIZE": n, "COLLECTIVES_LOCAL_RANK": rank,
+                "COLLECTIVES_LOCAL_SIZE": n, "COLLECTIVES_STORE_ADDR": f"127.0.0.1:{port}",
+                "COLLECTIVES_ENCRYPT_FAULT": "rekey" if rank == 0 else "0"}
+
+    res = run_world(2, RESULT, env={**env, "COLLECTIVES_ENCRYPT_FAULT": ""}, rank_env=rank_env,
+                    timeout=50)
+    # whichever end reads a record sealed under the other key first refuses it
+    errs = [e.get("error", "") for e in _errors(res, 2).values()]
+    assert all(errs) and any("encrypted record #3 from rank" in e and "failed authentication" in e
+                             for e in errs), res.report()
+
+
 # ------------------------------------------------ the record format, from outside
 # One process: rank 1 of a 2-rank communicator (COLLECTIVES_ENCRYPT=1) runs an
 # allreduce; this script plays rank 0 with its own implementation of the

@@ -144,8 +144,9 @@ static const coll_param_decl_t params[COLL_NUM_PARAMS] = {
     [COLL_PARAM_ENCRYPT_FAULT] = {"COLLECTIVES_ENCRYPT_FAULT", "0",
                                   "tests only: the lower rank of each encrypted link alters its "
                                   "4th record on the wire: flip a ciphertext bit, replay the "
-                                  "record before it, or claim an overlong length",
-                                  "one of: 0, flip, replay, length"},
+                                  "record before it, or claim an overlong length; rekey (on "
+                                  "every rank): keys change every 3 records",
+                                  "one of: 0, flip, replay, length, rekey"},
 };
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;

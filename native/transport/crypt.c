@@ -117,10 +117,12 @@ int coll_crypt_hkdf(const uint8_t *ikm, size_t nikm, const uint8_t *salt, size_t
   if (coll_crypt_lib_error()) return -1;
   void *p = evp.pkey_ctx_new_id(PKEY_HKDF, NULL);
   size_t n = nout;
+  /* No salt means RFC 5869's default (zeros); OpenSSL refuses a NULL one. */
   int ok = p && evp.derive_init(p) > 0 && evp.set_hkdf_md(p, evp.sha256()) > 0 &&
-           evp.set1_hkdf_salt(p, salt, (int)nsalt) > 0 &&
+           (nsalt == 0 || evp.set1_hkdf_salt(p, salt, (int)nsalt) > 0) &&
            evp.set1_hkdf_key(p, ikm, (int)nikm) > 0 &&
-           evp.add1_hkdf_info(p, info, (int)ninfo) > 0 && evp.derive(p, out, &n) > 0 && n == nout;
+           (ninfo == 0 || evp.add1_hkdf_info(p, info, (int)ninfo) > 0) &&
+           evp.derive(p, out, &n) > 0 && n == nout;
   if (p) evp.pkey_ctx_free(p);
   return ok ? 0 : -1;
 }
@@ -165,6 +167,10 @@ static uint32_t get32(const uint8_t *b) {
 }
 
 enum { FAULT_NONE, FAULT_FLIP, FAULT_REPLAY, FAULT_LENGTH };
+/* COLLECTIVES_ENCRYPT_FAULT=rekey (tests, on every rank): keys change every
+ * few records instead of every COLL_CRYPT_REKEY, so that both ends' rekeying
+ * in step is exercised. */
+#define REKEY_FAULT_EVERY 3
 /* The record a fault (COLLECTIVES_ENCRYPT_FAULT, tests only) hits: late
  * enough that the link is in use, early enough for any test. */
 #define FAULT_AT 3
@@ -183,6 +189,7 @@ struct coll_crypt {
   uint8_t *rbuf;
   size_t rcap, rfill, rpos, pt_off, pt_end;
   int fault, fault_done;
+  uint64_t rekey_every; /* COLL_CRYPT_REKEY, or REKEY_FAULT_EVERY */
   uint8_t *saved; /* FAULT_REPLAY: the record before FAULT_AT, as sent */
   size_t saved_len;
 };
@@ -248,6 +255,7 @@ coll_result_t coll_crypt_new(coll_comm_t *comm, int peer, int sock, int nsocks, 
   if (dialer && sock == 0)
     c->fault = !strcmp(fault, "flip") ? FAULT_FLIP : !strcmp(fault, "replay") ? FAULT_REPLAY
              : !strcmp(fault, "length") ? FAULT_LENGTH : FAULT_NONE;
+  c->rekey_every = !strcmp(fault, "rekey") ? REKEY_FAULT_EVERY : COLL_CRYPT_REKEY;
   c->scap = rec * (k + (c->fault == FAULT_REPLAY));
   c->rcap = rec * (k + 1);
   c->sbuf = malloc(c->scap);
@@ -371,7 +379,7 @@ coll_result_t coll_crypt_send(coll_comm_t *comm, coll_crypt_t *c, int fd, const 
       if (poll(&p, 1, 0) <= 0 || !(p.revents & POLLOUT)) break;
     }
     /* Seal a batch, never across a rekey. */
-    uint64_t seq0 = c->tx.seq, stop = (seq0 / COLL_CRYPT_REKEY + 1) * COLL_CRYPT_REKEY;
+    uint64_t seq0 = c->tx.seq, stop = (seq0 / c->rekey_every + 1) * c->rekey_every;
     size_t batch = 0, extra = 0, room = c->scap - (c->fault == FAULT_REPLAY ? COLL_CRYPT_RECORD + COLL_CRYPT_OVERHEAD : 0);
     int nrec = 0;
     uint8_t last = 0;
@@ -406,7 +414,7 @@ coll_result_t coll_crypt_send(coll_comm_t *comm, coll_crypt_t *c, int fd, const 
     }
     if (extra || (c->fault && seq0 <= FAULT_AT && FAULT_AT < seq0 + nrec)) c->fault_done = 1;
     c->tx.seq = seq0 + (uint64_t)nrec;
-    if (c->tx.seq % COLL_CRYPT_REKEY == 0 && rekey(&c->tx, 1))
+    if (c->tx.seq % c->rekey_every == 0 && rekey(&c->tx, 1))
       return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: rekeying the link to rank %d failed",
                         comm->rank, c->peer);
     cu = at;
@@ -441,28 +449,43 @@ int coll_crypt_readable(const coll_crypt_t *c) {
   return c->pt_off < c->pt_end || whole_record(c);
 }
 
-static coll_result_t open_record(coll_comm_t *comm, coll_crypt_t *c) {
+/* Opens the whole record at rpos: in place (to == NULL), its plaintext then
+ * handed out from rbuf, or straight into the reader's memory at `to`, which
+ * has room for all of it. Bytes written there before the tag is checked are
+ * only ever seen by a caller whose receive then fails. */
+static coll_result_t open_record(coll_comm_t *comm, coll_crypt_t *c, cursor_t *to) {
   uint8_t *rec = c->rbuf + c->rpos, iv[12], tag[COLL_CRYPT_TAG];
-  size_t len = get32(rec);
-  int outl;
+  size_t len = get32(rec), done = 0;
+  int outl, ok;
   nonce(&c->rx, c->rx.seq, iv);
   memcpy(tag, rec + 4 + len, COLL_CRYPT_TAG);
-  int ok = evp.dec_init(c->rx.ctx, NULL, NULL, NULL, iv) > 0 &&
-           evp.dec_update(c->rx.ctx, NULL, &outl, rec, 4) > 0 &&
-           evp.dec_update(c->rx.ctx, rec + 4, &outl, rec + 4, (int)len) > 0 &&
-           evp.ctx_ctrl(c->rx.ctx, CTRL_GCM_SET_TAG, COLL_CRYPT_TAG, tag) > 0 &&
-           evp.dec_final(c->rx.ctx, rec + 4 + len, &outl) > 0;
+  ok = evp.dec_init(c->rx.ctx, NULL, NULL, NULL, iv) > 0 &&
+       evp.dec_update(c->rx.ctx, NULL, &outl, rec, 4) > 0;
+  while (ok && done < len) {
+    size_t take = len - done;
+    uint8_t *dst = rec + 4;
+    if (to) {
+      const struct iovec *v = &to->iov[to->i];
+      if (take > v->iov_len - to->off) take = v->iov_len - to->off;
+      dst = (uint8_t *)v->iov_base + to->off;
+      skip(to, take);
+    }
+    ok = evp.dec_update(c->rx.ctx, dst, &outl, rec + 4 + done, (int)take) > 0;
+    done += take;
+  }
+  ok = ok && evp.ctx_ctrl(c->rx.ctx, CTRL_GCM_SET_TAG, COLL_CRYPT_TAG, tag) > 0 &&
+       evp.dec_final(c->rx.ctx, rec + 4 + len, &outl) > 0;
   if (!ok)
     return coll_error(comm, COLL_REMOTE_ERROR,
                       "rank %d: encrypted record #%llu from rank %d (connection %d) failed "
                       "authentication: its bytes were altered, replayed or reordered on the way "
                       "(COLLECTIVES_ENCRYPT=1); the link is dropped",
                       comm->rank, (unsigned long long)c->rx.seq, c->peer, c->sock);
-  c->pt_off = c->rpos + 4;
-  c->pt_end = c->pt_off + len;
+  c->pt_off = to ? 0 : c->rpos + 4;
+  c->pt_end = to ? 0 : c->pt_off + len;
   c->rpos += len + COLL_CRYPT_OVERHEAD;
   c->rx.seq++;
-  if (c->rx.seq % COLL_CRYPT_REKEY == 0 && rekey(&c->rx, 0))
+  if (c->rx.seq % c->rekey_every == 0 && rekey(&c->rx, 0))
     return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: rekeying the link from rank %d failed",
                       comm->rank, c->peer);
   return COLL_SUCCESS;
@@ -499,7 +522,12 @@ coll_result_t coll_crypt_recv(coll_comm_t *comm, coll_crypt_t *c, int fd, const 
     }
     COLL_CHECK(check_length(comm, c));
     if (whole_record(c)) {
-      COLL_CHECK(open_record(comm, c));
+      /* A whole record the reader wants all of goes straight to its memory
+       * (one copy less); otherwise it is opened in place and handed out. */
+      size_t len = get32(c->rbuf + c->rpos);
+      int direct = total - moved >= len;
+      COLL_CHECK(open_record(comm, c, direct ? &cu : NULL));
+      if (direct) moved += len;
       continue;
     }
     if (eof) break;
@@ -509,6 +537,9 @@ coll_result_t coll_crypt_recv(coll_comm_t *comm, coll_crypt_t *c, int fd, const 
       c->rfill -= c->rpos;
       c->pt_off = c->pt_end = c->rpos = 0;
     }
+    if (c->rfill == c->rcap) /* cannot be: past rpos there is room for a whole record */
+      return coll_error(comm, COLL_INTERNAL_ERROR, "rank %d: the receive buffer of the link "
+                        "from rank %d is full without a whole record", comm->rank, c->peer);
     ssize_t k;
     do { k = read(fd, c->rbuf + c->rfill, c->rcap - c->rfill); } while (k < 0 && errno == EINTR);
     if (k > 0) {
