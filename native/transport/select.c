@@ -142,12 +142,15 @@ static coll_result_t refused(coll_comm_t *comm, int peer, uint32_t word) {
                       "rank %d: rank %d refused the link: it uses COLLECTIVES_NSOCKS=%u TCP "
                       "connections per link, this rank %d (set the same value on every rank)",
                       comm->rank, peer, theirs, coll_tcp_nsocks());
+  if (reason == COLL_REFUSED_ENCRYPT && (word >> 24) == (uint32_t)coll_crypt_wanted())
+    return coll_error(comm, COLL_REMOTE_ERROR,
+                      "rank %d: rank %d refused the link: it runs with COLLECTIVES_ENCRYPT=1 "
+                      "but cannot load libcrypto (its log says why)", comm->rank, peer);
   if (reason == COLL_REFUSED_ENCRYPT)
     return coll_error(comm, COLL_INVALID_USAGE,
                       "rank %d: rank %d refused the link: it runs with COLLECTIVES_ENCRYPT=%u, "
-                      "this rank with %d (set the same value on every rank)%s",
-                      comm->rank, peer, word >> 24, coll_crypt_wanted(),
-                      (word >> 24) == (uint32_t)coll_crypt_wanted() ? "; it cannot load libcrypto" : "");
+                      "this rank with %d (set the same value on every rank)",
+                      comm->rank, peer, word >> 24, coll_crypt_wanted());
   return coll_error(comm, COLL_REMOTE_ERROR,
                     "rank %d: rank %d refused the link (reason %u: a connection index it "
                     "had already, or an offer it does not take)", comm->rank, peer, reason);
