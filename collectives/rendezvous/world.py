@@ -13,13 +13,15 @@ connects to the peers an algorithm needs on first use.
 
 After a collective fails, a rank reports its error under ``failed/<rank>``;
 a rank whose own error is only the echo ("closed the connection", timeout)
-appends what the rank that saw the cause reported, so every survivor names
-the culprit.
+puts what the rank that saw the cause reported (or which ranks reported
+nothing: the dead) in front of its own text, so every survivor names the
+culprit first.
 """
 from __future__ import annotations
 
 import atexit
 import os
+import re
 import socket
 import threading
 import time
@@ -176,23 +178,68 @@ def host_id() -> str:
     return f"{socket.gethostname()}/{boot}"
 
 
+# Settings every rank must share, checked at start-up: ranks that cut a message
+# into other segments cannot exchange it, and the wire check alone could only
+# report a message "out of step".
+SHARED_SETTINGS = ("COLLECTIVES_SEGMENT_BYTES",)
+
+
+class SettingsMismatch(ValueError):
+    """Ranks of one job were started with different values of a setting they must share."""
+
+
+def _setting(name: str) -> str:
+    """The value of a shared setting as the core reads it: bytes with K/M/G, else text."""
+    text = os.environ.get(name, "").strip()
+    m = re.fullmatch(r"(\d+)\s*([kmg]?)i?b?", text, re.IGNORECASE)
+    if m:
+        return str(int(m.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30}[m.group(2).lower()])
+    return text.lower() or "auto"
+
+
+def _check_shared(values: list) -> None:
+    """Raise SettingsMismatch naming each setting whose value differs between ranks."""
+    for i, name in enumerate(SHARED_SETTINGS):
+        seen = [v[i] if i < len(v) else "?" for v in values]
+        if len(set(seen)) > 1:
+            groups: dict = {}
+            for r, v in enumerate(seen):
+                groups.setdefault(v, []).append(str(r))
+            said = "; ".join(f"{name}={v} on rank{'s' if len(rs) > 1 else ''} {', '.join(rs)}"
+                             for v, rs in groups.items())
+            raise SettingsMismatch(f"{name} differs between the ranks ({said}): every rank "
+                                   f"must have the same value (or none), since ranks that "
+                                   f"cut messages differently cannot exchange them")
+
+
 def exchange_addresses(core, rank: int, size: int, advertise: str, put, get) -> tuple:
-    """Publish where this rank listens, its host id, its CPUs and its COLLECTIVES_ENCRYPT
-    through a store (put(key, bytes), get(key) -> bytes), refuse (ValueError on every
-    rank) when the ranks' COLLECTIVES_ENCRYPT differ, point core at every peer, tell it whether some
-    host of the job runs more ranks than CPUs, and return the ranks' host ids and the
-    union of the CPU masks of the ranks on this rank's host."""
+    """Publish where this rank listens, its host id, its CPUs, the settings every rank
+    must share and its COLLECTIVES_ENCRYPT through a store (put(key, bytes), get(key) ->
+    bytes), point core at every peer, tell it whether some host of the job runs more
+    ranks than CPUs, and return the ranks' host ids and the union of the CPU masks of
+    the ranks on this rank's host.
+
+    Raises:
+        SettingsMismatch: a setting of SHARED_SETTINGS differs between ranks (every
+            rank raises it, naming the setting and each rank's value).
+        ValueError: the ranks' COLLECTIVES_ENCRYPT differ (every rank refuses).
+    """
     cpus = ",".join(map(str, process_cpus()))
+    shared = ";".join(_setting(name) for name in SHARED_SETTINGS)
     encrypt = "1" if _auth.encrypt_wanted() else "0"
     _check_crypto_lib()
-    put(f"addr/{rank}", f"{advertise}\n{core.port}\n{host_id()}\n{cpus}\n{encrypt}".encode())
-    records, encrypts = [], []
+    put(f"addr/{rank}",
+        f"{advertise}\n{core.port}\n{host_id()}\n{cpus}\n{shared}\n{encrypt}".encode())
+    records, settings, encrypts = [], [], []
     for peer in range(size):
-        addr, port, peer_host, peer_cpus, *rest = get(f"addr/{peer}").decode().split("\n")
+        fields = get(f"addr/{peer}").decode().split("\n")
+        addr, port, peer_host, peer_cpus = fields[:4]
         core.set_peer(peer, addr, int(port))
         core.set_peer_host(peer, peer_host)  # same-host peers may then use shared memory
         records.append((peer_host, peer_cpus))
-        encrypts.append(rest[0] if rest else "0")
+        settings.append(fields[4].split(";") if len(fields) > 4 else [])
+        encrypts.append(fields[5] if len(fields) > 5 else "0")
+    _check_shared(settings)
     if len(set(encrypts)) > 1:
         _encrypt_disagree(rank, size, encrypts, put, get)
     hosts = [host for host, _ in records]
@@ -367,6 +414,23 @@ def _rendezvous(info: _env.WorldInfo, timeout: float, generation: int = 0):
                                               lambda key, value: client.set(p + key, value),
                                               lambda key: client.get(p + key, timeout=timeout))
         client.set(f"{p}joined/{info.rank}", b"")
+    except SettingsMismatch:
+        # Every rank raises the same error; rank 0 keeps the store (bounded) until the
+        # others have read what they need to, so that they do not see it vanish instead.
+        try:
+            client.set(f"{p}mismatch/{info.rank}", b"")
+            if server is not None:
+                deadline = time.monotonic() + START_LINGER
+                keys = [f"{p}mismatch/{r}" for r in range(info.size)]
+                while time.monotonic() < deadline and not client.check(keys):
+                    time.sleep(0.05)
+        except (OSError, TimeoutError, ConnectionError):
+            pass
+        core.close()
+        client.close()
+        if server is not None:
+            server.close()
+        raise
     except (TimeoutError, ConnectionError) as exc:
         missing = _missing_ranks(client, info.size, p)
         try:
@@ -477,6 +541,20 @@ _ECHOES = ("closed the connection", "connection to rank", "timed out", "is broke
 REPORT_S = 2.0
 
 
+def _whole_hosts(core, ranks: Sequence[int]) -> str:
+    """' (all of host NAME: ranks ...)' for each host every one of whose ranks is in ranks."""
+    try:
+        ids = core.host_ids()
+    except Exception:  # closed meanwhile: the ranks alone still say it
+        return ""
+    whole = []
+    for hid in dict.fromkeys(ids[p] for p in ranks if ids[p]):
+        on_host = [q for q, h in enumerate(ids) if h == hid]
+        if set(on_host) <= set(ranks):
+            whole.append(f"all of host {hid.split('/')[0]}: rank {', '.join(map(str, on_host))}")
+    return f" ({'; '.join(whole)})" if whole else ""
+
+
 def explain_failure(rank: int, message: str, peers: Optional[Sequence[int]] = None) -> str:
     """Report this rank's failure to the store and add the cause others saw.
 
@@ -534,7 +612,8 @@ def explain_failure(rank: int, message: str, peers: Optional[Sequence[int]] = No
                 # Everyone who is alive has reported an echo by now; the
                 # ranks that said nothing are the ones that died or hung.
                 names = ", ".join(str(p) for p in silent)
-                causes.append(f"rank {names} reported nothing: it exited, was killed or is stuck")
+                causes.append(f"rank {names} reported nothing: it exited, was killed or is stuck"
+                              + _whole_hosts(state.core, silent))
         client.set(f"{prefix}explained/{rank}", b"", timeout=left())
     except OutOfTime:  # the store answered, slowly: report what was found
         pass
@@ -543,11 +622,23 @@ def explain_failure(rank: int, message: str, peers: Optional[Sequence[int]] = No
             return message
         state.cause = (f"the store at rank 0 ({client.address}) did not answer within "
                        f"{REPORT_S:g} s: rank 0 is stopped, cut off or gone ({exc})")
+        if any(echo in message for echo in _ECHOES):
+            return _cause_first(rank, state.cause, message)
         return message + f"; {state.cause}"
     except ValueError:
         return message
     state.cause = "; ".join(causes)
-    return message + (f"; {state.cause}" if state.cause else "")
+    return _cause_first(rank, state.cause, message)
+
+
+def _cause_first(rank: int, cause: str, message: str) -> str:
+    """This rank's error with the cause found in the reports in front: its own error is an
+    echo that names a neighbour (whose communicator broke because of the cause), so the
+    first rank the text names is the one where the failure began."""
+    if not cause:
+        return message
+    own = f"rank {rank}: "
+    return own + cause + "; " + (message[len(own):] if message.startswith(own) else message)
 
 
 atexit.register(finalize)

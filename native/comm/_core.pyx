@@ -22,6 +22,7 @@ include "subcomm.pxi"
 include "generation.pxi"
 include "dgc.pxi"
 include "gpu.pxi"
+include "topology.pxi"
 
 
 cdef class Request:
@@ -233,6 +234,11 @@ cdef class Communicator:
         """Mark which peers share this host (equal ids): they may use shared memory."""
         cdef bytes h = host_id.encode()
         CHKERR(coll_comm_set_peer_host(self._live(), peer, h), self.comm)
+
+    def host_ids(self) -> list:
+        """Every rank's host id (hostname/boot id; "" where unknown), as set at rendezvous."""
+        cdef coll_comm_t *c = self._live()
+        return [coll_comm_peer_host(c, i).decode() for i in range(self.size)]
 
     def set_link_key(self, bytes key) -> None:
         """The 32-byte key (from the job secret) that links and abort notices must prove."""

@@ -26,14 +26,16 @@
 static coll_result_t xfer(coll_comm_t *comm, int fd, int peer, void *buf, size_t n, int sending,
                           double deadline) {
   size_t done = 0;
-  struct pollfd pfs[COLL_MAX_PENDING + 2];
+  struct pollfd *pfs = comm->pending_pfs; /* max_pending + 2 (tcp.c) */
   while (done < n) {
     ssize_t r = sending ? send(fd, (char *)buf + done, n - done, MSG_NOSIGNAL | MSG_DONTWAIT)
                         : recv(fd, (char *)buf + done, n - done, MSG_DONTWAIT);
     if (r > 0) { done += (size_t)r; continue; }
     if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
       return coll_error(comm, COLL_REMOTE_ERROR,
-                        "rank %d: rank %d closed the connection while setting up the link", comm->rank, peer);
+                        "rank %d: rank %d closed the connection while setting up the link (it "
+                        "exited, or does not share this job's secret: a different "
+                        "COLLECTIVES_JOB_SECRET?)", comm->rank, peer);
     COLL_CHECK(coll_tcp_aborted(comm));
     pfs[0] = (struct pollfd){fd, sending ? POLLOUT : POLLIN, 0};
     int nl = coll_tcp_listen_pollfds(comm, pfs + 1);
@@ -172,7 +174,7 @@ void coll_link_adopt(coll_comm_t *comm, int peer, int fd, const unsigned char *o
   int sock = 0, k = 1, nsocks = coll_tcp_nsocks(), sent = 0;
   uint32_t kind;
   char why[200];
-  coll_hello_decode(opening, comm->id, comm->rank, &sock, &k); /* tcp.c checked it */
+  coll_hello_decode(opening, comm->link_key, comm->id, comm->rank, &sock, &k); /* tcp.c checked it */
   memcpy(&kind, opening + COLL_HELLO_PART_BYTES, 4);
   if (sock >= k) {
     snprintf(why, sizeof why, "rank %d named connection %d of a link of %d", peer, sock, k);
@@ -311,14 +313,15 @@ static coll_result_t dial_begin(coll_comm_t *comm, int peer, double deadline, co
     return COLL_SYSTEM_ERROR;
   }
   d->k = 1;
-  coll_hello_encode(d->s[0].opening, comm->id, comm->rank, peer, 0, nsocks);
+  coll_hello_encode(d->s[0].opening, comm->link_key, comm->id, comm->rank, peer, 0, nsocks);
   coll_result_t res = coll_shm_make_offer(link, shm_allowed(comm, peer),
                                           d->s[0].opening + COLL_HELLO_PART_BYTES);
   uint32_t kind = 0;
   memcpy(&kind, d->s[0].opening + COLL_HELLO_PART_BYTES, 4);
   if (res == COLL_SUCCESS && kind == 0) d->k = nsocks;
   for (int i = 0; res == COLL_SUCCESS && i < d->k; i++) {
-    if (i > 0) coll_hello_encode(d->s[i].opening, comm->id, comm->rank, peer, i, nsocks);
+    if (i > 0)
+      coll_hello_encode(d->s[i].opening, comm->link_key, comm->id, comm->rank, peer, i, nsocks);
     memcpy(d->s[i].opening + COLL_HELLO_PART_BYTES + COLL_OFFER_FLAGS_AT, &flags, 4);
     res = coll_tcp_dial(comm, peer, deadline, d->s[i].opening, COLL_HELLO_PART_BYTES, &d->s[i].fd);
   }
@@ -337,7 +340,16 @@ static coll_result_t sock_step(coll_comm_t *comm, coll_link_t *link, int i, doub
   dial_sock_t *ds = &((dial_state_t *)link->dial)->s[i];
   int peer = link->peer;
   if (ds->stage == 0) {
-    COLL_CHECK(xfer(comm, ds->fd, peer, ds->challenge, sizeof ds->challenge, 0, deadline));
+    unsigned char got[COLL_CHALLENGE_BYTES], want[COLL_MAC_BYTES];
+    COLL_CHECK(xfer(comm, ds->fd, peer, got, sizeof got, 0, deadline));
+    coll_challenge_mac(comm->link_key, got, ds->opening, want);
+    if (!coll_ct_equal(want, got + COLL_NONCE_BYTES, COLL_MAC_BYTES))
+      return coll_error(comm, COLL_REMOTE_ERROR,
+                        "rank %d: the process at rank %d's address %s:%d does not prove this "
+                        "job's secret (another job, or a different COLLECTIVES_JOB_SECRET?); "
+                        "nothing more was sent to it",
+                        comm->rank, peer, comm->peers[peer].host, comm->peers[peer].port);
+    memcpy(ds->challenge, got, COLL_NONCE_BYTES);
     coll_opening_mac(comm->link_key, ds->challenge, ds->opening,
                      ds->opening + COLL_OPENING_BYTES - COLL_MAC_BYTES);
     COLL_CHECK(xfer(comm, ds->fd, peer, ds->opening + COLL_HELLO_PART_BYTES,
@@ -422,8 +434,9 @@ coll_result_t coll_link_dial_poll(coll_comm_t *comm, int peer, int *done) {
   for (int i = 0; i < d->k; i++) {
     dial_sock_t *ds = &d->s[i];
     while (ds->stage < 2) {
-      unsigned char peek[COLL_ANSWER_BYTES > COLL_NONCE_BYTES ? COLL_ANSWER_BYTES : COLL_NONCE_BYTES];
-      size_t want = ds->stage == 0 ? COLL_NONCE_BYTES : COLL_ANSWER_BYTES;
+      unsigned char peek[COLL_ANSWER_BYTES > COLL_CHALLENGE_BYTES ? COLL_ANSWER_BYTES
+                                                                   : COLL_CHALLENGE_BYTES];
+      size_t want = ds->stage == 0 ? COLL_CHALLENGE_BYTES : COLL_ANSWER_BYTES;
       ssize_t r = recv(ds->fd, peek, want, MSG_PEEK | MSG_DONTWAIT);
       if (!(r == (ssize_t)want || r == 0 ||
             (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)))

@@ -156,7 +156,7 @@ coll_result_t coll_link_dial_start(coll_comm_t *comm, int peer, double deadline)
 coll_result_t coll_link_dial_poll(coll_comm_t *comm, int peer, int *done);
 /* Accepts and answers whatever openings have arrived, without waiting
  * (transport/tcp.c); listener and half-open descriptors go in pfs (at most
- * COLL_MAX_PENDING + 1) for a caller's poll(). */
+ * comm->max_pending + 1) for a caller's poll(). */
 void coll_tcp_serve(coll_comm_t *comm);
 /* COLL_SUCCESS, or the error naming the rank whose abort notice reached us. */
 coll_result_t coll_tcp_aborted(coll_comm_t *comm);
