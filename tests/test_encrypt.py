@@ -261,6 +261,7 @@ import hashlib, hmac, json, os, socket, struct, sys, threading, time
 import numpy as np
 from collectives.rendezvous import auth as _auth
 from collectives._core import Communicator, crypt_seal
+import _outsider
 from test_encrypt import _hkdf
 case = sys.argv[1]
 KEY = _auth.link_key(os.environ["COLLECTIVES_JOB_SECRET"].encode())
@@ -298,9 +299,9 @@ def run():
 t = threading.Thread(target=run, daemon=True)
 t.start()
 s = socket.create_connection(("127.0.0.1", c1.port), timeout=5)
-h = struct.pack("<IHBB16sII", 0x49484C43, 2, 0, 0, cid, 0, 1) + os.urandom(16)
+h = _outsider.hello_part(cid, 0, 1, key=KEY)
 s.sendall(h)
-challenge = recv_exact(s, 16)
+challenge = recv_exact(s, _outsider.CHALLENGE)[:16]
 offer = struct.pack("<II", 0, 0 if case == "plain_offer" else 1).ljust(96, b"\0")
 s.sendall(offer + _auth.mac(KEY, b"collectives open", challenge, h, offer))
 answer = recv_exact(s, 36)
