@@ -2,8 +2,9 @@
 
 The only module that knows both the environment readers and the core. Rank 0
 hosts the store; every rank creates its native communicator (which starts
-listening), publishes its address, port, host id and CPU mask under
-``addr/<rank>``, reads every peer's entry, and says so under ``joined/<rank>``
+listening), publishes its address, port, host id, CPU mask and whether it
+encrypts its links (``COLLECTIVES_ENCRYPT``, which must be equal on every rank)
+under ``addr/<rank>``, reads every peer's entry, and says so under ``joined/<rank>``
 (rank 0 keeps the store until every rank has). From the host ids it derives
 local rank and size when the launcher did not say, and from the masks of the
 ranks on its host whether the host is oversubscribed (the host policy: how a
@@ -212,19 +213,24 @@ def _check_shared(values: list) -> None:
 
 
 def exchange_addresses(core, rank: int, size: int, advertise: str, put, get) -> tuple:
-    """Publish where this rank listens, its host id, its CPUs and the settings every rank
-    must share through a store (put(key, bytes), get(key) -> bytes), point core at every
-    peer, tell it whether some host of the job runs more ranks than CPUs, and return the
-    ranks' host ids and the union of the CPU masks of the ranks on this rank's host.
+    """Publish where this rank listens, its host id, its CPUs, the settings every rank
+    must share and its COLLECTIVES_ENCRYPT through a store (put(key, bytes), get(key) ->
+    bytes), point core at every peer, tell it whether some host of the job runs more
+    ranks than CPUs, and return the ranks' host ids and the union of the CPU masks of
+    the ranks on this rank's host.
 
     Raises:
         SettingsMismatch: a setting of SHARED_SETTINGS differs between ranks (every
             rank raises it, naming the setting and each rank's value).
+        ValueError: the ranks' COLLECTIVES_ENCRYPT differ (every rank refuses).
     """
     cpus = ",".join(map(str, process_cpus()))
     shared = ";".join(_setting(name) for name in SHARED_SETTINGS)
-    put(f"addr/{rank}", f"{advertise}\n{core.port}\n{host_id()}\n{cpus}\n{shared}".encode())
-    records, settings = [], []
+    encrypt = "1" if _auth.encrypt_wanted() else "0"
+    _check_crypto_lib()
+    put(f"addr/{rank}",
+        f"{advertise}\n{core.port}\n{host_id()}\n{cpus}\n{shared}\n{encrypt}".encode())
+    records, settings, encrypts = [], [], []
     for peer in range(size):
         fields = get(f"addr/{peer}").decode().split("\n")
         addr, port, peer_host, peer_cpus = fields[:4]
@@ -232,7 +238,10 @@ def exchange_addresses(core, rank: int, size: int, advertise: str, put, get) -> 
         core.set_peer_host(peer, peer_host)  # same-host peers may then use shared memory
         records.append((peer_host, peer_cpus))
         settings.append(fields[4].split(";") if len(fields) > 4 else [])
+        encrypts.append(fields[5] if len(fields) > 5 else "0")
     _check_shared(settings)
+    if len(set(encrypts)) > 1:
+        _encrypt_disagree(rank, size, encrypts, put, get)
     hosts = [host for host, _ in records]
     cpus_of: dict = {}
     for host, text in records:
@@ -240,6 +249,35 @@ def exchange_addresses(core, rank: int, size: int, advertise: str, put, get) -> 
     # From every rank's record, so every rank decides alike (the segment size follows it).
     core.set_job_oversubscribed(any(hosts.count(h) > len(c) for h, c in cpus_of.items()))
     return hosts, cpus_of[hosts[rank]]
+
+
+def _check_crypto_lib() -> None:
+    """With COLLECTIVES_ENCRYPT=1, raise RuntimeError unless libcrypto can be used."""
+    if not _auth.encrypt_wanted():
+        return
+    from .._core import crypt_lib_error
+    why = crypt_lib_error()
+    if why:
+        raise RuntimeError(f"{_auth.ENCRYPT_VAR}=1 needs OpenSSL's libcrypto, but {why}; "
+                           f"install OpenSSL 3, point COLLECTIVES_CRYPTO_LIB at it, or "
+                           f"unset {_auth.ENCRYPT_VAR} on every rank")
+
+
+def _encrypt_disagree(rank: int, size: int, encrypts: list, put, get) -> None:
+    """Every rank read the same records, so every rank raises this same error. Rank 0
+    (whose store it may be) first waits until each rank has read them all."""
+    put(f"encrypt_seen/{rank}", b"")
+    if rank == 0:
+        for peer in range(size):
+            try:
+                get(f"encrypt_seen/{peer}")
+            except (OSError, TimeoutError, ConnectionError):
+                break
+    groups = {v: [r for r in range(size) if encrypts[r] == v] for v in sorted(set(encrypts))}
+    said = "; ".join(f"{_auth.ENCRYPT_VAR}={v} on rank{'s' if len(rs) > 1 else ''} "
+                     f"{', '.join(map(str, rs))}" for v, rs in groups.items())
+    raise ValueError(f"the ranks disagree on encrypting their links: {said} (this is rank "
+                     f"{rank}); set the same value on every rank")
 
 
 def local_place(hosts: list, rank: int) -> tuple:
@@ -447,7 +485,9 @@ def init(timeout: Optional[float], wrap: Callable, elastic: Optional[Callable] =
         info = _env.detect()
         config.check_env()  # every COLLECTIVES_* tunable, before any connection
         if info.size > 1:
-            _auth.job_secret()  # refuses (COLLECTIVES_REQUIRE_AUTH) before any socket
+            secret = _auth.job_secret()  # refuses (COLLECTIVES_REQUIRE_AUTH) before any socket
+            _auth.link_key(secret)  # and COLLECTIVES_ENCRYPT=1 without a secret
+            _check_crypto_lib()
         t = float(timeout) if timeout else _default_timeout()
         if info.size == 1:
             core, server, client, prefix = Communicator(0, 1), None, None, ""

@@ -144,6 +144,20 @@ static const coll_param_decl_t params[COLL_NUM_PARAMS] = {
                            "only (numbers, strings, containers, arrays, tensors) without one; "
                            "plain always restricts; any never does",
                            "one of: auto, plain, any"},
+    [COLL_PARAM_ENCRYPT] = {"COLLECTIVES_ENCRYPT", "0",
+                            "1: encrypt and authenticate every TCP link (AES-256-GCM, keys per "
+                            "connection and direction from the job secret, which it requires; "
+                            "shared-memory links stay as they are); equal on every rank",
+                            "one of: 0, 1"},
+    [COLL_PARAM_CRYPTO_LIB] = {"COLLECTIVES_CRYPTO_LIB", "libcrypto.so.3",
+                               "the OpenSSL 3 libcrypto that COLLECTIVES_ENCRYPT=1 loads (a name "
+                               "the dynamic loader finds, or a path)", "a library name or path"},
+    [COLL_PARAM_ENCRYPT_FAULT] = {"COLLECTIVES_ENCRYPT_FAULT", "0",
+                                  "tests only: the lower rank of each encrypted link alters its "
+                                  "4th record on the wire: flip a ciphertext bit, replay the "
+                                  "record before it, or claim an overlong length; rekey (on "
+                                  "every rank): keys change every 3 records",
+                                  "one of: 0, flip, replay, length, rekey"},
 };
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;

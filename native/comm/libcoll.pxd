@@ -214,6 +214,13 @@ cdef extern from "algorithms/algorithms.h" nogil:
                               const void *inp, void *out, long long **steps, int *nsteps,
                               int **edges, int *nedges)
 
+cdef extern from "transport/crypt.h" nogil:
+    const char *coll_crypt_lib_error()
+    int coll_crypt_hkdf(const uint8_t *ikm, size_t nikm, const uint8_t *salt, size_t nsalt,
+                        const uint8_t *info, size_t ninfo, uint8_t *out, size_t nout)
+    int coll_crypt_seal(const uint8_t *key, const uint8_t *iv, const uint8_t *aad, size_t naad,
+                        const uint8_t *pt, size_t n, uint8_t *out)
+
 cdef extern from "reduce/sparse.h" nogil:
     coll_result_t coll_sparse_count_above(const float *x, size_t n, float threshold,
                                           size_t *count)

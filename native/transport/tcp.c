@@ -35,6 +35,7 @@
 
 #include "base/comm_state.h"
 #include "base/status.h"
+#include "transport/crypt.h"
 #include "transport/transport.h"
 #include "transport/wire.h"
 
@@ -432,7 +433,10 @@ static coll_result_t tcp_send(coll_link_t *link, const struct iovec *iov, int io
   msg.msg_iov = (struct iovec *)iov;
   msg.msg_iovlen = (size_t)iovcnt;
   ssize_t w;
-  do { w = sendmsg(link->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT); } while (w < 0 && errno == EINTR);
+  if (link->crypt) /* an encrypted link (transport/crypt.c) */
+    COLL_CHECK(coll_crypt_send(link->comm, link->crypt[0], link->fd, iov, iovcnt, &w));
+  else
+    do { w = sendmsg(link->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT); } while (w < 0 && errno == EINTR);
   if (w >= 0) { *n = (size_t)w; return COLL_SUCCESS; }
   *n = 0;
   if (errno == EAGAIN || errno == EWOULDBLOCK) return COLL_SUCCESS;
@@ -441,7 +445,10 @@ static coll_result_t tcp_send(coll_link_t *link, const struct iovec *iov, int io
 
 static coll_result_t tcp_recv(coll_link_t *link, const struct iovec *iov, int iovcnt, size_t *n) {
   ssize_t r;
-  do { r = readv(link->fd, iov, iovcnt); } while (r < 0 && errno == EINTR);
+  if (link->crypt)
+    COLL_CHECK(coll_crypt_recv(link->comm, link->crypt[0], link->fd, iov, iovcnt, &r));
+  else
+    do { r = readv(link->fd, iov, iovcnt); } while (r < 0 && errno == EINTR);
   if (r > 0) { *n = (size_t)r; return COLL_SUCCESS; }
   *n = 0;
   if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return COLL_SUCCESS;
@@ -451,10 +458,11 @@ static coll_result_t tcp_recv(coll_link_t *link, const struct iovec *iov, int io
 static void tcp_close(coll_link_t *link) {
   if (link->fd >= 0) close(link->fd);
   link->fd = -1;
+  coll_crypt_drop(link);
 }
 
 static int tcp_wait_events(coll_link_t *link, int sending, int receiving) {
-  (void)link;
+  if (receiving && link->crypt && coll_crypt_readable(link->crypt[0])) return -1; /* decrypted already */
   return (sending ? POLLOUT : 0) | (receiving ? POLLIN : 0);
 }
 
