@@ -36,6 +36,9 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         raise NotImplementedError("collectives.torch.init: comm must be a collectives.MPI.Comm")
     from .process_sets import register_initial
 
+    from . import _knobs
+
+    _knobs.apply_mapped()  # HOROVOD_* checked, and mapped onto ours before the rendezvous
     with HOLDER.lock:
         if HOLDER.context is not None and (comm is None or HOLDER.context.comm is comm):
             register_initial(HOLDER.context, process_sets)
@@ -53,7 +56,10 @@ def shutdown() -> None:
     if HOLDER.context is not None:
         from .timeline import stop_timeline
 
-        HOLDER.context.lane.drain()  # the async ops queued before shutdown() run first
+        from ._knobs import collective_timeout
+
+        # with every rank: ops every rank queued before shutdown() still run (_negotiate)
+        HOLDER.context.lane.stop(collective_timeout() + 10.0)
         stop_timeline()  # written now, before the world goes
     with HOLDER.lock:
         HOLDER.context = None

@@ -210,6 +210,5 @@ def allgather_object(obj: Any, name: Optional[str] = None, process_set: Any = No
         A list with one object per rank.
     """
     check_process_set(process_set)
-    current().lane.drain()  # after the async ops queued before it (see _lane)
     return current().comm.allgather(obj)
 
