@@ -343,7 +343,8 @@ def symmetric(what: str, get: Callable[[], Any], route: Optional[bool] = None) -
                 ctx = current()
             except Exception:
                 return inner(*args, **kwargs)
-            CALL.handle = world.lane.next_handle()
+            CALL.queued = False
+            CALL.handle = handle = world.lane.next_handle()
             try:
                 name = FIXED_KEYS.get(what, _name_of(fn, args, kwargs))
                 if routed:
@@ -361,14 +362,16 @@ def symmetric(what: str, get: Callable[[], Any], route: Optional[bool] = None) -
                 try:
                     return inner(*args, **kwargs)
                 except Exception as e:
-                    if CALL.handle and world.size > 1 and \
-                            not getattr(e, "duplicate_name", False):
+                    if getattr(e, "duplicate_name", False):
+                        world.lane.release_handle(handle)  # as if the call was never made
+                    elif not CALL.queued and world.size > 1:
                         from ._negotiate import FAILED
 
                         queue_call(ctx, what, name if isinstance(name, str) else None, None,
                                    desc=f"{FAILED}{what}: {type(e).__name__}: {e}"[:2000])
                     raise
             finally:
+                CALL.queued = False
                 CALL.handle = 0
 
         return call

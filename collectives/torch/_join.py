@@ -13,7 +13,10 @@ while a rank has joined fails on the ranks that called it with
 waiting (as Horovod's, whose error goes to the ranks that requested the op).
 ``join`` completes once every rank has announced it and returns, on every
 rank, the rank that joined last (the latest round; among ties, the highest
-rank).
+rank). Every rank also sets its count of calls (the numbers in unnamed ops'
+names) to the largest any rank had when it joined, so a rank that made an
+extra call before joining (one whose op failed because a rank had joined)
+names its later ops as the others do.
 """
 from __future__ import annotations
 
@@ -67,7 +70,10 @@ def join(device: int = -1) -> int:
     ctx = current()
     if ctx.size == 1:
         return 0
-    return ctx.lane.submit(Job(lambda: 0, key=JOIN, desc=JOIN)).wait()
+    # the description carries this process's call number: at completion every rank takes the
+    # largest, so ranks that made different calls before joining name later ops alike again
+    n = ctx.lane.next_handle()
+    return ctx.lane.submit(Job(lambda: 0, key=JOIN, desc=f"{JOIN} {n}")).wait()
 
 
 def serve_plan(core: object, plan: int) -> None:

@@ -18,25 +18,30 @@ _UNSET = object()
 
 
 class _Call(threading.local):
-    """The auto-name number of the public call in progress on this thread (0: none)."""
+    """The public call in progress on this thread: its number (Horovod's handle: every
+    public call takes one; 0: none yet) and whether it has queued its op."""
 
     handle = 0
+    queued = False
 
 
 CALL = _Call()
 
 
 def op_key(ctx: Any, kind: str, name: Optional[str]) -> str:
-    """Horovod's op name, ``<kind>.<name>`` or ``<kind>.noname.<n>`` (n: this process's
-    call counter), prefixed by the process set's id when not the world. An op queued from
-    inside a running op runs at once and takes no number (the numbers stay in step)."""
+    """Horovod's op name, ``<kind>.<name>`` or ``<kind>.noname.<n>`` (n: the number of the
+    public call, as Horovod's handle: every call takes one, named or not, so ranks that make
+    the same calls agree on the names even where one rank's call failed; a call refused as a
+    duplicate name gives its number back), prefixed by the process set's id when not the
+    world. An op queued from inside a running op runs at once and takes no number."""
     if name is not None:
         text = f"{kind}.{name}"
     elif ctx.lane.on_lane():
         text = f"{kind}.nested"
     else:
         text = f"{kind}.noname.{CALL.handle or ctx.lane.next_handle()}"
-    CALL.handle = 0  # one number per call; and: this call has queued its op
+    CALL.handle = 0
+    CALL.queued = True
     pid = getattr(ctx, "process_set_id", 0)
     return f"ps{pid}:{text}" if pid else text
 

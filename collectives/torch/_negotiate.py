@@ -192,6 +192,7 @@ class Negotiator:
         self.joined: dict = {}  # rank -> (round, rank) of its join
         self._round = 0
         self._stamp = 0
+        self._join_counts: list = []
         self.stats = {"rounds": 0, "full_rounds": 0, "ran": 0}
 
     # -- the caller's side --------------------------------------------------------
@@ -200,6 +201,12 @@ class Negotiator:
         with self._cv:
             self._handles += 1
             return self._handles
+
+    def release_handle(self, n: int) -> None:
+        """Give back number n if no number was taken since (a call refused as a duplicate)."""
+        with self._cv:
+            if self._handles == n:
+                self._handles -= 1
 
     def on_lane(self) -> bool:
         """True on the negotiating thread (ops called from a running op run at once)."""
@@ -459,6 +466,8 @@ class Negotiator:
             if key == JOIN:
                 if len(asked.descs) == self.size:
                     del self.table[key]
+                    self._join_counts = [int(d.split()[-1]) if d.split()[-1].isdigit() else 0
+                                         for d in asked.descs.values()]
                     out.append((key, asked, None))
                 continue
             members = asked.members if asked.members is not None else range(self.size)
@@ -513,6 +522,8 @@ class Negotiator:
         if key == JOIN:
             last = max(self.joined.items(), key=lambda kv: kv[1])[0] if self.joined else 0
             self.joined = {}
+            with self._cv:  # every rank's call count becomes the largest (see _join)
+                self._handles = max([self._handles] + self._join_counts)
             if job is not None:
                 job.result(last)
             return
