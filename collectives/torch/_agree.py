@@ -37,15 +37,15 @@ have finished, not at once.
 """
 from __future__ import annotations
 
-import functools
 import hashlib
-import inspect
 import struct
 import threading
 import time
 from typing import Any, Callable, Optional
 
 import numpy as np
+
+from .exceptions import LayoutMismatch
 
 SLOT = 512
 HEAD = 32
@@ -55,12 +55,6 @@ MAGIC = 0x41445648  # "HVDA"
 OK, FAILED, JOINED = 1, 2, 3  # JOINED: this rank is in join() (see _join)
 PLAN = 1 << 62  # set in `extra` of an allreduce a joined rank can serve (see _join)
 _HEAD = struct.Struct("<IIQqq")  # magic, status, digest, nbytes, extra: HEAD bytes
-
-
-class LayoutMismatch(RuntimeError, ValueError):
-    """Ranks passed different arguments (shape, dtype, root, op, name) to the same call,
-    or another rank's call failed before any data moved: every rank raises it, and the
-    communicator stays usable."""
 
 
 def digest(text: bytes) -> int:
@@ -266,114 +260,3 @@ def _usable(core: Any) -> bool:
         return not core.closed and not core.broken
     except Exception:
         return False
-
-
-_depth = threading.local()
-FIXED_KEYS = {"barrier": "barrier"}  # Horovod's fixed names (every barrier matches every other)
-
-
-def _name_of(fn: Callable, args: tuple, kwargs: dict) -> Optional[str]:
-    """The `name` argument of a call of fn, if it has one and it was given."""
-    if "name" in kwargs:
-        return kwargs["name"]
-    try:
-        params = list(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        return None
-    if "name" in params and params.index("name") < len(args):
-        return args[params.index("name")]
-    return None
-
-
-def symmetric(what: str, get: Callable[[], Any], route: Optional[bool] = None) -> Callable:
-    """Decorator for a public operation: Horovod's negotiation, and an error on every rank.
-
-    A routed operation (the blocking calls: the default unless the function's name ends in
-    ``_async``/``_async_``) is queued whole as one op under its name (see _negotiate) and
-    runs on the negotiating thread once every rank queued it; the caller waits. There, an
-    exception raised before the call's agreement (a bad argument on this rank) is first
-    announced to every rank through a FAILED slot, so they raise too instead of waiting in
-    a collective this rank never joins. An unrouted operation (``*_async``) queues its own
-    job; if it raises before queueing, it announces ``FAILED`` under its key instead, so the
-    ranks that did queue it fail too. `get()` returns the context's Agreement, or raises if
-    there is none (then nothing is exchanged)."""
-
-    def wrap(fn: Callable) -> Callable:
-        routed = route if route is not None else not fn.__name__.endswith(("_async", "_async_"))
-
-        def inner(*args: Any, **kwargs: Any) -> Any:
-            try:
-                agreement = get()
-            except Exception:
-                agreement = None
-            before = agreement.calls if agreement is not None else 0
-            timeline = agreement.timeline if agreement is not None else None
-            start = time.perf_counter_ns() if timeline is not None else 0
-            _depth.n = 1
-            try:
-                return fn(*args, **kwargs)
-            except Exception as e:
-                if routed and agreement is not None and agreement.size > 1 and \
-                        agreement.calls == before and _usable(agreement.core):
-                    agreement.fail(what, e)
-                from .exceptions import internal_error
-
-                translated = internal_error(e)  # a failed collective: Horovod's class
-                if translated is e:
-                    raise
-                raise translated from e
-            finally:
-                _depth.n = 0
-                if timeline is not None:
-                    name = kwargs.get("name")
-                    timeline.record(fn.__name__, "op", start, time.perf_counter_ns(),
-                                    {"name": name} if isinstance(name, str) else None)
-
-        @functools.wraps(fn)
-        def call(*args: Any, **kwargs: Any) -> Any:
-            if getattr(_depth, "n", 0):
-                return fn(*args, **kwargs)
-            from ._context import ACTIVE, HOLDER, current
-            from ._lane import CALL, queue_call, run_call
-
-            world = HOLDER.context
-            if world is None or world.lane.on_lane():
-                return inner(*args, **kwargs)
-            try:
-                ctx = current()
-            except Exception:
-                return inner(*args, **kwargs)
-            CALL.queued = False
-            CALL.handle = handle = world.lane.next_handle()
-            try:
-                name = FIXED_KEYS.get(what, _name_of(fn, args, kwargs))
-                if routed:
-                    view = ACTIVE.view
-
-                    def job() -> Any:
-                        before = ACTIVE.view
-                        ACTIVE.view = view
-                        try:
-                            return inner(*args, **kwargs)
-                        finally:
-                            ACTIVE.view = before
-
-                    return run_call(ctx, what, name if isinstance(name, str) else None, job)
-                try:
-                    return inner(*args, **kwargs)
-                except Exception as e:
-                    if getattr(e, "duplicate_name", False):
-                        world.lane.release_handle(handle)  # as if the call was never made
-                    elif not CALL.queued and world.size > 1:
-                        from ._negotiate import FAILED
-
-                        queue_call(ctx, what, name if isinstance(name, str) else None, None,
-                                   desc=f"{FAILED}{what}: {type(e).__name__}: {e}"[:2000])
-                    raise
-            finally:
-                CALL.queued = False
-                CALL.handle = 0
-
-        return call
-
-    return wrap

@@ -140,7 +140,7 @@ class TorchContext:
 def _negotiator(core: Any, rank: int, size: int) -> Any:
     """The world's Negotiator, configured from HOROVOD_* (see _knobs)."""
     from . import _knobs
-    from ._join import serve_plan
+    from ._plan import serve_plan
     from ._negotiate import Negotiator
     warn, expire = _knobs.stall_times(_knobs.collective_timeout())
     return Negotiator(core, rank, size, _knobs.cycle_time_s(), _knobs.cache_capacity(), warn,

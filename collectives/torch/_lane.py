@@ -12,6 +12,8 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from .exceptions import LayoutMismatch
+
 __all__ = ["Job", "op_key", "queue_call", "run_call", "Launched", "CALL"]
 
 _UNSET = object()
@@ -39,7 +41,8 @@ def op_key(ctx: Any, kind: str, name: Optional[str]) -> str:
     elif ctx.lane.on_lane():
         text = f"{kind}.nested"
     else:
-        text = f"{kind}.noname.{CALL.handle or ctx.lane.next_handle()}"
+        pid = getattr(ctx, "process_set_id", 0)
+        text = f"{kind}.noname.{CALL.handle or ctx.lane.next_handle(pid)}"
     CALL.handle = 0
     CALL.queued = True
     pid = getattr(ctx, "process_set_id", 0)
@@ -73,6 +76,7 @@ class Job:
         self.announced = False
         self.evicting = False
         self.since = 0.0
+        self.agreed = 0  # perf_counter_ns when every rank had queued it (timeline)
         self._event = threading.Event()
         self._output: Any = None
         self._error: Optional[BaseException] = None
@@ -85,12 +89,17 @@ class Job:
                 self._output = self.fn()
         except BaseException as e:  # noqa: BLE001 -- re-raised by wait() on the caller
             self._error = e
+            if isinstance(e, LayoutMismatch) and self.key and self.key not in str(e):
+                self._error = LayoutMismatch(f"{self.key!r}: {e}")  # which op, on every rank
+                self._error.__cause__ = e
         finally:
             self.fn = None
             self._keep = None
             if self.timeline is not None:
                 args = {"op": self.label}
-                self.timeline.record("QUEUE", "async", self.queued, start, args)
+                agreed = self.agreed or start
+                self.timeline.record("NEGOTIATE", "async", self.queued, agreed, args)
+                self.timeline.record("QUEUE", "async", agreed, start, args)
                 self.timeline.record("RUN", "async", start, time.perf_counter_ns(), args)
             self._event.set()
 
@@ -158,6 +167,7 @@ def queue_call(ctx: Any, kind: str, name: Optional[str], fn: Callable[[], Any],
     members = tuple(ctx.ranks) if getattr(ctx, "process_set_id", 0) else None
     key = op_key(ctx, kind, name)
     job = Job(fn, keep, chained, key, desc if desc is not None else kind, plan, members)
+    job.label = kind if name is None else f"{kind} {name}"
     return ctx.lane.submit(job)
 
 

@@ -71,7 +71,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ._agree import LayoutMismatch
+from .exceptions import LayoutMismatch
 
 __all__ = ["Negotiator", "StalledOperation", "FAILED", "JOIN"]
 
@@ -180,7 +180,7 @@ class Negotiator:
         self._stopping = False
         self._error: Optional[BaseException] = None
         self._closed = False
-        self._handles = 0
+        self._handles: dict = {}  # process set id -> calls made on it
         self.timeline: Any = None
         # the thread's own state
         self._queue: list = []  # this rank's queued jobs, in queueing order
@@ -196,17 +196,18 @@ class Negotiator:
         self.stats = {"rounds": 0, "full_rounds": 0, "ran": 0}
 
     # -- the caller's side --------------------------------------------------------
-    def next_handle(self) -> int:
-        """The next number for an unnamed op (Horovod's handle counter)."""
+    def next_handle(self, process_set: int = 0) -> int:
+        """The next call number (Horovod's handle counter), one counter per process set:
+        the members of a set make the same calls on it, whatever else each rank does."""
         with self._cv:
-            self._handles += 1
-            return self._handles
+            self._handles[process_set] = self._handles.get(process_set, 0) + 1
+            return self._handles[process_set]
 
-    def release_handle(self, n: int) -> None:
+    def release_handle(self, n: int, process_set: int = 0) -> None:
         """Give back number n if no number was taken since (a call refused as a duplicate)."""
         with self._cv:
-            if self._handles == n:
-                self._handles -= 1
+            if self._handles.get(process_set) == n:
+                self._handles[process_set] = n - 1
 
     def on_lane(self) -> bool:
         """True on the negotiating thread (ops called from a running op run at once)."""
@@ -345,6 +346,7 @@ class Negotiator:
                  self._has_live_member(self.cache.slots[s].members)]
         # the cached ones first (slot order), then the table's (announcement order)
         plan = [(self.cache.slots[s].key, self.cache.slots[s].plan, None) for s in ready]
+        agreed = time.perf_counter_ns()
         outcomes: list = []
         if not vec[width]:
             self.stats["full_rounds"] += 1
@@ -356,8 +358,13 @@ class Negotiator:
                 for slot in self.cache.insert(entry):
                     self._unslot(slot)
             plan.append((key, asked.plan if asked is not None else 0, error))
+        for job in self._queue:
+            if job.agreed == 0:
+                job.agreed = agreed  # (the timeline's NEGOTIATE ends; not-ready ones reset)
         for key, aplan, error in plan:
             self._finish(key, aplan, error)
+        for job in self._queue:
+            job.agreed = 0
         self._busy_any = not vec[width + 1]
         if plan or not vec[width]:
             self._last_progress = now
@@ -523,7 +530,7 @@ class Negotiator:
             last = max(self.joined.items(), key=lambda kv: kv[1])[0] if self.joined else 0
             self.joined = {}
             with self._cv:  # every rank's call count becomes the largest (see _join)
-                self._handles = max([self._handles] + self._join_counts)
+                self._handles[0] = max([self._handles.get(0, 0)] + self._join_counts)
             if job is not None:
                 job.result(last)
             return

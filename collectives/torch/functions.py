@@ -15,7 +15,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from ._agree import symmetric
+from ._route import symmetric
 from ._context import as_buffer, check_tensor, current, wire_dtype
 from .process_sets import check_process_set, current_world, in_process_set, set_root
 

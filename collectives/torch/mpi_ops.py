@@ -27,10 +27,11 @@ import numpy as np
 import torch
 
 from .._core import check_root
-from ._agree import LayoutMismatch, inline_bytes, reduce_inline, symmetric
+from ._agree import LayoutMismatch, inline_bytes, reduce_inline
 from ._context import HOLDER, as_buffer, check_tensor, current, wire_dtype
 from ._join import encode_plan, join
 from ._lane import Job, queue_call
+from ._route import symmetric
 from .basics import (Adasum, Average, Max, Min, Product, ReduceOp, Sum, ccl_built, cross_rank,
                      cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, init,
                      is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
