@@ -97,15 +97,17 @@ for rnd in range(int(os.environ["ROUNDS"])):
     my_rng.shuffle(order)
     block_at = my_rng.randrange(count + 1)  # a blocking op at a random place of my order
     handles = {}
+    def blocking():
+        got = hvd.allreduce(torch.ones(2) * (r + 1), name=f"blocking{rnd}", op=hvd.Sum)
+        expect(torch.equal(got, torch.ones(2) * n * (n + 1) / 2), f"round {rnd}", "blocking")
     for pos, i in enumerate(order):
         if pos == block_at:
-            got = hvd.allreduce(torch.ones(2) * (r + 1), name=f"blocking{rnd}", op=hvd.Sum)
-            expect(torch.equal(got, torch.ones(2) * n * (n + 1) / 2), f"round {rnd}", "blocking")
+            blocking()
         handles[i] = ops[i][3]()
         if my_rng.random() < 0.3:
             time.sleep(my_rng.random() * 0.01)
     if block_at == count:
-        hvd.allreduce(torch.ones(2), name=f"blocking{rnd}", op=hvd.Sum)
+        blocking()
     my_rng.shuffle(order)
     for i in order:
         t, kind, bad, _, want = ops[i]
