@@ -151,6 +151,12 @@ def apply_mapped() -> None:
         text = os.environ.get(theirs, "").strip()
         if text and not os.environ.get(ours, "").strip():
             os.environ[ours] = text
+    if os.environ.get("HOROVOD_LOG_LEVEL", "").strip():
+        import logging
+
+        levels = {"trace": logging.DEBUG, "debug": logging.DEBUG, "info": logging.INFO,
+                  "warning": logging.WARNING, "error": logging.ERROR, "fatal": logging.CRITICAL}
+        logging.getLogger("collectives.torch").setLevel(levels[log_level()])
     if _read("HOROVOD_AUTOTUNE"):
         import warnings
 

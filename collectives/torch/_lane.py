@@ -77,6 +77,7 @@ class Job:
         self.evicting = False
         self.since = 0.0
         self.agreed = 0  # perf_counter_ns when every rank had queued it (timeline)
+        self.fuse: Any = None  # (input, output) of an allreduce that may run fused
         self._event = threading.Event()
         self._output: Any = None
         self._error: Optional[BaseException] = None
@@ -107,6 +108,18 @@ class Job:
         """Complete with `error` without running (the ranks disagreed, or it stalled)."""
         self.fn, self._keep, self._chained = None, None, False
         self._error = error
+        self._event.set()
+
+    def attach(self, handle: Any) -> None:
+        """Complete as started with `handle` (poll/wait go to it) without running fn: the
+        negotiation ran this op fused with others (see _fusion)."""
+        self.fn, self._keep, self._chained, self.fuse = None, None, True, None
+        self._output = handle
+        if self.timeline is not None:
+            now = time.perf_counter_ns()
+            args = {"op": self.label, "fused": True}
+            self.timeline.record("NEGOTIATE", "async", self.queued, self.agreed or now, args)
+            self.timeline.record("RUN", "async", self.agreed or now, now, args)
         self._event.set()
 
     def result(self, value: Any) -> None:
@@ -162,12 +175,13 @@ class Launched:
 
 def queue_call(ctx: Any, kind: str, name: Optional[str], fn: Callable[[], Any],
                desc: Optional[str] = None, keep: Any = None, chained: bool = False,
-               plan: int = 0) -> Job:
+               plan: int = 0, fuse: Any = None) -> Job:
     """Queue fn as the op `kind`/`name` of ctx (a world or process-set context)."""
     members = tuple(ctx.ranks) if getattr(ctx, "process_set_id", 0) else None
     key = op_key(ctx, kind, name)
     job = Job(fn, keep, chained, key, desc if desc is not None else kind, plan, members)
     job.label = kind if name is None else f"{kind} {name}"
+    job.fuse = fuse if not getattr(ctx, "process_set_id", 0) else None
     return ctx.lane.submit(job)
 
 

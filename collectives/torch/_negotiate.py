@@ -23,8 +23,9 @@ alone except rank 0's stall expiries, which travel as records):
    MIN is an AND). A cached entry whose byte is 1 on every rank is ready.
    A repeated step (the same names with the same shapes) therefore costs
    this one small allreduce per round: Horovod's bit-vector scheme.
-2. Step B, only if some rank announces something: two allgathers (lengths,
-   then JSON records). Records: ``req`` (key, description, allreduce plan,
+2. Step B, only if some rank announces something: one allgather of a
+   1 KiB slot per rank (length and JSON records; a second allgather for
+   records that do not fit). Records: ``req`` (key, description, allreduce plan,
    set members) for a key not in the cache or cached with another
    description; ``evict`` (a cache entry every rank drops: a description
    changed, or a cached op has waited HIT_STALE_S, so that stall inspection
@@ -64,6 +65,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 from collections import OrderedDict, deque
@@ -80,9 +82,27 @@ log = logging.getLogger("collectives.torch")
 IDLE_S = 0.1  # the longest a rank sits out of rounds: bounds a peer's wait inside one
 HIT_STALE_S = 1.0  # a cached op queued this long is evicted, so stall inspection sees it
 MAX_RECORDS = 64 << 20  # bytes of records one rank may announce in a round (a bound)
+RECORD_SLOT = 1024  # bytes per rank in step B's first allgather (most rounds need no second)
 FAILED = "FAILED: "  # a description announcing that the call raised before queueing
 JOIN = "join"
 _FLAGS = 3  # after the cache bytes: not announcing, nothing queued, shutting down
+
+
+_SCALES = re.compile(r"^allreduce shape=\S.* op=(\w+) prescale=(\S+) postscale=(\S+) "
+                     r"device=cpu$")
+
+
+def _fusable(plan: int, desc: str, members: Optional[tuple]) -> Optional[tuple]:
+    """(dtype and op bits, prescale, postscale, bytes) of a world CPU allreduce that may
+    run fused, from what every rank holds alike; None otherwise."""
+    if not plan or members is not None:
+        return None
+    m = _SCALES.match(desc)
+    if m is None or m.group(1) == "Adasum":
+        return None
+    count = (plan >> 12) & ((1 << 48) - 1)
+    width = {0: 1, 1: 1, 2: 4, 3: 8, 4: 2, 5: 2, 6: 4, 7: 8}.get((plan >> 4) & 0xFF, 8)
+    return (plan & 0xFFF, float(m.group(2)), float(m.group(3)), count * width)
 
 
 class StalledOperation(RuntimeError):
@@ -194,6 +214,8 @@ class Negotiator:
         self._stamp = 0
         self._join_counts: list = []
         self.stats = {"rounds": 0, "full_rounds": 0, "ran": 0}
+        self.fuse: Optional[Callable] = None  # fuse(core, parts): see _fusion (set at init)
+        self.fusion_bytes = 0
 
     # -- the caller's side --------------------------------------------------------
     def next_handle(self, process_set: int = 0) -> int:
@@ -272,7 +294,7 @@ class Negotiator:
 
     def _start(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="collectives-torch-negotiate",
+            self._thread = threading.Thread(target=self._loop, name="collectives-torch-lane",
                                             daemon=True)
             self._thread.start()
 
@@ -345,7 +367,8 @@ class Negotiator:
         ready = [s for s in range(width) if vec[s] and self.cache.slots[s] is not None and
                  self._has_live_member(self.cache.slots[s].members)]
         # the cached ones first (slot order), then the table's (announcement order)
-        plan = [(self.cache.slots[s].key, self.cache.slots[s].plan, None) for s in ready]
+        plan = [(self.cache.slots[s].key, self.cache.slots[s].plan, None,
+                 self.cache.slots[s].desc, self.cache.slots[s].members) for s in ready]
         agreed = time.perf_counter_ns()
         outcomes: list = []
         if not vec[width]:
@@ -357,18 +380,66 @@ class Negotiator:
                 entry = _Cached(key, asked.descs[min(asked.descs)], asked.plan, asked.members, 0)
                 for slot in self.cache.insert(entry):
                     self._unslot(slot)
-            plan.append((key, asked.plan if asked is not None else 0, error))
+            plan.append((key, asked.plan, error, asked.descs[min(asked.descs)] if asked.descs
+                         else "", asked.members))
         for job in self._queue:
             if job.agreed == 0:
                 job.agreed = agreed  # (the timeline's NEGOTIATE ends; not-ready ones reset)
-        for key, aplan, error in plan:
-            self._finish(key, aplan, error)
+        self._execute(plan)
         for job in self._queue:
             job.agreed = 0
         self._busy_any = not vec[width + 1]
         if plan or not vec[width]:
             self._last_progress = now
         return bool(vec[width + 2])
+
+    def _execute(self, plan: list) -> None:
+        """Run the decided ops in order; runs of fusable allreduces as one (see _fusion)."""
+        group: list = []
+        for key, aplan, error, desc, members in plan:
+            spec = None if (error is not None or self.fuse is None) else \
+                _fusable(aplan, desc, members)
+            if group and (spec is None or spec[:3] != group[0][5][:3] or
+                          sum(g[5][3] for g in group) + spec[3] > self.fusion_bytes):
+                self._flush(group)
+                group = []
+            if spec is None:
+                self._finish(key, aplan, error)
+            else:
+                group.append((key, aplan, error, desc, members, spec))
+        self._flush(group)
+
+    def _flush(self, group: list) -> None:
+        """Run one group of fusable allreduces: alone if one, else fused."""
+        if len(group) == 1:
+            self._finish(*group[0][:3])
+            return
+        if not group:
+            return
+        parts = []
+        for key, aplan, _, _, _, spec in group:
+            job = self._take(key)
+            if job is not None and job.fuse is None:  # every rank groups alike: cannot be
+                raise RuntimeError(f"negotiation: {key!r} was agreed as a fusable allreduce "
+                                   "but this rank queued another kind of op under it")
+            if job is None and self.rank not in self.joined:
+                continue  # (an op this rank never queued cannot be ready: defensive)
+            self._stamp += 1
+            slot = self.cache.lookup(key)
+            if slot is not None:
+                self.cache.slots[slot].used = self._stamp
+            parts.append((job, aplan, spec[1], spec[2]))
+            if job is not None:
+                self.stats["ran"] += 1
+        if parts:
+            self.stats["fused"] = self.stats.get("fused", 0) + 1
+            self.fuse(self.core, parts)
+
+    def _take(self, key: str) -> Any:
+        for i, j in enumerate(self._queue):
+            if j.key == key:
+                return self._queue.pop(i)
+        return None
 
     def _has_live_member(self, members: Optional[tuple]) -> bool:
         ranks = members if members is not None else range(self.size)
@@ -416,18 +487,30 @@ class Negotiator:
             records.append(["expire", key])
 
     def _exchange(self, records: list) -> list:
-        """Every rank's records (step B): lengths, then the JSON texts."""
-        blob = np.frombuffer(json.dumps(records).encode(), dtype=np.uint8)
-        lens = np.zeros(self.size, dtype=np.int64)
-        self.core.allgatherv(np.array([blob.size], dtype=np.int64), lens, [1] * self.size)
-        if lens.min() < 2 or lens.max() > MAX_RECORDS:  # from peers: bounded before use
-            raise LayoutMismatch(f"negotiation: a rank announced {lens.tolist()} bytes of records")
-        out = np.empty(int(lens.sum()), dtype=np.uint8)
-        self.core.allgatherv(blob, out, lens.tolist())
+        """Every rank's records (step B): one allgather of RECORD_SLOT bytes per rank (the
+        length, then the JSON text), and a second one for what did not fit."""
+        blob = json.dumps(records).encode()
+        slot = np.zeros(RECORD_SLOT, dtype=np.uint8)
+        slot[:8] = np.frombuffer(np.int64(len(blob)).tobytes(), dtype=np.uint8)
+        head = min(len(blob), RECORD_SLOT - 8)
+        slot[8:8 + head] = np.frombuffer(blob[:head], dtype=np.uint8)
+        slots = np.empty(self.size * RECORD_SLOT, dtype=np.uint8)
+        self.core.allgatherv(slot, slots, [RECORD_SLOT] * self.size)
+        slots = slots.reshape(self.size, RECORD_SLOT)
+        lens = [int(np.frombuffer(slots[r, :8].tobytes(), dtype=np.int64)[0])
+                for r in range(self.size)]
+        if min(lens) < 2 or max(lens) > MAX_RECORDS:  # from peers: bounded before use
+            raise LayoutMismatch(f"negotiation: a rank announced {lens} bytes of records")
+        rest = [max(0, n - (RECORD_SLOT - 8)) for n in lens]
+        more = np.empty(sum(rest), dtype=np.uint8)
+        if sum(rest):
+            tail = np.frombuffer(blob[head:], dtype=np.uint8)
+            self.core.allgatherv(tail if tail.size else np.empty(0, dtype=np.uint8), more, rest)
         texts, pos = [], 0
-        for n in lens.tolist():
-            texts.append(json.loads(bytes(out[pos:pos + n]).decode()))
-            pos += n
+        for r, n in enumerate(lens):
+            text = bytes(slots[r, 8:8 + min(n, RECORD_SLOT - 8)]) + bytes(more[pos:pos + rest[r]])
+            pos += rest[r]
+            texts.append(json.loads(text.decode()))
         return texts
 
     def _apply(self, per_rank: list, now: float) -> None:

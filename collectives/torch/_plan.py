@@ -9,7 +9,7 @@ import numpy as np
 
 from ._agree import PLAN
 
-__all__ = ["encode_plan", "serve_plan"]
+__all__ = ["encode_plan", "decode_plan", "serve_plan"]
 
 _DTYPES = ["int8", "uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64"]
 _NUMPY = {"bfloat16": np.int16}  # carried as its bits, named to the core
@@ -24,7 +24,7 @@ def encode_plan(count: int, dtype: str, op: str) -> int:
     return PLAN | count << 12 | _DTYPES.index(dtype) << 4 | _OPS.index(op)
 
 
-def _decode(plan: int) -> tuple[int, str, str]:
+def decode_plan(plan: int) -> tuple[int, str, str]:
     count = (plan >> 12) & ((1 << _COUNT_BITS) - 1)
     d, o = (plan >> 4) & 0xFF, plan & 0xF
     if d >= len(_DTYPES) or o >= len(_OPS):  # from a peer: checked before use
@@ -34,6 +34,6 @@ def _decode(plan: int) -> tuple[int, str, str]:
 
 def serve_plan(core: object, plan: int) -> None:
     """Run the allreduce the plan describes with zeros (a joined rank's contribution)."""
-    count, dtype, op = _decode(plan)
+    count, dtype, op = decode_plan(plan)
     zeros = np.zeros(count, dtype=_NUMPY.get(dtype, dtype))
     core.iallreduce(None, zeros, op=op, dtype=dtype).Wait()  # type: ignore[attr-defined]

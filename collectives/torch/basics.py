@@ -45,6 +45,10 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
             return
         world = comm if comm is not None else collectives.init()
         HOLDER.context = TorchContext(world)
+    from ._fusion import run_fused
+
+    HOLDER.context.lane.fuse = run_fused  # allreduces agreed together run as one (_fusion)
+    HOLDER.context.lane.fusion_bytes = HOLDER.context.fusion_threshold
     register_initial(HOLDER.context, process_sets)
     from .timeline import timeline_from_env
 

@@ -164,12 +164,13 @@ def _on_callers_stream(fn: Callable[[], Any]) -> Callable[[], Any]:
 
 
 def _queue(kind: str, name: Optional[str], fn: Callable[[], Any], keep: Any,
-           chained: bool = False, desc: Optional[str] = None, plan: int = 0) -> Job:
+           chained: bool = False, desc: Optional[str] = None, plan: int = 0,
+           fuse: Any = None) -> Job:
     """Queue fn as the op `name` of this kind (see _negotiate; ValueError if one is in
     flight); it runs once every rank queued it. chained: fn returns a Handle, the job
     completes with it. desc: what every rank must pass alike (default: the kind alone)."""
     return queue_call(current(), kind, name, bind_active(_on_callers_stream(fn)), desc, keep,
-                      chained, plan)
+                      chained, plan, fuse)
 
 
 def _check_group(tensors: Any) -> list:
@@ -266,9 +267,10 @@ def _allreduce_job(tensor: torch.Tensor, output: torch.Tensor, op: ReduceOp, pre
         core_dt = {torch.bfloat16: "bfloat16"}.get(wdt, str(wdt)[6:])
         plan = encode_plan(tensor.numel(), core_dt, op.core)
     agree = op is Adasum
+    # fuse: the negotiation may run it fused with others agreed alongside (see _fusion)
     return _queue("allreduce", name, lambda: _allreduce_start(
         tensor, output, op, prescale, postscale, name, "allreduce", agree), tensor, True,
-        desc=desc, plan=plan)
+        desc=desc, plan=plan, fuse=(tensor, output) if plan else None)
 
 
 def _resolve_allreduce_op(average: Optional[bool], op: Optional[ReduceOp],
