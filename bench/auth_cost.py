@@ -46,7 +46,7 @@ if c.rank == 0:
 def one_job(repo: Path, secret: bool, calls: int, transport: str) -> dict:
     """One 2-rank job; rank 0's timings."""
     sys.path.insert(0, str(REPO))
-    from collectives.run import free_port
+    from collectives.launcher.cli import free_port
     port = free_port()
     procs = []
     job_secret = os.urandom(32).hex()  # one per job: every rank holds the same

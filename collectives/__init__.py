@@ -29,7 +29,7 @@ def init(timeout: float | None = None):
 
 def finalize() -> None:
     """Close the world communicator: every socket and thread of the library ends."""
-    from . import _world
+    from .rendezvous import world as _world
 
     _world.finalize()
 
@@ -54,12 +54,12 @@ def shrink(timeout: float | None = None):
         The new world ``collectives.MPI.Comm``.
 
     Raises:
-        RuntimeError: (collectives._membership.ElasticError) the store is gone (it lives
+        RuntimeError: (collectives.elastic.membership.ElasticError) the store is gone (it lives
             in rank 0 when collectives-run or a plain environment started the job, so
             the world cannot re-form once rank 0 died), this rank was left out, or the
             deadline passed; the text names the ranks.
     """
-    from . import _reform
+    from .elastic import reform as _reform
     from .MPI import Comm
     return _reform.shrink(timeout, Comm._from_core)
 
@@ -79,7 +79,7 @@ def grow(min_new: int = 0, timeout: float | None = None):
     Returns:
         The new world ``collectives.MPI.Comm``.
     """
-    from . import _reform
+    from .elastic import reform as _reform
     from .MPI import Comm
     return _reform.grow(min_new, timeout, Comm._from_core)
 
@@ -95,14 +95,14 @@ def join(timeout: float | None = None):
         timeout: seconds to wait for admission and for the world to form (default
             COLLECTIVES_TIMEOUT).
     """
-    from . import _reform
+    from .elastic import reform as _reform
     from .MPI import Comm
     return _reform.join(timeout, Comm._from_core)
 
 
 def is_initialized() -> bool:
     """True between init() (or first use of MPI.COMM_WORLD) and finalize()."""
-    from . import _world
+    from .rendezvous import world as _world
 
     return _world.is_initialized()
 

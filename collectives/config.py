@@ -15,7 +15,7 @@ import os
 import re
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
-from ._env import byte_size, parse_addr
+from .rendezvous.env import byte_size, parse_addr
 
 Check = Callable[[str, str], None]
 

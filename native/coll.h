@@ -140,7 +140,7 @@ typedef struct {
 coll_result_t coll_comm_create(int rank, int size, const char *bind_host,
                                const uint8_t comm_id[16], coll_comm_t **out);
 /* The 32-byte key that authenticates this communicator's link openings and
- * abort notices (derived from the job secret, collectives/_auth.py); set it
+ * abort notices (derived from the job secret, collectives/rendezvous/auth.py); set it
  * before the first collective, equal on every rank. Unset: all zeros. */
 coll_result_t coll_comm_set_link_key(coll_comm_t *comm, const uint8_t *key, size_t n);
 /* HMAC-SHA256 of msg under key (native/auth.c; exposed for its tests). */
@@ -178,7 +178,7 @@ void coll_comm_set_oversubscribed(coll_comm_t *comm, int oversubscribed);
  * idle one still cut messages alike. */
 void coll_comm_set_job_oversubscribed(coll_comm_t *comm, int oversubscribed);
 /* Pins every thread of this process to `cpu` (COLLECTIVES_BIND; the policy
- * in collectives/_world.py picks the CPU). With more ranks than cores, the
+ * in collectives/rendezvous/world.py picks the CPU). With more ranks than cores, the
  * scheduler otherwise tends to put a ring's neighbours on one core, where
  * each hand-off waits for the other to be descheduled while the second core
  * idles: 4 ranks on 2 cores took 25-30 % less time at 4 MiB bound round

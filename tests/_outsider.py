@@ -91,7 +91,7 @@ def _recv_some(sock: socket.socket, n: int, timeout: float) -> bytes:
 
 def attack(directory: str, store_host: str, store_port: int) -> None:
     """Everything an outsider tries against a running job (see test_security.py)."""
-    from collectives import _store
+    from collectives.rendezvous import store as _store
 
     # 1. The store: join it, read the ranks' addresses and the comm_id, write a key.
     try:
@@ -157,7 +157,7 @@ def serve(nofile: int) -> None:
     """A store server with few descriptors; its port on stdout; until stdin closes."""
     import resource
 
-    from collectives import _store
+    from collectives.rendezvous import store as _store
     resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
     secret = os.environ.get("COLLECTIVES_JOB_SECRET", "").encode()
     srv = _store.StoreServer("127.0.0.1", 0, secret=secret)
@@ -206,13 +206,13 @@ def flood(host: str, port: int, mib: int) -> None:
 
 
 def _client(host: str, port: int, secret: str):
-    from collectives import _store
+    from collectives.rendezvous import store as _store
     return _store.StoreClient(host, port, timeout=5.0, secret=secret.encode())
 
 
 def get_wait(host: str, port: int, secret: str, wait_ms: int) -> None:
     """A client that knows the secret asks for a missing key with an absurd wait."""
-    from collectives import _store
+    from collectives.rendezvous import store as _store
     c = _client(host, port, secret)
     try:
         c._call(_store._OP_GET, [b"missing", struct.pack(">Q", wait_ms)], "missing", 1.0)
@@ -223,7 +223,7 @@ def get_wait(host: str, port: int, secret: str, wait_ms: int) -> None:
 
 def big_frame(host: str, port: int, secret: str, body_len: int, mib: int) -> None:
     """A client that knows the secret advertises a body_len-byte request and streams mib MiB."""
-    from collectives import _store
+    from collectives.rendezvous import store as _store
     c = _client(host, port, secret)
     sock = c._sock
     sent = 0
@@ -249,7 +249,7 @@ def many_fields(host: str, port: int, secret: str, nfields: int, size: int) -> N
 
 def half_frame(host: str, port: int, secret: str, seconds: float) -> None:
     """Send half a request and wait; did the store close the connection?"""
-    from collectives import _store
+    from collectives.rendezvous import store as _store
     c = _client(host, port, secret)
     c._sock.sendall(_store._REQ_HEAD.pack(b"CS", 1, 2, 100) + b"\0" * 10)
     got = _recv_some(c._sock, 1, seconds)

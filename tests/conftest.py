@@ -29,7 +29,7 @@ import pytest
 import collectives
 # A port for a store rank 0 binds later, outside the kernel's ephemeral range (the
 # tests import it from here).
-from collectives.run import free_port  # noqa: F401
+from collectives.launcher.cli import free_port  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent

@@ -8,18 +8,23 @@ import pytest
 pytestmark = pytest.mark.timeout(60)
 
 MODULES = ["collectives", "collectives.MPI", "collectives._core", "collectives.run",
-           "collectives._env", "collectives._store", "collectives.bench", "collectives.bench.driver",
+           "collectives.launcher", "collectives.launcher.cli", "collectives.launcher.elastic_driver",
+           "collectives.rendezvous", "collectives.rendezvous.env", "collectives.rendezvous.store",
+           "collectives.rendezvous.auth", "collectives.elastic", "collectives.elastic.worker",
+           "collectives.elastic.membership", "collectives.elastic.reform",
+           "collectives.bench", "collectives.bench.driver",
            "collectives.bench.rows", "collectives.bench.turns", "collectives.bench.peers",
            "collectives.bench.sweep",
            "collectives.config",
-           "collectives._world", "collectives._objects",
+           "collectives.rendezvous.world", "collectives.MPI._objects",
            "collectives.ps", "collectives.ps._wire", "collectives.ps._optim",
            "collectives.ps._server", "collectives.ps._client", "collectives.ps._links"]
 # Adapters: checked where their framework is installed.
 ADAPTERS = {"collectives.jax": "jax", "collectives.torch": "torch",
             "collectives.torch.mpi_ops": "torch", "collectives.torch.functions": "torch",
             "collectives.torch.optimizer": "torch", "collectives.torch.compression": "torch",
-            "collectives.torch.backend": "torch", "collectives.torch.dgc": "torch",
+            "collectives.torch.distributed": "torch",
+            "collectives.torch.distributed.backend": "torch", "collectives.torch.dgc": "torch",
             "collectives.torch.sparse_ops": "torch", "collectives.ps.torch": "torch"}
 
 

@@ -10,7 +10,7 @@ import threading
 import numpy as np
 import pytest
 
-from collectives import _auth
+from collectives.rendezvous import auth as _auth
 from collectives._core import (CollectivesError, Communicator, comm_dup, comm_generation,
                                comm_set_generation, p2p_recv, p2p_send)
 from conftest import free_port, run_world
@@ -124,7 +124,8 @@ _SHRINK_BODY = """
 import os, signal, time
 import numpy as np
 import collectives
-from collectives import MPI, _membership as _elastic
+from collectives import MPI
+from collectives.elastic import membership as _elastic
 from collectives._core import comm_generation
 
 comm = collectives.init()
@@ -292,7 +293,7 @@ _LATE_BODY = """
 import os, time
 import numpy as np
 import collectives
-from collectives import _world
+from collectives.rendezvous import world as _world
 
 comm = collectives.init()
 me = comm.rank
@@ -329,7 +330,7 @@ def test_a_late_rank_reaching_shrink_after_the_deadline_is_left_out():
 @pytest.mark.timeout(30)
 def test_join_without_a_grow_times_out_clearly(monkeypatch):
     import collectives
-    from collectives import _store
+    from collectives.rendezvous import store as _store
 
     with _store.StoreServer("127.0.0.1", 0, secret=SECRET.encode()) as server:
         monkeypatch.setenv("COLLECTIVES_STORE_ADDR", server.address)
@@ -342,7 +343,7 @@ def test_join_without_a_grow_times_out_clearly(monkeypatch):
 @pytest.mark.timeout(60)
 def test_rank0_killed_with_a_launcher_hosted_store_survivors_shrink():
     # As a launcher that hosts the store would: the store lives outside the ranks.
-    from collectives import _store
+    from collectives.rendezvous import store as _store
 
     with _store.StoreServer("127.0.0.1", 0, secret=SECRET.encode()) as server:
         res = run_world(4, _SHRINK_BODY, timeout=50,

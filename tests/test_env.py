@@ -1,13 +1,15 @@
-"""Tests of collectives._env: sources and their precedence, addresses, interfaces."""
+"""Tests of collectives.rendezvous.env: sources and their precedence, addresses, interfaces."""
 
 import re
 import socket
 
 import pytest
 
-from collectives import _env, config
-from collectives._env import (WorldInfo, advertise_address, derived_port, detect,
-                              expand_hostlist, format_addr, interface_address, parse_addr)
+from collectives.rendezvous import env as _env
+from collectives import config
+from collectives.rendezvous.env import (WorldInfo, advertise_address, derived_port, detect,
+                                        expand_hostlist, format_addr, interface_address,
+                                        parse_addr)
 
 pytestmark = pytest.mark.timeout(60)
 

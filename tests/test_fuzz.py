@@ -24,9 +24,9 @@ import pytest
 
 import _fuzz
 import _outsider
-from collectives import _auth, _store
+from collectives.rendezvous import auth as _auth, store as _store
 from collectives._core import Communicator
-from collectives._store import StoreClient, StoreServer
+from collectives.rendezvous.store import StoreClient, StoreServer
 
 SECRET = b"fuzzing-secret-0123456789abcdef"
 # Each target's deadline: its fuzzing time, plus start-up and the checks after.

@@ -1,4 +1,4 @@
-"""Tests of collectives-run (collectives/run.py): placement, output, failures, signals."""
+"""Tests of collectives-run (collectives/launcher/cli.py): placement, output, failures, signals."""
 
 import os
 import shlex
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from collectives import run
+from collectives.launcher import cli as run
 
 pytestmark = pytest.mark.timeout(60)
 

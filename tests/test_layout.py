@@ -123,7 +123,7 @@ def test_facade_has_no_import_cycles():
     graph = _facade_graph()
     # The graph sees lazy imports too: the package's init() goes through MPI.
     assert "collectives.MPI" in graph["collectives"]
-    assert "collectives._world" in graph["collectives.MPI"]
+    assert "collectives.rendezvous.world" in graph["collectives.MPI"]
     cycles = _cycles(graph)
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
@@ -144,3 +144,136 @@ def test_files_stay_readable():
         if n > MAX_LINES:
             long.append(f"{path.relative_to(ROOT)}: {n} lines")
     assert not long, f"files over {MAX_LINES} lines (split by concept): {long}"
+
+
+# The Python packages mirror the layers (DESIGN.md), bottom to top. A module
+# may import its own layer and the layers below it; the package's __init__
+# (init, finalize, shrink) is the facade over the front ends.
+PY_LAYERS = [
+    ("core", ["collectives._core"]),
+    ("rendezvous", ["collectives.rendezvous", "collectives.config"]),
+    ("elastic", ["collectives.elastic"]),
+    ("front ends", ["collectives", "collectives.MPI", "collectives.torch", "collectives.jax",
+                    "collectives.ps"]),
+    ("engines", ["collectives.launcher", "collectives.run", "collectives.ray",
+                 "collectives.spark", "collectives.bench"]),
+]
+TOP_LEVEL_MODULES = {"__init__.py", "config.py", "run.py"}
+
+
+def _py_layer(module: str) -> int:
+    best, best_len = None, -1
+    for index, (_, names) in enumerate(PY_LAYERS):
+        for name in names:
+            exact = name == "collectives"  # the root holds only the facade
+            if (module == name or (not exact and module.startswith(name + "."))) \
+                    and len(name) > best_len:
+                best, best_len = index, len(name)
+    return best
+
+
+def _upward_imports(graph: dict) -> list:
+    wrong = []
+    for module, targets in sorted(graph.items()):
+        mine = _py_layer(module)
+        for target in sorted(targets):
+            theirs = _py_layer(target)
+            if theirs is not None and mine is not None and theirs > mine:
+                wrong.append(f"{module} ({PY_LAYERS[mine][0]}) imports {target} "
+                             f"({PY_LAYERS[theirs][0]})")
+    return wrong
+
+
+def test_python_layer_check_finds_an_upward_import():
+    graph = {"collectives.rendezvous.world": {"collectives.MPI"},
+             "collectives.MPI": {"collectives.rendezvous.world", "collectives._core"}}
+    assert _upward_imports(graph) == [
+        "collectives.rendezvous.world (rendezvous) imports collectives.MPI (front ends)"]
+
+
+def test_python_packages_are_the_layers():
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert set(top) <= TOP_LEVEL_MODULES, \
+        f"modules at the top of collectives/ (put them in their layer's package): {top}"
+    graph = _facade_graph()
+    unplaced = sorted(m for m in graph if _py_layer(m) is None)
+    assert not unplaced, f"modules in no layer (add them to PY_LAYERS): {unplaced}"
+    for _, names in PY_LAYERS:
+        for name in names:
+            init = ROOT.joinpath(*name.split("."), "__init__.py")
+            if init.is_file():
+                assert ast.get_docstring(ast.parse(init.read_text())), \
+                    f"{name} opens with no docstring saying what it is and may import"
+
+
+def test_python_imports_only_go_down():
+    wrong = _upward_imports(_facade_graph())
+    assert not wrong, "imports from a lower layer to a higher one:\n" + "\n".join(wrong)
+
+
+# Calls between native layers: a function defined in one layer's .c file may
+# call functions of its own layer and those below, never one defined above
+# (an algorithm does not call back into the communicator). Definitions are
+# the non-static functions starting at column 0; calls are names followed by
+# "(" anywhere else.
+_DEF = re.compile(r"^(?!static\b)[A-Za-z_][\w \t\*]*?\b(coll_\w+)\s*\([^;]*$", re.M)
+_CALL = re.compile(r"\b(coll_\w+)\s*\(")
+
+
+def _native_upward_calls(sources: dict) -> list:
+    defined = {}
+    for rel, text in sources.items():
+        for name in _DEF.findall(text):
+            defined[name] = rel
+    wrong = []
+    for rel, text in sorted(sources.items()):
+        layer = _layer_of(Path(rel))
+        if layer not in LAYERS:
+            continue
+        for name in sorted(set(_CALL.findall(text))):
+            home = defined.get(name)
+            if home is None or home == rel:
+                continue
+            theirs = _layer_of(Path(home))
+            if theirs in LAYERS and LAYERS.index(theirs) > LAYERS.index(layer):
+                wrong.append(f"{rel} ({layer}) calls {name}, defined in {home} ({theirs})")
+    return wrong
+
+
+def test_native_call_check_finds_an_upward_call():
+    sources = {"comm/comm.c": "coll_result_t coll_comm_break(coll_comm_t *c) {\n}\n",
+               "schedule/p2p.c": "static void f(void) {\n  coll_comm_break(c);\n}\n"}
+    assert _native_upward_calls(sources) == [
+        "schedule/p2p.c (schedule) calls coll_comm_break, defined in comm/comm.c (comm)"]
+
+
+def test_native_calls_only_go_down():
+    sources = {str(p.relative_to(NATIVE)): p.read_text() for p in _native_files()
+               if p.suffix in {".c", ".cu", ".cc"}}
+    wrong = _native_upward_calls(sources)
+    assert not wrong, "native calls from a lower layer to a higher one:\n" + "\n".join(wrong)
+
+
+def test_public_import_paths_survive_the_layout():
+    """What users import and run keeps working whatever moves inside (issue 33)."""
+    import importlib
+    import subprocess
+    import sys
+
+    import collectives
+    from collectives import MPI
+
+    assert MPI.COMM_WORLD.Get_size() >= 1 and callable(MPI.Comm.Allreduce)
+    for name in ("collectives.MPI", "collectives.config", "collectives.run", "collectives.ps",
+                 "collectives.bench", "collectives.launcher"):
+        assert importlib.import_module(name).__doc__
+    # the console scripts' targets, and the -m forms the README shows
+    from collectives.run import main as run_main
+    from collectives.launcher.cli import main as cli_main
+    assert run_main is cli_main
+    from collectives.bench.driver import main as bench_main  # noqa: F401
+    cwd = Path(collectives.__file__).resolve().parents[1]
+    for module in ("collectives.run", "collectives.launcher", "collectives.config"):
+        out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True,
+                             text=True, timeout=60, cwd=cwd)
+        assert out.returncode == 0, (module, out.stderr[-2000:])

@@ -13,7 +13,8 @@ import os
 
 import pytest
 
-from collectives import MPI, _missing
+from collectives import MPI
+from collectives.MPI import _missing
 from collectives._core import Communicator
 
 

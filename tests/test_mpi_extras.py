@@ -1,5 +1,5 @@
 """mpi4py's reduce/scan/exscan (objects), Scan/Exscan, Reduce_scatter with counts,
-Sendrecv_replace and communicator names (collectives/_mpi_extras.py), at 1, 2, 3 and 5
+Sendrecv_replace and communicator names (collectives/MPI/_extras.py), at 1, 2, 3 and 5
 ranks against numpy/Python references computed from rank-derived data; the argument
 errors before anything is sent. What mpi4py returns for the same calls is the reference
 for the edge cases (reduce is None off the root, exscan None at rank 0, Exscan leaves

@@ -1,6 +1,6 @@
 """Nobody outside the job gets in (issue 20, section 1).
 
-The job secret (collectives/_auth.py) authenticates the store (challenge-
+The job secret (collectives/rendezvous/auth.py) authenticates the store (challenge-
 response, then an HMAC per request), every link opening (a challenge-
 response: native/wire.h) and every abort notice. Tested here: the core's
 HMAC-SHA256 against hashlib; links between two communicators in this
@@ -11,7 +11,7 @@ the comm_id, but not the secret; a second job on the same store address;
 the secret's plumbing (launchers, COLLECTIVES_REQUIRE_AUTH, files).
 
 Pickled objects are only loaded from authenticated peers: the object
-collectives (collectives/_objects.py) read only bytes that arrived on a
+collectives (collectives/MPI/_objects.py) read only bytes that arrived on a
 link, and a link exists only after its opening proved the secret over a
 fresh challenge. test_outsider_cannot_get_into_a_job sends a forged pickle
 and checks it never ran.
@@ -32,7 +32,7 @@ import time
 import numpy as np
 import pytest
 
-from collectives import _auth, _store
+from collectives.rendezvous import auth as _auth, store as _store
 from collectives._core import Communicator, hmac_sha256, shm_path_ok
 from conftest import TESTS, base_env, free_port, run_world
 
@@ -282,7 +282,8 @@ def test_forged_opening_with_the_comm_id_is_dropped(capfd):
 _JOB_BODY = r"""
 import json, os, time
 import numpy as np
-from collectives import MPI, _world
+from collectives import MPI
+from collectives.rendezvous import world as _world
 comm = MPI.COMM_WORLD
 state = _world._state
 d = os.environ["SEC_DIR"]
@@ -453,7 +454,7 @@ def test_launcher_gives_every_rank_the_same_fresh_secret():
 
 
 def test_remote_ranks_get_the_secret_on_stdin_not_argv():
-    from collectives.run import build_rank_commands
+    from collectives.launcher.cli import build_rank_commands
     cmds = build_rank_commands(["python", "-c", "pass"], [("localhost", 1), ("farhost", 1)], 2,
                                "127.0.0.1:1234", secret="abc" * 10)
     local, remote = cmds

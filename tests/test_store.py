@@ -1,4 +1,4 @@
-"""Tests of collectives._store: the rank-0 key-value store."""
+"""Tests of collectives.rendezvous.store: the rank-0 key-value store."""
 
 import socket
 import struct
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from collectives._store import StoreClient, StoreServer, barrier
+from collectives.rendezvous.store import StoreClient, StoreServer, barrier
 
 pytestmark = pytest.mark.timeout(60)
 

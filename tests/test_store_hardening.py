@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from collectives import _store, _world
-from collectives._store import StoreClient, StoreServer
+from collectives.rendezvous import store as _store, world as _world
+from collectives.rendezvous.store import StoreClient, StoreServer
 from conftest import TESTS, base_env, free_port, run_world
 
 SECRET = "hardening-secret-" + "fedcba9876543210" * 2

@@ -337,7 +337,7 @@ def test_public_names_have_docstrings_and_hints():
                     "collectives.torch.timeline", "collectives.torch.adasum",
                     "collectives.torch._join",
                     "collectives.torch.optimizer", "collectives.torch.compression",
-                    "collectives.torch.backend"):
+                    "collectives.torch.distributed.backend"):
         mod = importlib.import_module(modname)
         assert (mod.__doc__ or "").strip(), modname
         for name in getattr(mod, "__all__", []):

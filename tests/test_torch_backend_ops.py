@@ -425,7 +425,7 @@ def test_completer_delivers_while_a_callback_waits_for_a_later_result():
     import threading
     import time
 
-    from collectives.torch._work import Completer
+    from collectives.torch.distributed._work import Completer
     comp = Completer()
     first, second = _Req(), _Req()
     fut = comp.submit(first, lambda: 1, None)

@@ -1,5 +1,5 @@
 """Horovod's elastic API under collectives-run --elastic (collectives.torch.elastic,
-collectives/_elastic.py, collectives/_elastic_run.py).
+collectives/elastic/worker.py, collectives/launcher/elastic_driver.py).
 
 Each test runs tests/_elastic_train.py (a deterministic toy training, see there) under the
 real launcher: real processes, real sockets, a worker SIGKILLed mid-epoch or a host added
@@ -218,7 +218,7 @@ def test_discovery_script_adding_a_host_raises_hosts_updated_and_grows_the_world
     (["-np", "3", "-H", "localhost:2"], "-np 3 is more than the 2 slots on the hosts"),
 ])
 def test_bad_elastic_options_are_refused_before_anything_starts(args, message, capsys):
-    from collectives import run
+    from collectives.launcher import cli as run
 
     with pytest.raises(SystemExit) as info:
         run.main(["--elastic", *args, "sh", "-c", "touch should-not-exist"])
@@ -228,7 +228,7 @@ def test_bad_elastic_options_are_refused_before_anything_starts(args, message, c
 
 
 def test_discovery_script_listing_no_hosts_is_an_error(tmp_path):
-    from collectives import run
+    from collectives.launcher import cli as run
 
     script = tmp_path / "none.sh"
     script.write_text("#!/bin/sh\nexit 0\n")

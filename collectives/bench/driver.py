@@ -351,7 +351,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             import matplotlib  # noqa: F401
         except ImportError:
             p.error("--plot needs matplotlib (pip install 'collectives[bench]' or pip install matplotlib)")
-    from .._env import detect
+    from ..rendezvous.env import detect
 
     info = detect()
     in_world = info.size > 1 or "COLLECTIVES_RANK" in os.environ

@@ -107,7 +107,7 @@ def init(num_servers: Optional[int] = None, timeout: Optional[float] = None) -> 
                          f"collectives-run --servers S")
     import collectives
     from ._links import open_pairs
-    from .. import _world
+    from ..rendezvous import world as _world
 
     comm = collectives.init(timeout)
     size, rank = comm.size, comm.rank

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import time
 
-from .. import _auth, _env, _world
+from ..rendezvous import auth as _auth, env as _env, world as _world
 
 SERVER, WORKER = 0, 1  # ranks inside a pair communicator
 

@@ -12,7 +12,7 @@ from typing import Any, Dict, Optional
 
 __all__ = ["WorkerError", "describe_failure", "is_death", "is_echo"]
 
-# Texts of a rank's error that only repeat another's failure (as collectives/_world.py
+# Texts of a rank's error that only repeat another's failure (as collectives/rendezvous/world.py
 # tells them apart when it explains a failure).
 _ECHOES = ("closed the connection", "connection to rank", "timed out", "is broken",
            "failed and broke the communicator", "cannot connect to rank",

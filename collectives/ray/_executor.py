@@ -199,7 +199,7 @@ class RayExecutor:
 
     # -------------------------------------------------------------- the world
     def _base_env(self, extra: Optional[Dict[str, str]]) -> Dict[str, str]:
-        from collectives import _auth
+        from collectives.rendezvous import auth as _auth
 
         env = {"COLLECTIVES_START_TIMEOUT": f"{float(self.settings.timeout_s):g}"}
         env[_auth.SECRET_VAR] = (self.settings.key or os.environ.get(_auth.SECRET_VAR)

@@ -121,7 +121,7 @@ class Worker:
 
     def store_port(self) -> int:
         """A port free on this node for the world's store (asked of the rank-0 actor)."""
-        from collectives.run import free_port
+        from collectives.launcher.cli import free_port
 
         return free_port()
 
@@ -131,7 +131,7 @@ class Worker:
         every actor of the world calls it at once); then make the executable if given.
         Returns the rank."""
         global _context
-        from collectives import _world
+        from collectives.rendezvous import world as _world
 
         _close_world()
         for name in _RENDEZVOUS_VARS:
@@ -142,7 +142,7 @@ class Worker:
         _context = RayContext(rank=rank, size=size, world=world, new=new, state=ctx.state)
         with _world._lock:
             # World g's store says "generation/g" and every rank must ask for the same g
-            # (collectives/_world.py): the executor's count, on new and old actors alike.
+            # (collectives/rendezvous/world.py): the executor's count, on new and old actors alike.
             _world._generation = world - 1
         import collectives
 

@@ -54,7 +54,7 @@ class _CollectivesBackend(_TorchBackend):
     """Ray Train's torch backend, with every worker set up for "collectives" first."""
 
     def on_start(self, worker_group: Any, backend_config: "CollectivesConfig") -> None:
-        from collectives import _auth
+        from collectives.rendezvous import auth as _auth
 
         secret = os.environ.get(_auth.SECRET_VAR) or _auth.generate_secret()
         worker_group.execute(setup_worker, secret=secret)

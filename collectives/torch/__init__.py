@@ -34,7 +34,7 @@ from .mpi_ops import (Adasum, Average, Handle, LayoutMismatch, Max, Min, Product
                       synchronize)
 from .optimizer import DistributedOptimizer
 from .dgc import DGC, DGCSGD, TopKCompressor
-from .backend import ProcessGroupCollectives, register_backend
+from .distributed.backend import ProcessGroupCollectives, register_backend
 from . import elastic
 
 register_backend()
@@ -42,7 +42,7 @@ register_backend()
 
 def __getattr__(name: str):
     """Horovod names not provided (yet): NotImplementedError naming them (see _missing)."""
-    from .. import _missing
+    from ..MPI import _missing
 
     raise _missing.missing("collectives.torch", name, _missing.HOROVOD_TORCH, "horovod.torch")
 

@@ -16,7 +16,7 @@ from typing import Any, Optional
 import torch
 
 import collectives
-from collectives._env import byte_size
+from collectives.rendezvous.env import byte_size
 
 from ._agree import Agreement, LayoutMismatch
 

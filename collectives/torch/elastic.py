@@ -40,7 +40,7 @@ import torch
 
 import collectives
 
-from .. import _elastic
+from ..elastic import worker as _elastic
 from .._core import CollectivesError
 from ._context import HOLDER
 from .basics import init, rank, shutdown

@@ -24,7 +24,7 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from .. import _elastic
+from ..elastic import worker as _elastic
 from .._core import CollectivesError
 from ._context import as_buffer, check_tensor, current, wire_dtype
 from .compression import Compression

@@ -124,7 +124,7 @@ class SetContext:
 
     def __init__(self, parent: TorchContext, process_set_id: int, ranks: list, core: Any
                  ) -> None:
-        from .. import _mpi_comms
+        from ..MPI import _comms as _mpi_comms
         from ._agree import Agreement
         self.parent = parent
         self.process_set_id = process_set_id

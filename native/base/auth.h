@@ -1,7 +1,7 @@
 /*
  * auth.h -- SHA-256 and HMAC-SHA256 (FIPS 180-4, RFC 2104), and the
  * authentication of a link's opening and of abort notices with the job's
- * link key (collectives/_auth.py derives it from the job secret; the core
+ * link key (collectives/rendezvous/auth.py derives it from the job secret; the core
  * never sees the secret itself).
  *
  * Kept small and dependency-free: the core links no crypto library. Checked

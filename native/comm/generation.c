@@ -1,8 +1,8 @@
 /* generation.c -- the communicator generation in every message header
- * (transport/wire.h): the elastic layer (collectives/_membership.py) numbers the
+ * (transport/wire.h): the elastic layer (collectives/elastic/membership.py) numbers the
  * worlds a job forms after shrinking or growing, and a message from an earlier
  * one is refused by the receiver's header check, naming both generations. */
-#include "base/comm.h"
+#include "base/comm_state.h"
 #include "coll.h"
 
 coll_result_t coll_comm_set_generation(coll_comm_t *comm, uint32_t gen) {

@@ -1,5 +1,5 @@
 # generation.pxi -- the communicator generation in every message header (coll.h:
-# coll_comm_set_generation), numbered by the elastic layer (collectives/_membership.py).
+# coll_comm_set_generation), numbered by the elastic layer (collectives/elastic/membership.py).
 
 
 def comm_set_generation(Communicator comm, unsigned int generation) -> None:

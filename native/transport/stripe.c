@@ -40,7 +40,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "base/comm.h"
+#include "base/comm_state.h"
 #include "base/param.h"
 #include "base/status.h"
 #include "transport/transport.h"
@@ -96,7 +96,7 @@ static coll_result_t lost(coll_link_t *link, int sock, const char *what, int err
     return coll_error(comm, COLL_REMOTE_ERROR,
                       "rank %d: rank %d closed the connection (it exited or failed)", comm->rank,
                       link->peer);
-  /* Worded as on one socket ("connection to rank"), which collectives/_world.py
+  /* Worded as on one socket ("connection to rank"), which collectives/rendezvous/world.py
    * knows for an echo of another rank's failure. */
   return coll_error(comm, COLL_REMOTE_ERROR,
                     "rank %d: connection to rank %d lost while %s (socket %d of %d): %s",

@@ -30,7 +30,7 @@
  *                         message is only ever matched by the communicator it names
  *        44  u32 gen      the generation of the root communicator (coll_comm_set_generation):
  *                         the world is generation 0, each shrink or grow makes the next
- *                         one (collectives/_membership.py), so a message from a rank of an
+ *                         one (collectives/elastic/membership.py), so a message from a rank of an
  *                         earlier generation is refused, naming both, never taken for one
  *                         of the new world (its comm_id differs too, which already keeps
  *                         its link openings out: this catches a stale link or a peer
@@ -76,7 +76,7 @@
 
 #include "base/auth.h"
 #include "coll.h"
-#include "base/comm.h"
+#include "base/comm_state.h"
 
 #define COLL_WIRE_MAGIC 0x4c4c4f43u  /* "COLL" */
 #define COLL_HELLO_MAGIC 0x49484c43u /* "CLHI" */

@@ -1,7 +1,7 @@
 """The world communicator re-formed: shrink, grow, join and agree over the job's store.
 
-collectives/_membership.py holds the agreements; this module applies them to the world
-that collectives/_world.py made (its store client, its rank-0 store server, its host
+collectives/elastic/membership.py holds the agreements; this module applies them to the world
+that collectives/rendezvous/world.py made (its store client, its rank-0 store server, its host
 policy) and installs the new world, so ``MPI.COMM_WORLD``, ``collectives.init()`` and
 the adapters built on them see the new communicator from then on.
 """
@@ -10,7 +10,8 @@ from __future__ import annotations
 import time
 from typing import Optional
 
-from . import _auth, _env, _membership, _world
+from ..rendezvous import auth as _auth, env as _env, world as _world
+from . import membership as _membership
 
 
 def _timeout(timeout: Optional[float]) -> float:
@@ -41,7 +42,7 @@ def _current_membership(state) -> _membership.Membership:
 
 
 def _core_maker(client, generation: int):
-    from ._core import Communicator, comm_set_generation
+    from .._core import Communicator, comm_set_generation
 
     advertise = _env.advertise_address(client.host, client.port)
     key = _auth.link_key(_auth.job_secret())

@@ -30,11 +30,11 @@ grow (every rank of generation g, plus the processes that called join()):
   ticket) and the admissions, and everyone forms generation g+1 as above.
 
 Keys are never reused: each agreement and each world has its own prefix, and
-the failure reports of a world (collectives/_world.py) carry its prefix, so a
+the failure reports of a world (collectives/rendezvous/world.py) carry its prefix, so a
 rank never reads what an earlier generation left in the store.
 
 The store lives where the job's rendezvous put it: in rank 0 under
-collectives-run and plain environments (collectives/_world.py), so a shrink
+collectives-run and plain environments (collectives/rendezvous/world.py), so a shrink
 after rank 0 died fails at once with an error saying the store went with it;
 a launcher that hosts the store itself (COLLECTIVES_STORE_EXTERNAL=1 for its
 ranks) keeps it alive, and the survivors of rank 0 shrink like any others.
@@ -52,7 +52,7 @@ import socket
 import time
 from typing import Callable, Optional
 
-from . import _auth, _env, _store
+from ..rendezvous import auth as _auth, env as _env, store as _store
 
 # Seconds a liveness probe may take; past it the rank is "unknown", not dead.
 PROBE_S = 0.25
@@ -252,7 +252,7 @@ def form(client, rec: dict, me, ms: Optional[Membership], make_core, put_addr_an
 
     make_core(new_rank, size, comm_id) -> core makes the native communicator (listening,
     link key and generation set); put_addr_and_read(core, rank, size, put, get) publishes
-    its address and reads the others' (collectives._world.exchange_addresses). Raises
+    its address and reads the others' (collectives.rendezvous.world.exchange_addresses). Raises
     _Retry when a member of the previous generation died before publishing.
     """
     members = rec["members"]

@@ -8,7 +8,7 @@ programs issue them (the same order on every rank).
 """
 from typing import Any, Optional
 
-from . import _core
+from .. import _core
 
 
 class _CommNull:

@@ -116,12 +116,12 @@ from jax.interpreters import ad, batching, mlir
 
 # JAX has no public way to declare an ordered effect or name the token aval;
 # these two private modules are the only ones this file touches (and
-# _jax_tokens.py, JAX's runtime tokens).
+# _tokens.py, JAX's runtime tokens).
 from jax._src import core as _jax_core
 from jax._src import effects as _jax_effects
 
-from . import _jax_tokens
-from ._jax_alias import caller_keeps as _caller_keeps
+from . import _tokens as _jax_tokens
+from ._alias import caller_keeps as _caller_keeps
 
 __all__ = ["allreduce", "allgather", "broadcast", "barrier", "CollectiveEffect",
            "send", "recv", "sendrecv", "gather", "scatter", "reduce", "alltoall"]
@@ -169,7 +169,7 @@ _library: Optional[ctypes.CDLL] = None  # kept referenced: XLA calls into it
 
 def _native_dir() -> Path:
     """The directory with jax/ffi.cc and coll.h: shipped in the package, or the source tree."""
-    pkg = Path(__file__).resolve().parent
+    pkg = Path(__file__).resolve().parents[1]  # collectives/, above this jax/ package
     for d in (pkg / "_native", pkg.parent / "native"):
         if (d / "jax" / "ffi.cc").is_file() and (d / "coll.h").is_file():
             return d
@@ -257,7 +257,7 @@ def _ensure_registered() -> None:
         lib = ctypes.CDLL(str(_build_library()))
         # Dispatch is asynchronous: collectives may still be queued on JAX's
         # threads when the script calls finalize; let them finish first.
-        from . import _world
+        from ..rendezvous import world as _world
 
         _world.add_finalize_hook(jax.effects_barrier)
         for name, symbol in _TARGETS.items():
@@ -414,7 +414,7 @@ def _core_of(comm: Any):
     communicator (COMM_WORLD, COMM_SELF, one from Split or Dup); TypeError for anything
     else (an mpi4py communicator is not one), MPI.Exception for a freed one or COMM_NULL,
     before anything is traced or sent."""
-    from . import _core
+    from .. import _core
 
     if comm is None:
         import collectives
@@ -447,7 +447,7 @@ def _prepare(x: Any, comm: Any):
 
 
 def _api_table() -> int:
-    from . import _core
+    from .. import _core
 
     return _core.api_table()
 
@@ -529,7 +529,7 @@ def broadcast(x: Any, root: int = 0, *, comm: Any = None) -> Any:
         The same structure holding root's arrays.
     """
     core = _core_of(comm)
-    from ._core import check_root
+    from .._core import check_root
 
     root = check_root(root, core.size)
     core, arrays, tree, params = _prepare(x, core)
@@ -731,7 +731,7 @@ def gather(x: Any, root: int, *, comm: Any = None) -> Any:
         unchanged (as mpi4jax).
     """
     core, a, params = _start(x, comm)
-    from ._core import check_root
+    from .._core import check_root
 
     root = check_root(root, core.size)
     params.update(root=root, size=core.size, is_root=int(core.rank == root))
@@ -752,7 +752,7 @@ def scatter(x: Any, root: int, *, comm: Any = None) -> Any:
         This rank's block, shape ``shape``.
     """
     core, a, params = _start(x, comm)
-    from ._core import check_root
+    from .._core import check_root
 
     root = check_root(root, core.size)
     if core.rank == root and (a.ndim == 0 or a.shape[0] != core.size):
@@ -785,7 +785,7 @@ def reduce(x: Any, op: Any, root: int, *, comm: Any = None) -> Any:
                         f"int64, float16, bfloat16, float32, float64)")
     if op_name in ("mean", "avg") and not jnp.issubdtype(a.dtype, jnp.inexact):
         raise TypeError("reduce: op='mean' needs a floating-point array")
-    from ._core import check_root
+    from .._core import check_root
 
     root = check_root(root, core.size)
     params.update(op=_OPS[op_name], root=root, is_root=int(core.rank == root))

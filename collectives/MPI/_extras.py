@@ -10,8 +10,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from ._core import ANY_SOURCE, ANY_TAG, check_root
-from ._mpi_types import AVG, IN_PLACE, SUM, Datatype, Op, _buf, _no_none, _op
+from .._core import ANY_SOURCE, ANY_TAG, check_root
+from ._types import AVG, IN_PLACE, SUM, Datatype, Op, _buf, _no_none, _op
 
 # the buffer forms' reductions, in rank order (Op name -> numpy ufunc)
 _UFUNCS = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}

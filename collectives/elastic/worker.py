@@ -2,7 +2,7 @@
 
 Under the elastic launcher a process is a *worker* with a stable id
 (``COLLECTIVES_ELASTIC_ID``), not a fixed rank. The launcher (the driver,
-``collectives/_elastic_run.py``) hosts the store for the whole job, so the
+``collectives/launcher/elastic_driver.py``) hosts the store for the whole job, so the
 store outlives any worker, and it decides who is in each *generation* of the
 world. All keys are the driver's except the ones a worker writes:
 
@@ -13,7 +13,7 @@ world. All keys are the driver's except the ones a worker writes:
     elastic/update/<n>       "added" or "removed": what update n was
     elastic/ready/<id>       set by worker <id> when it first reaches the store
     g<g>/addr/<rank> ...     generation g's own rendezvous and failure reports
-                             (collectives/_world.py), under the prefix g<g>/
+                             (collectives/rendezvous/world.py), under the prefix g<g>/
 
 A worker's init (:func:`rendezvous`) waits for the newest generation that
 lists it, publishes its address under that generation's prefix and reads its
@@ -28,7 +28,8 @@ import os
 import time
 from typing import Callable, Optional
 
-from . import _auth, _env, _store, config
+from ..rendezvous import auth as _auth, env as _env, store as _store
+from .. import config
 
 __all__ = ["ID_VAR", "is_elastic", "worker_id", "Generation", "current", "rendezvous",
            "host_updates", "PrefixedClient", "parse_members", "format_members"]
@@ -138,7 +139,7 @@ def rendezvous(timeout: float, exchange: Callable, place: Callable) -> tuple:
     Waits (up to ``timeout`` seconds) for the driver to list this worker in a
     generation newer than the last one it was in; a new worker waits there
     until the running ones reach their next commit. ``exchange`` and ``place``
-    are collectives._world's exchange_addresses and local_place (which calls
+    are collectives.rendezvous.world's exchange_addresses and local_place (which calls
     this: the world module sits above this one).
 
     Returns:
@@ -146,7 +147,7 @@ def rendezvous(timeout: float, exchange: Callable, place: Callable) -> tuple:
         rendezvous: the native communicator and the generation's store client.
     """
     global _announced, _current
-    from ._core import Communicator
+    from .._core import Communicator
 
     config.check_env()
     secret = _auth.job_secret()

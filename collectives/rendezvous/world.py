@@ -24,7 +24,8 @@ import threading
 import time
 from typing import Callable, Optional, Sequence
 
-from . import _auth, _env, _store, config
+from . import auth as _auth, env as _env, store as _store
+from .. import config
 
 _lock = threading.RLock()
 _state: Optional["_World"] = None
@@ -51,7 +52,7 @@ class _World:
         self.client = client
         self.failed = False
         self.cause = ""
-        # A world made by shrink or grow (collectives/_membership.py) keeps its store keys
+        # A world made by shrink or grow (collectives/elastic/membership.py) keeps its store keys
         # under its own prefix, so no rank reads what an earlier generation left there.
         self.prefix = prefix
         self.membership = membership
@@ -292,13 +293,13 @@ def _connect_store(info: _env.WorldInfo, generation: int, timeout: float,
 def store_external() -> bool:
     """COLLECTIVES_STORE_EXTERNAL=1: a launcher hosts the job's store at the store address
     and keeps it for the whole job, so rank 0 starts none, and the store outlives any
-    rank (an elastic world can then shrink after rank 0 died, collectives/_membership.py).
+    rank (an elastic world can then shrink after rank 0 died, collectives/elastic/membership.py).
     Such a store outlives each world too: a world's keys then carry its number."""
     return os.environ.get("COLLECTIVES_STORE_EXTERNAL", "").strip() == "1"
 
 
 def _rendezvous(info: _env.WorldInfo, timeout: float, generation: int = 0):
-    from ._core import Communicator
+    from .._core import Communicator
 
     secret = _auth.job_secret()
     server = None
@@ -359,22 +360,24 @@ def _rendezvous(info: _env.WorldInfo, timeout: float, generation: int = 0):
     return core, server, client, local_rank, local_size, host_cpus, p
 
 
-def init(timeout: Optional[float], wrap: Callable):
+def init(timeout: Optional[float], wrap: Callable, elastic: Optional[Callable] = None):
     """Create the world communicator once (see collectives.init) and return it.
 
     wrap(core, local_rank, local_size) makes the front end's communicator of
     the native one (collectives.MPI passes Comm._from_core): this module sits
-    below the front ends and imports none of them.
+    below the front ends and imports none of them. elastic, when given, is the
+    elastic layer's rendezvous (collectives.elastic.worker.rendezvous), taken
+    instead of the environment's under ``collectives-run --elastic``; it is
+    passed down by the front end because the elastic layer sits above this one.
     """
     global _state, _generation
     with _lock:
         if _state is not None:
             return _state.comm
-        from ._core import Communicator
-        from . import _elastic
+        from .._core import Communicator
 
-        if _elastic.is_elastic():  # collectives-run --elastic: its driver names the members
-            core, client, local_rank, local_size, host_cpus = _elastic.rendezvous(
+        if elastic is not None:  # collectives-run --elastic: its driver names the members
+            core, client, local_rank, local_size, host_cpus = elastic(
                 float(timeout) if timeout else _default_timeout(), exchange_addresses, local_place)
             apply_host_policy(core, local_rank, local_size, host_cpus)
             _state = _World(wrap(core, local_rank, local_size), core, None, client)

@@ -1,16 +1,17 @@
 """collectives.MPI.Request: mpi4py's non-blocking request and its completion calls.
 
-Kept apart from MPI.py for size; ``collectives.MPI.Request`` is this class.
+Kept apart from MPI/__init__.py for size; ``collectives.MPI.Request`` is this class.
 """
 from __future__ import annotations
 
 import pickle
 from typing import Any, Optional, Sequence
 
-from . import _core, _missing
-from ._core import CollectivesError, Request as _CoreRequest
+from .. import _core
+from . import _missing
+from .._core import CollectivesError, Request as _CoreRequest
 
-from ._mpi_types import ANY_SOURCE, ANY_TAG, PROC_NULL, UNDEFINED, Status
+from ._types import ANY_SOURCE, ANY_TAG, PROC_NULL, UNDEFINED, Status
 
 
 class _RequestType(type):

@@ -23,7 +23,7 @@ def bcast(core: Any, obj: Any, root: Any) -> Any:
     rank raises the same error, before any object byte moves, and the
     communicator stays usable.
     """
-    from ._core import CollectivesError, check_root
+    from .._core import CollectivesError, check_root
 
     root = check_root(root, core.size)
     if core.size == 1:
@@ -67,7 +67,7 @@ def allgather(core: Any, obj: Any) -> list:
 
 def gather(core: Any, obj: Any, root: int) -> Any:
     """Every rank's obj, in rank order, at root (None elsewhere)."""
-    from . import _core
+    from .. import _core
 
     data = pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
     if core.size == 1:
@@ -85,7 +85,7 @@ def gather(core: Any, obj: Any, root: int) -> Any:
 
 def scatter(core: Any, objs: Any, root: int) -> Any:
     """objs[i] from root on rank i."""
-    from . import _core
+    from .. import _core
 
     if core.rank == root:
         parts = [pickle.dumps(o, pickle.HIGHEST_PROTOCOL) for o in objs]
@@ -105,7 +105,7 @@ def scatter(core: Any, objs: Any, root: int) -> Any:
 
 def alltoall(core: Any, objs: list) -> list:
     """objs[j] to rank j from every rank; returns what each rank sent this one, in rank order."""
-    from . import _core
+    from .. import _core
 
     parts = [pickle.dumps(o, pickle.HIGHEST_PROTOCOL) for o in objs]
     if core.size == 1:

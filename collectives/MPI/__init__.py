@@ -22,12 +22,14 @@ import socket
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from . import _core, _missing
-from ._core import CollectivesError, CommBase as _CommBase, count_of
-from ._core import check_root
-from . import _mpi_comms, _mpi_extras, _world
-from ._mpi_request import Request
-from ._mpi_comms import COMM_NULL
+from .. import _core
+from . import _missing
+from .._core import CollectivesError, CommBase as _CommBase, count_of
+from .._core import check_root
+from . import _comms as _mpi_comms, _extras as _mpi_extras
+from ..rendezvous import world as _world
+from ._request import Request
+from ._comms import COMM_NULL
 
 __all__ = [
     "COMM_WORLD", "COMM_SELF", "Comm", "Request", "Op", "Datatype", "Exception", "IN_PLACE",
@@ -36,7 +38,7 @@ __all__ = [
     "Status", "ANY_SOURCE", "ANY_TAG", "PROC_NULL", "UNDEFINED", "TAG_UB", "COMM_NULL",
 ]
 
-from ._mpi_types import (  # noqa: F401 -- mpi4py's names, re-exported
+from ._types import (  # noqa: F401 -- mpi4py's names, re-exported
     ANY_SOURCE, ANY_TAG, AVG, BYTE, CHAR, DOUBLE, FLOAT, IN_PLACE, INT, INT8_T, INT32_T, INT64_T,
     LONG, LONG_LONG, MAX, MIN, PROC_NULL, PROD, SIGNED_CHAR, SUM, TAG_UB, UINT8_T, UNDEFINED,
     UNSIGNED_CHAR, ArgumentError, Datatype, Op, Status, _buf, _dtype_name, _ITEMSIZE, _no_none,
@@ -418,14 +420,14 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
     def Shrink(self) -> "Comm":
         """ULFM's MPIX_Comm_shrink on the world communicator: the live ranks' new world
         (see collectives.shrink)."""
-        from . import _reform
+        from ..elastic import reform as _reform
         _reform.check_world(self, "Shrink")
         return _reform.shrink(None, Comm._from_core)
 
     def Agree(self, flag: int) -> int:
         """ULFM's MPIX_Comm_agree on the world communicator: the bitwise AND of flag over
         the live ranks, the same on every one of them, even if ranks die meanwhile."""
-        from . import _reform
+        from ..elastic import reform as _reform
         _reform.check_world(self, "Agree")
         return _reform.agree(flag)
 
@@ -455,7 +457,10 @@ def Get_processor_name() -> str:
 
 def _init_world(timeout: Optional[float] = None) -> "Comm":
     """The world communicator as a Comm, made on first call (collectives.init)."""
-    comm = _world.init(timeout, Comm._from_core)
+    from ..elastic import worker as _elastic
+
+    elastic = _elastic.rendezvous if _elastic.is_elastic() else None
+    comm = _world.init(timeout, Comm._from_core, elastic)
     if comm._name is None:
         comm._name = "MPI_COMM_WORLD"
     return comm
@@ -488,7 +493,7 @@ def _comm_self() -> "Comm":
     """This process alone: a one-rank communicator (no listener, no links)."""
     global _self_comm
     if _self_comm is None or _self_comm._core.closed:
-        from ._core import Communicator
+        from .._core import Communicator
 
         _self_comm = Comm._from_core(Communicator(0, 1), 0, 1)
         _self_comm._name = "MPI_COMM_SELF"

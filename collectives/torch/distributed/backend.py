@@ -7,7 +7,7 @@ DistributedDataParallel and ordinary training code can use: all_reduce
 (sum, avg, min, max, product, band, bor, bxor), broadcast, all_gather,
 all_gather_into_tensor, reduce_scatter_tensor, reduce, all_to_all(_single),
 barrier here; send/recv, gather/scatter and the coalesced forms in
-_backend_ops.py (README: the table of what is there and what raises).
+_ops.py (README: the table of what is there and what raises).
 
 The communicator: the ``collectives`` world when this process was started by
 ``collectives-run`` (or ``collectives.init()`` already ran) and the group is
@@ -32,9 +32,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ._backend_errors import wording_timeouts
-from ._backend_ops import MoreOps, _reduce_op, core_op
-from ._context import as_buffer, check_tensor, wire_dtype
+from ._errors import wording_timeouts
+from ._ops import MoreOps, _reduce_op, core_op
+from .._context import as_buffer, check_tensor, wire_dtype
 from ._work import Completer, Staged as _Staged, _Work, completed as _completed
 
 __all__ = ["ProcessGroupCollectives", "register_backend", "BACKEND_NAME"]
@@ -92,8 +92,8 @@ class ProcessGroupCollectives(MoreOps, dist.ProcessGroup):
         """Reduce each tensor in place across ranks (non-blocking)."""
         tensors = list(tensors)
         if len(tensors) == 1 and tensors[0].is_sparse:  # as gloo: gather and add (SUM only)
-            from ._backend_more import sparse_allreduce
-            from ._backend_ops import op_name
+            from ._more import sparse_allreduce
+            from ._ops import op_name
             sparse_allreduce(self, tensors[0], op_name(_reduce_op(opts)))
             return _completed(tensors, "allreduce")
         if len(tensors) != 1:
@@ -319,7 +319,8 @@ del _name, _what
 def _communicator(store: Any, rank: int, size: int, timeout: timedelta) -> tuple[Any, bool]:
     """(core communicator, owned): the collectives world if it is this group, else via the store."""
     import collectives
-    from collectives import _auth, _env, _world, config
+    from collectives.rendezvous import auth as _auth, env as _env, world as _world
+    from collectives import config
     from collectives._core import Communicator
 
     if _world.is_initialized() or os.environ.get("COLLECTIVES_STORE_ADDR") or \

@@ -6,7 +6,7 @@ through a :class:`StoreClient`: ranks publish their listening addresses with
 the key exists.
 
 Every connection opens with a challenge-response over the job's store key
-(collectives/_auth.py), both ways, so neither side talks to anyone who does
+(collectives/rendezvous/auth.py), both ways, so neither side talks to anyone who does
 not know the job secret, and a recorded handshake cannot be replayed (each
 side brings a fresh nonce). Then every request and reply carries an HMAC
 under a key made for this connection, with a counter, so no frame can be
@@ -54,8 +54,8 @@ import threading
 import time
 from typing import Callable, Iterable, Optional
 
-from . import _auth
-from ._env import format_addr
+from . import auth as _auth
+from .env import format_addr
 
 __all__ = ["StoreServer", "StoreClient", "barrier", "MAX_FRAME", "MAX_WAIT_S",
            "MAX_CONNECTIONS", "MAX_UNAUTHENTICATED", "AUTH_WAIT_S", "FRAME_WAIT_S"]
@@ -195,7 +195,7 @@ class StoreServer:
     CPU. ``port=0`` picks a free port; read it back from :attr:`port`.
     ``host`` may be an IPv4 or IPv6 address or a name; "" or "::" listen on
     all addresses (both families where the system allows). ``secret`` is the
-    job secret (collectives/_auth.py); b"" authenticates nothing.
+    job secret (collectives/rendezvous/auth.py); b"" authenticates nothing.
     """
 
     def __init__(self, host: str, port: int = 0, secret: bytes = b"") -> None:

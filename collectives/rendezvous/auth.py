@@ -5,7 +5,7 @@ store or over a link: ``collectives-run`` generates one and hands it to its
 ranks in ``COLLECTIVES_JOB_SECRET``; under torchrun, mpirun or srun the user
 sets that variable, or ``COLLECTIVES_JOB_SECRET_FILE`` (a path, e.g. on a
 shared file system for a multi-host job). From it two keys are derived, one
-for the store (collectives/_store.py: a challenge-response when a client
+for the store (collectives/rendezvous/store.py: a challenge-response when a client
 connects, then an HMAC on every request and reply) and one for the links
 (native/auth.h: a challenge-response in every link's opening, an HMAC on
 every abort notice).

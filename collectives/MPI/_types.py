@@ -1,5 +1,5 @@
 """collectives.MPI's vocabulary: constants, ops, datatypes, Status, IN_PLACE and the
-buffer-spec helpers, shared by MPI.py (the Comm), _mpi_request.py and _mpi_extras.py.
+buffer-spec helpers, shared by __init__.py (the Comm), _request.py and _extras.py.
 Every public name here is re-exported by ``collectives.MPI``.
 """
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import operator
 from typing import Any, Callable, Optional
 
-from . import _core
-from ._core import CollectivesError, _mpi_register, not_a_buffer
+from .. import _core
+from .._core import CollectivesError, _mpi_register, not_a_buffer
 
 ANY_SOURCE = _core.ANY_SOURCE  # a receive's source: any rank
 ANY_TAG = _core.ANY_TAG        # a receive's tag: any tag

@@ -4,7 +4,7 @@
                     [--host-discovery-script S] python train.py
 
 The driver hosts the job's store itself (not rank 0, which may die) and
-numbers the worlds the workers form: *generations* (see collectives/_elastic.py
+numbers the worlds the workers form: *generations* (see collectives/elastic/worker.py
 for the keys). It starts ``-np`` workers and publishes generation 1 with all of
 them. Then:
 
@@ -51,8 +51,9 @@ import threading
 import time
 from typing import Any, Optional
 
-from . import _auth, _elastic, _store
-from ._env import format_addr
+from ..rendezvous import auth as _auth, store as _store
+from ..elastic import worker as _elastic
+from ..rendezvous.env import format_addr
 
 __all__ = ["add_arguments", "ElasticDriver", "run_elastic"]
 

@@ -25,8 +25,8 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
-from ._backend_errors import worded
-from ._context import as_buffer, check_tensor, wire_dtype
+from ._errors import worded
+from .._context import as_buffer, check_tensor, wire_dtype
 
 # Delivery threads a group may hold: one per callback nested inside another
 # that is still running; beyond this, deliveries wait for one to return.

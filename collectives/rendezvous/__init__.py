@@ -1,0 +1,13 @@
+"""Rendezvous: from the environment to a world communicator.
+
+``env`` reads the launcher's variables (ours, torchrun's, Open MPI's, Slurm's,
+...) into rank, size and a store address; ``store`` is the small
+authenticated key-value store the ranks meet at; ``auth`` holds the job
+secret and the message authentication; ``world`` runs the rendezvous itself:
+publish this rank's address, read the peers', and build the native
+communicator.
+
+Layer: just above the native core (``collectives._core``). It may import the
+core and ``collectives.config``; never a front end, the elastic machinery or
+the launcher.
+"""
