@@ -59,7 +59,10 @@ Stall inspection: rank 0 warns (the ``collectives.torch`` logger) about keys
 some ranks announced and others not for ``HOROVOD_STALL_CHECK_TIME_SECONDS``,
 naming the key and the missing ranks; after
 ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` (default: the collective timeout) the
-op fails with ``StalledOperation`` on the ranks that queued it.
+op fails with ``StalledOperation`` on the ranks that queued it: one op at a
+time, the oldest first, at most one per EXPIRY_GAP_S, so that ranks whose op
+failed can reach the op the others are waiting in before that one expires
+(a test that failed on one rank only, then every rank's teardown barrier).
 """
 from __future__ import annotations
 
@@ -80,7 +83,8 @@ __all__ = ["Negotiator", "StalledOperation", "FAILED", "JOIN"]
 log = logging.getLogger("collectives.torch")
 
 IDLE_S = 0.1  # the longest a rank sits out of rounds: bounds a peer's wait inside one
-HIT_STALE_S = 1.0  # a cached op queued this long is evicted, so stall inspection sees it
+HIT_STALE_S = 1.0
+EXPIRY_GAP_S = 5.0  # at most one stalled op expires per this many seconds  # a cached op queued this long is evicted, so stall inspection sees it
 MAX_RECORDS = 64 << 20  # bytes of records one rank may announce in a round (a bound)
 RECORD_SLOT = 1024  # bytes per rank in step B's first allgather (most rounds need no second)
 FAILED = "FAILED: "  # a description announcing that the call raised before queueing
@@ -213,6 +217,7 @@ class Negotiator:
         self._round = 0
         self._stamp = 0
         self._join_counts: list = []
+        self._last_expiry = 0.0
         self.stats = {"rounds": 0, "full_rounds": 0, "ran": 0}
         self.fuse: Optional[Callable] = None  # fuse(core, parts): see _fusion (set at init)
         self.fusion_bytes = 0
@@ -466,25 +471,32 @@ class Negotiator:
                             list(job.members) if job.members is not None else None])
             job.announced = True
         if self.rank == 0:
-            for key, asked in self.table.items():
-                self._inspect(key, asked, now, records)
+            stalled = [key for key, asked in self.table.items()
+                       if self._inspect(key, asked, now)]
+            # one expiry at a time, the oldest first, then a pause: the ranks whose op failed
+            # can reach the op the others wait in (e.g. a test's teardown barrier) before
+            # that one expires too
+            if stalled and now - self._last_expiry >= min(EXPIRY_GAP_S, self.stall_expire_s):
+                oldest = min(stalled, key=lambda k: self.table[k].since)
+                records.append(["expire", oldest])
+                self._last_expiry = now
         return records
 
-    def _inspect(self, key: str, asked: _Asked, now: float, records: list) -> None:
-        """Rank 0's stall inspection of one announced key."""
+    def _inspect(self, key: str, asked: _Asked, now: float) -> bool:
+        """Rank 0's stall inspection of one announced key: warn; True once it is due to
+        expire."""
         age = now - asked.since
         members = asked.members if asked.members is not None else range(self.size)
         missing = [r for r in members if r not in asked.descs and
                    not (r in self.joined and asked.plan)]
         if not missing:
-            return
+            return False
         if self.stall_warn_s and now - asked.warned >= self.stall_warn_s:
             asked.warned = now
             log.warning("collectives.torch: %r has been queued by rank(s) %s and not by rank(s) "
                         "%s for %.0f s (stalled: a rank that never calls it, or calls it under "
                         "another name)", key, sorted(asked.descs), missing, age)
-        if age >= self.stall_expire_s:
-            records.append(["expire", key])
+        return age >= self.stall_expire_s
 
     def _exchange(self, records: list) -> list:
         """Every rank's records (step B): one allgather of RECORD_SLOT bytes per rank (the
