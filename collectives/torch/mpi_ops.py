@@ -1,23 +1,18 @@
 """Horovod's tensor operations (``horovod.torch.mpi_ops``) over the collectives core.
 
 Each operation is: check and coerce the tensor -> (autograd Function) ->
-a ``Handle`` that owns the core request and every buffer it uses -> the
-core. Every ``*_async`` function (allreduce and broadcast here; allgather,
-alltoall, reducescatter in ``gather_ops``) checks its arguments, then runs,
-agreement included, on the context's async lane (``_lane``) and returns at
-once (an allreduce's data then moves on the core's progress thread); every
-rank still issues collectives in the same program order (every exchange on
-the caller's thread waits for the lane first, and a blocking collective waits
-for the queued allreduces), so mixing them is safe. A second ``*_async`` of
-the same kind with a name still in flight raises ValueError.
-
-Every call starts with the agreement of ``_agree``: one small allgather in
-which every rank sees every rank's arguments (name, shape, dtype, root, op).
-Ranks that passed different ones all get a ``LayoutMismatch`` (a RuntimeError
-and a ValueError), and a rank whose arguments are invalid raises its own
-error while the others get a ``LayoutMismatch`` naming it; either way no data
-moved and every operation can be called again. Tensors of up to ``INLINE``
-bytes travel inside that allgather, which then is the whole collective.
+a job queued under the op's name (``_lane``) -> the negotiation
+(``_negotiate``), which runs it on its thread once every rank has queued
+that name, in one order on every rank -> a ``Handle`` that owns the core
+request and every buffer it uses. ``*_async`` functions return the job at
+once; the blocking ones wait for it. An allreduce's description (shape,
+dtype, op, scale factors) is compared in the negotiation itself, so it runs
+with no per-call agreement and may be fused with others agreed alongside
+(``_fusion``); the other ops run their per-call agreement (``_agree``) on
+the negotiating thread: one small allgather in which every rank sees every
+rank's arguments, raising ``LayoutMismatch`` on every rank if they differ
+(tensors of up to ``INLINE`` bytes travel inside it). A second op under a
+name still in flight on this rank raises ValueError (Horovod's).
 """
 from __future__ import annotations
 

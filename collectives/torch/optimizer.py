@@ -8,10 +8,10 @@ when the dtype changes or the bucket would exceed the fusion threshold
 bucket) or a quarter of the model (but not below 1 MiB, so small models
 keep one bucket), or as given by ``groups``. A hook after gradient accumulation
 (``register_post_accumulate_grad_hook``) marks a parameter ready; bucket k is
-launched (one non-blocking allreduce on the core's progress thread) once all
-its gradients are ready and buckets 0..k-1 are launched. Launching strictly
-in bucket order is what makes every rank submit the same fused buffers in the
-same order without negotiation. ``step()`` launches what is left and waits.
+launched once all its gradients are ready and buckets 0..k-1 are launched:
+queued as an allreduce named after its first parameter (``_negotiate``), run
+as one non-blocking core allreduce once every rank queued it (a rank in
+``join()`` serves it with zeros). ``step()`` launches what is left and waits.
 
 A bucket of one parameter is reduced in place in ``p.grad`` (no copy); larger
 buckets are packed into a fusion buffer kept for the next step.
