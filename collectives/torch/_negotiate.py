@@ -60,7 +60,7 @@ some ranks announced and others not for ``HOROVOD_STALL_CHECK_TIME_SECONDS``,
 naming the key and the missing ranks; after
 ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` (default: the collective timeout) the
 op fails with ``StalledOperation`` on the ranks that queued it: one op at a
-time, the oldest first, at most one per EXPIRY_GAP_S, so that ranks whose op
+time, the oldest first (barriers and ``join`` last: there diverged ranks meet), at most one per EXPIRY_GAP_S, so that ranks whose op
 failed can reach the op the others are waiting in before that one expires
 (a test that failed on one rank only, then every rank's teardown barrier).
 """
@@ -477,7 +477,9 @@ class Negotiator:
             # can reach the op the others wait in (e.g. a test's teardown barrier) before
             # that one expires too
             if stalled and now - self._last_expiry >= min(EXPIRY_GAP_S, self.stall_expire_s):
-                oldest = min(stalled, key=lambda k: self.table[k].since)
+                # a barrier (or join) is where diverged ranks meet again: it goes last
+                oldest = min(stalled, key=lambda k: (k == JOIN or k.endswith("barrier.barrier"),
+                                                     self.table[k].since))
                 records.append(["expire", oldest])
                 self._last_expiry = now
         return records
