@@ -60,7 +60,8 @@ some ranks announced and others not for ``HOROVOD_STALL_CHECK_TIME_SECONDS``,
 naming the key and the missing ranks; after
 ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` (default: the collective timeout) the
 op fails with ``StalledOperation`` on the ranks that queued it: one op at a
-time, the oldest first (barriers and ``join`` last: there diverged ranks meet), at most one per EXPIRY_GAP_S, so that ranks whose op
+time, the oldest first (of ops announced in one round, barriers and ``join``
+last: there ranks that diverged meet again), at most one per EXPIRY_GAP_S, so that ranks whose op
 failed can reach the op the others are waiting in before that one expires
 (a test that failed on one rank only, then every rank's teardown barrier).
 """
@@ -202,6 +203,7 @@ class Negotiator:
         self._inflight: dict = {}  # key -> Job: for the duplicate-name check
         self._thread: Optional[threading.Thread] = None
         self._stopping = False
+        self._abandon = False  # stop() gave up waiting for every rank: leave now
         self._error: Optional[BaseException] = None
         self._closed = False
         self._handles: dict = {}  # process set id -> calls made on it
@@ -275,13 +277,15 @@ class Negotiator:
     def drain(self) -> None:
         """Kept for callers of the old lane: nothing to wait for (ops run when agreed)."""
 
-    def stop(self, timeout: float) -> None:
+    def stop(self, timeout: float) -> bool:
         """Shut down with every rank: rounds go on until every rank is stopping (ops agreed
-        meanwhile still run), then the thread ends and ops still queued fail. Waits at most
-        `timeout` seconds."""
+        meanwhile still run), then the thread ends and ops still queued fail. After
+        `timeout` seconds without every rank stopping, this rank leaves at the end of its
+        current round (the others' next round then fails: a rank left). True once the
+        thread has ended (only then may the communicator be closed under it)."""
         with self._cv:
             if self._closed:
-                return
+                return True
             self._stopping = True
             if self.size > 1 and self._error is None:
                 self._start()
@@ -289,8 +293,16 @@ class Negotiator:
             thread = self._thread
         if thread is not None:
             thread.join(timeout)
+            if thread.is_alive():
+                log.warning("collectives.torch: rank %d: not every rank called shutdown() "
+                            "within %.0f s; leaving", self.rank, timeout)
+                with self._cv:
+                    self._abandon = True
+                    self._cv.notify_all()
+                thread.join(timeout)  # a round is bounded by the collective timeout
         with self._cv:
             self._closed = True
+        return thread is None or not thread.is_alive()
 
     def start(self) -> None:
         """Start the negotiating thread (at init, on every rank: rounds need every rank)."""
@@ -308,7 +320,7 @@ class Negotiator:
         try:
             while True:
                 self._pace()
-                if self._round_once():
+                if self._abandon or self._round_once():
                     break
         except BaseException as e:  # noqa: BLE001 -- every queued op gets it
             with self._cv:
@@ -332,7 +344,7 @@ class Negotiator:
     def _pace(self) -> None:
         """Wait for this rank's turn to start a round (see the module docstring)."""
         with self._cv:
-            while True:
+            while not self._abandon:
                 now = time.monotonic()
                 if self._new or (self._stopping and not self._queue) or \
                         any(not j.announced for j in self._queue):
@@ -477,9 +489,10 @@ class Negotiator:
             # can reach the op the others wait in (e.g. a test's teardown barrier) before
             # that one expires too
             if stalled and now - self._last_expiry >= min(EXPIRY_GAP_S, self.stall_expire_s):
-                # a barrier (or join) is where diverged ranks meet again: it goes last
-                oldest = min(stalled, key=lambda k: (k == JOIN or k.endswith("barrier.barrier"),
-                                                     self.table[k].since))
+                # among ops announced in the same round, a barrier (or join) goes last:
+                # there ranks that diverged meet again
+                oldest = min(stalled, key=lambda k: (self.table[k].since, k == JOIN or
+                                                     k.endswith("barrier.barrier")))
                 records.append(["expire", oldest])
                 self._last_expiry = now
         return records

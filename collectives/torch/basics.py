@@ -63,8 +63,12 @@ def shutdown() -> None:
         from ._knobs import collective_timeout
 
         # with every rank: ops every rank queued before shutdown() still run (_negotiate)
-        HOLDER.context.lane.stop(collective_timeout() + 10.0)
+        ended = HOLDER.context.lane.stop(collective_timeout() + 10.0)
         stop_timeline()  # written now, before the world goes
+        if not ended:  # its thread is still in a collective: closing the links under it
+            with HOLDER.lock:  # would free what it uses; the world is left to the exit
+                HOLDER.context = None
+            return
     with HOLDER.lock:
         HOLDER.context = None
     collectives.finalize()
