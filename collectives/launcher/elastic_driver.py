@@ -54,6 +54,7 @@ from typing import Any, Optional
 from ..rendezvous import auth as _auth, store as _store
 from ..elastic import worker as _elastic
 from ..rendezvous.env import format_addr
+from .engines import parse_discovery
 
 __all__ = ["add_arguments", "ElasticDriver", "run_elastic"]
 
@@ -74,7 +75,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-restarts", type=int, default=0,
                    help="replacement workers the job may start in all (default 0)")
     g.add_argument("--host-discovery-script", default=None, metavar="S",
-                   help="prints the available 'host[:slots]' lines; run periodically")
+                   help="prints the available 'host[:slots]' lines (or the MPI Operator's "
+                        "/etc/mpi/discover_hosts.sh: host names); run periodically")
     g.add_argument("--discovery-interval", type=float, default=1.0, metavar="SEC",
                    help="seconds between runs of the discovery script (default 1)")
 
@@ -296,8 +298,7 @@ class ElasticDriver:
         try:
             out = subprocess.run([self.discovery], capture_output=True, timeout=DISCOVERY_TIMEOUT_S,
                                  check=True).stdout[:MAX_DISCOVERY_OUTPUT].decode()
-            lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
-            return self.tools.parse_hosts(",".join(lines)) if lines else []
+            return parse_discovery(out)  # host, host:slots, host slots=N (MPI Operator)
         except (OSError, subprocess.SubprocessError, ValueError, UnicodeDecodeError) as exc:
             self._say(f"host discovery script {self.discovery!r} failed ({exc}); "
                       f"keeping the hosts known")
