@@ -81,6 +81,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds between runs of the discovery script (default 1)")
 
 
+def _reachable_name(remote: str, exports: dict) -> str:
+    """The address remote workers reach this launcher's store at: the interface's given
+    (--network-interface), else this host's name when it resolves, else the address this
+    host routes from towards the first remote host (a pod or a namespace whose hostname
+    no DNS knows)."""
+    from ..rendezvous.env import advertise_address, interface_address
+
+    ifname = exports.get("COLLECTIVES_IFNAME") or os.environ.get("COLLECTIVES_IFNAME")
+    if ifname:
+        return interface_address(ifname)
+    name = socket.gethostname()
+    try:
+        socket.getaddrinfo(name, None)
+        return name
+    except socket.gaierror:
+        return advertise_address(remote.strip("[]"), 22, environ={})
+
+
 class _Worker:
     def __init__(self, ident: int, host: str, proc: subprocess.Popen, pidfd) -> None:
         self.ident = ident
@@ -372,8 +390,8 @@ class ElasticDriver:
         """Start the store and the workers, run the job to its end, return its exit code."""
         if self.discovery:
             self._discover_initial()
-        local = all(self.tools.is_local_host(h) for h, _ in self.hosts)
-        host = "127.0.0.1" if local else socket.gethostname()
+        remote = [h for h, _ in self.hosts if not self.tools.is_local_host(h)]
+        host = "127.0.0.1" if not remote else _reachable_name(remote[0], self.exports)
         port = self.tools.free_port()
         self.store_addr = format_addr(host, port)
         secret = self.secret.encode() if self.secret is not None else _auth.job_secret()
