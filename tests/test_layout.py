@@ -252,3 +252,28 @@ def test_native_calls_only_go_down():
                if p.suffix in {".c", ".cu", ".cc"}}
     wrong = _native_upward_calls(sources)
     assert not wrong, "native calls from a lower layer to a higher one:\n" + "\n".join(wrong)
+
+
+def test_public_import_paths_survive_the_layout():
+    """What users import and run keeps working whatever moves inside (issue 33)."""
+    import importlib
+    import subprocess
+    import sys
+
+    import collectives
+    from collectives import MPI
+
+    assert MPI.COMM_WORLD.Get_size() >= 1 and callable(MPI.Comm.Allreduce)
+    for name in ("collectives.MPI", "collectives.config", "collectives.run", "collectives.ps",
+                 "collectives.bench", "collectives.launcher"):
+        assert importlib.import_module(name).__doc__
+    # the console scripts' targets, and the -m forms the README shows
+    from collectives.run import main as run_main
+    from collectives.launcher.cli import main as cli_main
+    assert run_main is cli_main
+    from collectives.bench.driver import main as bench_main  # noqa: F401
+    cwd = Path(collectives.__file__).resolve().parents[1]
+    for module in ("collectives.run", "collectives.launcher", "collectives.config"):
+        out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True,
+                             text=True, timeout=60, cwd=cwd)
+        assert out.returncode == 0, (module, out.stderr[-2000:])

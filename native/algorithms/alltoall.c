@@ -25,7 +25,7 @@
 #include <string.h>
 
 #include "coll.h"
-#include "base/comm.h"
+#include "base/comm_state.h"
 #include "algorithms/pattern.h"
 #include "schedule/schedule.h"
 #include "base/status.h"

@@ -31,7 +31,7 @@
 
 #include "coll.h"
 #include "algorithms/algorithms.h"
-#include "base/comm.h"
+#include "base/comm_state.h"
 #include "algorithms/pattern.h"
 #include "reduce/reduce.h"
 #include "schedule/schedule.h"

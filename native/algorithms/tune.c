@@ -27,7 +27,7 @@
 #include <pthread.h>
 
 #include "algorithms/algorithms.h"
-#include "base/comm.h"
+#include "base/comm_state.h"
 #include "base/log.h"
 #include "base/param.h"
 #include "transport/transport.h"

@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <time.h>
 
-#include "base/comm.h"
+#include "base/comm_state.h"
 #include "base/status.h"
 
 double coll_now(void) {

@@ -5,7 +5,7 @@
  * requests.
  */
 #define _GNU_SOURCE
-#include "base/comm.h"
+#include "base/comm_state.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -184,7 +184,7 @@ static coll_result_t check_common(coll_comm_t *comm, const coll_args_t *a, int n
 
 static coll_result_t enter(coll_comm_t *comm) {
   coll_result_t res = coll_comm_enter(comm);
-  /* Half-read point-to-point headers go back to their links (comm.h). */
+  /* Half-read point-to-point headers go back to their links (comm_state.h). */
   if (res == COLL_SUCCESS) res = coll_p2p_quiesce(comm, coll_comm_deadline(comm, 0));
   return res;
 }
@@ -468,7 +468,7 @@ static void *progress_main(void *arg) {
     comm->busy = 1;
     pthread_mutex_unlock(&comm->mu);
 
-    /* A subcommunicator's requests are queued here too (comm.h): each runs
+    /* A subcommunicator's requests are queued here too (comm_state.h): each runs
      * on the communicator it was made on. */
     coll_comm_t *rc = req->comm;
     comm->err_set = 0;

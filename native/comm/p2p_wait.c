@@ -14,7 +14,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "base/comm.h"
+#include "base/comm_state.h"
 #include "schedule/p2p.h"
 #include "schedule/schedule.h"
 #include "base/status.h"

@@ -22,7 +22,7 @@
  *   collective starts   -> coll_p2p_quiesce: half-read headers go back; then
  *                          before its first message on a link, the executor
  *                          moves a message half sent or half received there
- *                          to its end (coll_p2p_drain, comm.h says why)
+ *                          to its end (coll_p2p_drain, comm_state.h says why)
  *   collective reads a p2p header -> coll_p2p_divert: delivered or set aside
  *
  * Links are set up without blocking here: a higher peer is dialed (its
@@ -43,7 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/comm.h"
+#include "base/comm_state.h"
 #include "base/param.h"
 #include "schedule/p2p.h"
 #include "schedule/schedule.h"
@@ -186,7 +186,7 @@ coll_result_t p2p_post(coll_comm_t *comm, const coll_args_t *args, int is_send, 
   *out = NULL;
   *to_break = NULL;
   COLL_CHECK(p2p_check_args(comm, args, is_send));
-  /* A subcommunicator's messages go through its root's engine (base/comm.h),
+  /* A subcommunicator's messages go through its root's engine (base/comm_state.h),
    * to root ranks, with its context id. */
   coll_args_t ta = *args;
   const coll_args_t *a = &ta;

@@ -8,7 +8,7 @@
 
 #include <poll.h>
 
-#include "base/comm.h"
+#include "base/comm_state.h"
 #include "transport/wire.h"
 
 enum { OP_QUEUED = 0, OP_MOVING = 1, OP_DONE = 2 };
