@@ -35,6 +35,17 @@ emit('world', r=c.Get_rank(), n=c.Get_size(), total=float(x[0]))
 """
 
 
+def _free_job_id(steps=1):
+    """A job id whose derived ports (steps 0..steps-1) are free now: a derived port falls
+    in 20000..39999, which overlaps the kernel's ephemeral ports on a busy machine."""
+    from collectives.launcher.cli import _bindable
+
+    while True:
+        job = str(random.randrange(10 ** 6, 10 ** 7))
+        if all(_bindable(derived_port(job, s)) for s in range(steps)):
+            return job
+
+
 def _formed(res, n):
     res.assert_ok()
     got = sorted((res[i].one("world")["r"], res[i].one("world")["n"]) for i in range(n))
@@ -153,7 +164,7 @@ def test_openmpi_across_hosts_without_master_addr_is_an_error_not_loopback():
 def test_openmpi_under_the_mpi_operator_uses_the_hostfiles_first_host(tmp_path):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("127.0.0.1 slots=1\nlocalhost slots=1\n")  # the operator's format
-    job = f"mpijob-{random.randrange(1 << 30)}"
+    job = _free_job_id()
 
     def rank_env(rank, n):
         return {"OMPI_COMM_WORLD_RANK": rank, "OMPI_COMM_WORLD_SIZE": n,
@@ -181,7 +192,7 @@ def _srun_task(job, step, procid, ntasks, job_tasks=8, nodes="localhost"):
 def test_slurm_step_variables_win_over_the_jobs():
     """`srun -n 2` inside a job of 8 tasks on two nodes. Before: the world had the job's 8
     ranks and its store on the job's first node."""
-    job = str(random.randrange(10 ** 6, 10 ** 7))
+    job = _free_job_id()
     res = run_world(2, _WORLD_BODY, timeout=60,
                     rank_env=lambda r, n: _srun_task(job, 0, r, n))
     _formed(res, 2)
@@ -190,7 +201,7 @@ def test_slurm_step_variables_win_over_the_jobs():
 def test_slurm_concurrent_steps_of_one_job_get_their_own_ports():
     """`srun -n 2 ... & srun -n 2 ... &` in one job: two 2-rank worlds at once on one node.
     Before: both steps derived the same port from the job id."""
-    job = str(random.randrange(10 ** 6, 10 ** 7))
+    job = _free_job_id(steps=2)
     assert derived_port(job, 0) != derived_port(job, 1)
     body = _WORLD_BODY + "emit('step', step=os.environ['SLURM_STEP_ID'])\n"
     res = run_world(4, "import os\n" + body, timeout=60,

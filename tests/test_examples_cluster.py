@@ -161,7 +161,9 @@ def test_slurm_batch_script_runs_and_python_without_srun_is_refused(tmp_path):
     srun = bindir / "srun"
     srun.write_text(_FAKE_SRUN.replace("{python}", sys.executable))
     srun.chmod(srun.stat().st_mode | stat.S_IXUSR)
-    batch = {"SLURM_JOB_ID": "31337", "SLURM_JOB_NODELIST": socket.gethostname(),
+    from test_engines import _free_job_id
+
+    batch = {"SLURM_JOB_ID": _free_job_id(), "SLURM_JOB_NODELIST": socket.gethostname(),
              "SLURM_NTASKS": "4", "SLURM_TASKS_PER_NODE": "4", "SLURM_JOB_NUM_NODES": "1",
              "SLURM_NNODES": "1", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
              "SLURM_NODEID": "0", "SLURM_SUBMIT_DIR": str(REPO),
