@@ -64,7 +64,9 @@ def test_trainjob_pods_each_running_collectives_run_form_one_world(tmp_path):
         env = base_env({"PET_NNODES": "2", "PET_NPROC_PER_NODE": "2", "PET_NODE_RANK": node,
                         "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": port,
                         "COLLECTIVES_JOB_SECRET_FILE": secret, "COLLECTIVES_START_TIMEOUT": 30})
-        pods.append(_start([sys.executable, str(script)], env, str(tmp_path)))
+        # pod 1 as the TrainJob: `collectives-run train.py`, no python (as torchrun)
+        command = [sys.executable, str(script)] if node == 0 else [str(script)]
+        pods.append(_start(command, env, str(tmp_path)))
     outs = [_finish(p) for p in pods]
     for rc, out in outs:
         assert rc == 0, out

@@ -719,6 +719,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         command = command[1:]
     if not command:
         parser.error("no command given (usage: collectives-run -np N command ...)")
+    command = engines.script_command(command)  # `collectives-run train.py`, as torchrun
     if args.hosts and args.hostfile:
         parser.error("use either -H or --hostfile, not both")
     try:

@@ -30,7 +30,7 @@ from typing import Mapping, Optional, Sequence
 from ..rendezvous.env import expand_hostlist, format_addr
 
 __all__ = ["NodePlan", "kubeflow_node", "place_on_node", "slurm_hosts", "through_srun",
-           "parse_discovery", "SRUN_OPTIONS"]
+           "parse_discovery", "script_command", "SRUN_OPTIONS"]
 
 # Each remote rank is one srun step of one task on its node. --overlap: the steps share
 # the job's CPUs (several ranks on a node, and the batch step's own); --kill-on-bad-exit:
@@ -49,6 +49,17 @@ class NodePlan:
     nproc: int
     store_addr: str
     torch_addr: str
+
+
+def script_command(command: Sequence[str]) -> list:
+    """As torchrun, a command that is a Python script (``collectives-run train.py``, a
+    TrainJob's command) runs with this interpreter; any other command runs as given."""
+    command = list(command)
+    if command and command[0].endswith(".py") and not os.access(command[0], os.X_OK):
+        import sys
+
+        return [sys.executable, *command]
+    return command
 
 
 def _positive(env: Mapping[str, str], name: str, minimum: int = 1) -> int:
