@@ -132,12 +132,13 @@ def _start_store(info: _env.WorldInfo, secret: bytes = b"", timeout: float = 0.0
         try:
             return _store.StoreServer(info.store_host, info.store_port, secret=secret)
         except socket.gaierror as exc:
-            if time.monotonic() + delay >= deadline:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 raise OSError(errno.EADDRNOTAVAIL,
                               f"rank 0 cannot host the store at {_addr_named(info)}: the name "
                               f"{info.store_host!r} did not resolve within {timeout:g} s "
                               f"({exc.strerror}); it must name rank 0's own host") from None
-            time.sleep(delay)
+            time.sleep(min(delay, left))  # the last try at the deadline
             delay = _backoff(delay, 1.0)
         except OSError as exc:
             hint = ""
@@ -386,10 +387,11 @@ def _connect_store(info: _env.WorldInfo, generation: int, timeout: float,
             last = (f"the name {info.store_host!r} does not resolve: {exc.strerror}"
                     if unresolved else f"{exc.strerror or exc}")
             delay = _backoff(max(delay, 0.0025), 1.0 if unresolved else 0.2)
-            if time.monotonic() + delay >= deadline:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 raise TimeoutError(f"could not connect to the store at {_addr_named(info)} "
                                    f"within {timeout:g} s; last: {last}") from None
-            time.sleep(delay)
+            time.sleep(min(delay, left))  # the last try at the deadline
             continue
         delay = 0.0025
         client = _store.StoreClient(info.store_host, info.store_port,
