@@ -73,7 +73,10 @@ def _two_hosts(tmp_path, short):
     driver.write_text(_DRIVER)
     with Cluster(hosts=2) as cluster, SshHosts(cluster, tmp_path) as hosts:
         head = f"{cluster.addr(0)}:6379"
-        env = base_env({"RAY_USAGE_STATS_ENABLED": "0", "COLLECTIVES_TIMEOUT": "60"})
+        # HOME of its own: nothing a Ray elsewhere on this machine left in ~/.ray (an
+        # auth token) applies to this cluster
+        env = base_env({"RAY_USAGE_STATS_ENABLED": "0", "COLLECTIVES_TIMEOUT": "60",
+                        "HOME": str(tmp_path)})
         with open(tmp_path / "ray.log", "w") as log:
             _ray(hosts, 0, ["start", "--head", "--node-ip-address", cluster.addr(0),
                             "--port", "6379", "--num-cpus", "1", "--include-dashboard=false",
