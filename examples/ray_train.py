@@ -124,14 +124,23 @@ def main() -> None:
 
     import ray
 
-    here = os.path.dirname(os.path.abspath(__file__))
+    import site
+
+    import collectives
+
+    # The workers import the collectives this script imported: an installed one is on
+    # their path already; one from elsewhere (a checkout built in place) is put there.
+    # Never the checkout by default: after `pip install .` it has no built core.
+    root = os.path.realpath(os.path.dirname(os.path.dirname(collectives.__file__)))
+    installed = {os.path.realpath(p) for p in site.getsitepackages() + [site.getusersitepackages()]}
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if root not in installed and root not in paths:
+        paths.insert(0, root)
+    env_vars = {"PYTHONPATH": os.pathsep.join(paths)} if paths else {}
     # A local cluster gets a CPU per worker even on a smaller machine (oversubscribed).
     cpus = None if args.address else max(os.cpu_count() or 1, args.workers + 1)
     ray.init(address=args.address, num_cpus=cpus, include_dashboard=False,
-             log_to_driver=args.ray_train,
-             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
-                 [os.path.dirname(here)] + [p for p in os.environ.get("PYTHONPATH", "")
-                                            .split(os.pathsep) if p])}})
+             log_to_driver=args.ray_train, runtime_env={"env_vars": env_vars})
     if args.ray_train:
         import tempfile
 

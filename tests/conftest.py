@@ -77,7 +77,7 @@ _LIVE: set = set()  # Popen objects not yet reaped, killed by the autouse fixtur
 def base_env(extra: Optional[Mapping[str, str]] = None) -> dict:
     """The test process's environment minus every rendezvous variable, plus PYTHONPATH."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("COLLECTIVES_", "OMPI_", "SLURM_", "PMI_"))
+           if not k.startswith(("COLLECTIVES_", "OMPI_", "SLURM_", "PMI_", "PET_", "TORCHELASTIC_"))
            and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                          "MASTER_ADDR", "MASTER_PORT")}
     env["PYTHONPATH"] = os.pathsep.join(package_path() + [str(TESTS)] +

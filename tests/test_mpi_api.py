@@ -186,7 +186,7 @@ def test_mpi4py_script_under_launcher(n):
 def _torchrun_env(port):
     return lambda rank, n: {"RANK": rank, "WORLD_SIZE": n, "LOCAL_RANK": rank,
                             "LOCAL_WORLD_SIZE": n, "MASTER_ADDR": "127.0.0.1",
-                            "MASTER_PORT": port}
+                            "MASTER_PORT": port, "TORCHELASTIC_RUN_ID": "none"}
 
 
 def _ompi_env(port):
@@ -197,8 +197,11 @@ def _ompi_env(port):
 
 
 def _slurm_env(port):
+    # a task of `srun -n n` (the step's own variables, as srun sets them)
     return lambda rank, n: {"SLURM_PROCID": rank, "SLURM_NTASKS": n, "SLURM_LOCALID": rank,
                             "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "localhost",
+                            "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": n,
+                            "SLURM_STEP_NODELIST": "localhost", "SLURM_STEP_TASKS_PER_NODE": n,
                             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
 
 

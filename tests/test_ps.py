@@ -234,10 +234,10 @@ def test_init_refuses_a_world_without_workers():
 def test_roles_from_the_environment_under_torchrun_variables():
     from conftest import free_port
 
-    port = free_port()
+    port = free_port(pair=True)  # torchrun: our store on MASTER_PORT + 1
     torchrun = lambda rank, n: {"RANK": rank, "WORLD_SIZE": n, "LOCAL_RANK": rank,  # noqa: E731
                                 "LOCAL_WORLD_SIZE": n, "MASTER_ADDR": "127.0.0.1",
-                                "MASTER_PORT": port}
+                                "MASTER_PORT": port, "TORCHELASTIC_RUN_ID": "none"}
     body = """
 import collectives.ps as ps
 role = ps.init()

@@ -370,6 +370,7 @@ def _train_both(config):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(400)  # Ray Train starts a trainer and a worker group: ~3 min on a busy 2-core machine
 def test_ray_train_torch_trainer_with_collectives_backend_equals_gloo(cluster, tmp_path):
     pytest.importorskip("torch")
     try:
@@ -397,6 +398,22 @@ def test_ray_train_torch_trainer_with_collectives_backend_equals_gloo(cluster, t
     start = np.concatenate([p.detach().numpy().ravel() for p in torch.nn.Linear(4, 1).parameters()])
     moved = np.concatenate([np.ravel(w) for w in got["default"]]) - start
     assert np.abs(moved).max() > 1e-2, moved
+
+
+def test_readme_ray_example_runs_with_the_collectives_it_imports(cluster):
+    """examples/ray_train.py as the README gives it. Before: it put the checkout on the
+    workers' PYTHONPATH, which after `pip install .` has no built core (ImportError:
+    cannot import name '_core'); CI runs this against the installed wheel."""
+    import subprocess
+
+    from conftest import RUN_CWD, base_env
+
+    proc = subprocess.run([sys.executable, str(REPO / "examples" / "ray_train.py"), "--workers",
+                           "2", "--steps", "3", "--batch", "8", "--address", cluster.address],
+                          capture_output=True, text=True, timeout=170, cwd=str(RUN_CWD),
+                          env=base_env({"COLLECTIVES_TIMEOUT": "60"}))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "_core" not in proc.stderr, proc.stderr[-3000:]
 
 
 def test_ray_modules_have_docstrings():

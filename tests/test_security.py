@@ -504,7 +504,7 @@ except Exception as exc:
 def _torchrun_env(port: int, secrets: list):
     def env(rank, n):
         return {"RANK": rank, "WORLD_SIZE": n, "LOCAL_RANK": rank, "LOCAL_WORLD_SIZE": n,
-                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "TORCHELASTIC_RUN_ID": "none",
                 "COLLECTIVES_JOB_SECRET": secrets[rank], "COLLECTIVES_TRANSPORT": "tcp"}
     return env
 

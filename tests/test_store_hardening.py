@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from collectives.rendezvous import store as _store, world as _world
+from collectives.rendezvous import env as _env, store as _store, world as _world
 from collectives.rendezvous.store import StoreClient, StoreServer
 from conftest import TESTS, base_env, free_port, run_world
 
@@ -269,7 +269,8 @@ def test_many_small_fields_are_parsed_in_linear_time(store_process):
 def test_store_never_falls_back_to_every_address():
     port = free_port()
     with pytest.raises(OSError, match="one of rank 0's own"):
-        _world._start_store("192.0.2.1", port, b"")  # TEST-NET-1: not this host's
+        # TEST-NET-1: not this host's
+        _world._start_store(_env.WorldInfo(0, 2, 0, 1, "192.0.2.1", port, "collectives"), b"")
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
 

@@ -299,7 +299,7 @@ def test_backend_through_torch_store_like_torchrun():
 
     def torchrun_env(rank, n):
         return {"RANK": rank, "WORLD_SIZE": n, "LOCAL_RANK": rank, "LOCAL_WORLD_SIZE": n,
-                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "TORCHELASTIC_RUN_ID": "none"}
 
     res = run_world(2, BACKEND_BODY, rank_env=torchrun_env, timeout=50,
                     env={"COLLECTIVES_DEBUG": "INFO", "COLLECTIVES_DEBUG_SUBSYS": "NET"}).assert_ok()

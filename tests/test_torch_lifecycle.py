@@ -144,7 +144,7 @@ def test_torchrun_style_process_group_100_times():
 
     def torchrun_env(rank, size):
         return {"RANK": rank, "WORLD_SIZE": size, "LOCAL_RANK": rank, "LOCAL_WORLD_SIZE": size,
-                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "TORCHELASTIC_RUN_ID": "none"}
 
     res = run_world(n, OWNED_BODY, rank_env=torchrun_env, timeout=50, env={"CYCLES": 100})
     res.assert_ok()

@@ -124,7 +124,7 @@ dist.destroy_process_group()
 def _torchrun_env(port):
     def env(rank, n):
         return {"RANK": rank, "WORLD_SIZE": n, "LOCAL_RANK": rank, "LOCAL_WORLD_SIZE": n,
-                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "TORCHELASTIC_RUN_ID": "none"}
     return env
 
 

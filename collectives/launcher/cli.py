@@ -44,6 +44,7 @@ from typing import IO, Mapping, Optional, Sequence
 
 from .. import config
 from ..rendezvous.env import format_addr
+from . import engines
 
 __all__ = [
     "RankCommand",
@@ -696,10 +697,11 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _launcher_secret(exports: dict) -> Optional[str]:
+def _launcher_secret(exports: dict, fresh: bool = True) -> Optional[str]:
     """The job secret to hand the ranks (collectives/rendezvous/auth.py): the user's
     COLLECTIVES_JOB_SECRET if set; None when the user gave a secret file
-    (exported to every rank here: they read it); else a fresh one."""
+    (exported to every rank here: they read it); else a fresh one (with ``fresh``:
+    not when each pod of a job runs its own launcher, which could not agree on one)."""
     from ..rendezvous.auth import SECRET_FILE_VAR, SECRET_VAR, generate_secret
     given = exports.get(SECRET_VAR) or os.environ.get(SECRET_VAR)
     if given:
@@ -708,7 +710,7 @@ def _launcher_secret(exports: dict) -> Optional[str]:
     if path:
         exports[SECRET_FILE_VAR] = path
         return None
-    return generate_secret()
+    return generate_secret() if fresh else None
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -720,6 +722,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         command = command[1:]
     if not command:
         parser.error("no command given (usage: collectives-run -np N command ...)")
+    command = engines.script_command(command)  # `collectives-run train.py`, as torchrun
     if args.hosts and args.hostfile:
         parser.error("use either -H or --hostfile, not both")
     try:
@@ -729,6 +732,13 @@ def main(argv: Optional[list[str]] = None) -> int:
             hosts = parse_hosts(args.hosts)
         else:
             hosts = [("localhost", args.np or 1)]
+        # Inside an engine (collectives/launcher/engines.py): a Kubeflow pod's share of
+        # the job (PET_*), or a Slurm job's nodes, reached through srun.
+        node = srun = None
+        if not (args.hosts or args.hostfile or args.elastic):
+            node = engines.kubeflow_node(os.environ, args.np)
+            srun = None if node else engines.slurm_hosts(os.environ)
+            hosts = [("localhost", node.nproc)] if node else (srun or hosts)
     except (OSError, ValueError) as exc:
         parser.error(str(exc))
     np = args.np if args.np is not None else sum(s for _, s in hosts)
@@ -778,13 +788,19 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"collectives-run: cannot start {command[0]!r}: {exc}", file=sys.stderr)
             return 127
     try:
-        store_addr = choose_store_addr(hosts)
-        torch_addr = choose_store_addr(hosts)
-        while torch_addr == store_addr:
+        if node:
+            store_addr, torch_addr = node.store_addr, node.torch_addr
+        else:
+            store_addr = choose_store_addr(hosts)
             torch_addr = choose_store_addr(hosts)
+            while torch_addr == store_addr:
+                torch_addr = choose_store_addr(hosts)
         ranks = build_rank_commands(command, hosts, np, store_addr, exports=exports,
                                     ssh_options=ssh_options, torch_addr=torch_addr,
-                                    grace=args.kill_grace, secret=_launcher_secret(exports))
+                                    grace=args.kill_grace,
+                                    secret=_launcher_secret(exports, fresh=node is None))
+        ranks = engines.place_on_node(ranks, node) if node else ranks
+        ranks = engines.through_srun(ranks) if srun else ranks
     except ValueError as exc:
         parser.error(str(exc))
     try:

@@ -54,6 +54,7 @@ from typing import Any, Optional
 from ..rendezvous import auth as _auth, store as _store
 from ..elastic import worker as _elastic
 from ..rendezvous.env import format_addr
+from .engines import parse_discovery
 
 __all__ = ["add_arguments", "ElasticDriver", "run_elastic"]
 
@@ -74,9 +75,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-restarts", type=int, default=0,
                    help="replacement workers the job may start in all (default 0)")
     g.add_argument("--host-discovery-script", default=None, metavar="S",
-                   help="prints the available 'host[:slots]' lines; run periodically")
+                   help="prints the available 'host[:slots]' lines (or the MPI Operator's "
+                        "/etc/mpi/discover_hosts.sh: host names); run periodically")
     g.add_argument("--discovery-interval", type=float, default=1.0, metavar="SEC",
                    help="seconds between runs of the discovery script (default 1)")
+
+
+def _reachable_name(remote: str, exports: dict) -> str:
+    """The address remote workers reach this launcher's store at: the interface's given
+    (--network-interface), else this host's name when it resolves, else the address this
+    host routes from towards the first remote host (a pod or a namespace whose hostname
+    no DNS knows)."""
+    from ..rendezvous.env import advertise_address, interface_address
+
+    ifname = exports.get("COLLECTIVES_IFNAME") or os.environ.get("COLLECTIVES_IFNAME")
+    if ifname:
+        return interface_address(ifname)
+    name = socket.gethostname()
+    try:
+        socket.getaddrinfo(name, None)
+        return name
+    except socket.gaierror:
+        return advertise_address(remote.strip("[]"), 22, environ={})
 
 
 class _Worker:
@@ -296,8 +316,7 @@ class ElasticDriver:
         try:
             out = subprocess.run([self.discovery], capture_output=True, timeout=DISCOVERY_TIMEOUT_S,
                                  check=True).stdout[:MAX_DISCOVERY_OUTPUT].decode()
-            lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
-            return self.tools.parse_hosts(",".join(lines)) if lines else []
+            return parse_discovery(out)  # host, host:slots, host slots=N (MPI Operator)
         except (OSError, subprocess.SubprocessError, ValueError, UnicodeDecodeError) as exc:
             self._say(f"host discovery script {self.discovery!r} failed ({exc}); "
                       f"keeping the hosts known")
@@ -371,8 +390,8 @@ class ElasticDriver:
         """Start the store and the workers, run the job to its end, return its exit code."""
         if self.discovery:
             self._discover_initial()
-        local = all(self.tools.is_local_host(h) for h, _ in self.hosts)
-        host = "127.0.0.1" if local else socket.gethostname()
+        remote = [h for h, _ in self.hosts if not self.tools.is_local_host(h)]
+        host = "127.0.0.1" if not remote else _reachable_name(remote[0], self.exports)
         port = self.tools.free_port()
         self.store_addr = format_addr(host, port)
         secret = self.secret.encode() if self.secret is not None else _auth.job_secret()

@@ -1,23 +1,40 @@
 """Where this process sits in the job: rank, size, local rank and store address.
 
-The first of these sources that is present wins:
+One rule: never a silently wrong world. Each engine's variables are read as
+that engine sets them (the first dialect present wins), cross-checked, and
+either form the world they describe or raise ValueError at once, naming the
+variables and what to do. A 1-rank world only when no launcher variable
+(:data:`LAUNCHER_VARS`) is set at all. ``COLLECTIVES_DEBUG=INFO`` logs the
+dialect used and where the store address came from.
 
 1. ``COLLECTIVES_RANK``/``COLLECTIVES_SIZE`` (+ ``COLLECTIVES_LOCAL_RANK``,
-   ``COLLECTIVES_LOCAL_SIZE``, ``COLLECTIVES_STORE_ADDR``), set by
-   ``collectives-run``.
-2. torchrun: ``RANK`` and ``WORLD_SIZE`` (+ ``LOCAL_RANK``,
-   ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``). torchrun's elastic
-   agent already hosts its own TCPStore on ``MASTER_PORT``, so our store listens
-   on ``MASTER_PORT + 1``.
-3. OpenMPI: ``OMPI_COMM_WORLD_RANK`` (+ ``_SIZE``, ``_LOCAL_RANK``,
-   ``_LOCAL_SIZE``). The store address comes from ``MASTER_ADDR``/``MASTER_PORT``
-   when set, otherwise it defaults to ``127.0.0.1`` (right only for single-host
-   jobs; set ``COLLECTIVES_STORE_ADDR`` for multi-host ``mpirun``) and a port
-   derived from the job id, so that all ranks agree without talking.
-4. Slurm: ``SLURM_PROCID`` (+ ``SLURM_NTASKS``, ``SLURM_LOCALID``). The store
-   host is the first node of ``SLURM_JOB_NODELIST`` and the port is derived from
-   ``SLURM_JOB_ID``, unless ``MASTER_ADDR``/``MASTER_PORT`` are set.
-5. Nothing: a single process (rank 0 of 1, no store).
+   ``COLLECTIVES_LOCAL_SIZE``, ``COLLECTIVES_STORE_ADDR``): collectives-run,
+   our Ray and Spark integrations. An Indexed Job or JobSet adds two lines to
+   its manifest, ``COLLECTIVES_SIZE`` and ``COLLECTIVES_STORE_ADDR``, and the
+   rank is ``JOB_COMPLETION_INDEX``.
+2. ``RANK``/``WORLD_SIZE`` (+ ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
+   ``MASTER_ADDR``, ``MASTER_PORT``). Under torchrun (``TORCHELASTIC_RUN_ID``)
+   the agent's own store holds ``MASTER_PORT``, so ours takes
+   ``MASTER_PORT + 1``; set by a PyTorchJob or Volcano pod without torchrun,
+   ``MASTER_PORT`` is the declared, free port and ours takes it. A PyTorchJob
+   pod whose ``WORLD_SIZE`` counts several processes per pod (``PET_NNODES``,
+   ``PET_NPROC_PER_NODE``) but that torchrun did not start raises: its other
+   processes were never started.
+3. Kubeflow Trainer v2 (``PET_NNODES``, ``PET_NODE_RANK``, ``PET_MASTER_ADDR``,
+   ``PET_MASTER_PORT``, no ``RANK``): one process per node, the store at
+   ``PET_MASTER_ADDR:PET_MASTER_PORT``; more than one per node raises (torchrun
+   or collectives-run must start them).
+4. OpenMPI: ``OMPI_COMM_WORLD_RANK`` (+ ``_SIZE``, ``_LOCAL_RANK``,
+   ``_LOCAL_SIZE``). The store is at ``MASTER_ADDR:MASTER_PORT`` when set; else
+   on the first host of mpirun's hostfile (the MPI Operator's
+   ``/etc/mpi/hostfile``) or, when every rank is on this host, 127.0.0.1, at a
+   port derived from the job id; a multi-host job with neither raises.
+5. Slurm steps: ``SLURM_PROCID`` with the step's own ``SLURM_STEP_NUM_TASKS``,
+   ``SLURM_STEP_NODELIST`` and ``SLURM_STEP_TASKS_PER_NODE`` (never the job's
+   ``SLURM_NTASKS``); the store on the step's first node at a port derived from
+   ``SLURM_JOB_ID`` and ``SLURM_STEP_ID``, unless ``MASTER_ADDR``/``MASTER_PORT``.
+   A batch script (no step) of a job that asks for more than one task raises.
+6. Nothing: a single process (rank 0 of 1, no store).
 
 ``COLLECTIVES_STORE_ADDR`` ("host:port", IPv6 as "[::1]:port") overrides the
 store address whatever the source. Nothing here opens a connection except
@@ -33,7 +50,7 @@ import re
 import socket
 import struct
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
 __all__ = [
@@ -43,6 +60,7 @@ __all__ = [
     "format_addr",
     "expand_hostlist",
     "derived_port",
+    "LAUNCHER_VARS",
     "interface_address",
     "advertise_address",
 ]
@@ -62,8 +80,10 @@ class WorldInfo:
     """Rank, size, placement and store address of this process.
 
     ``store_host``/``store_port`` are None only when ``size == 1``.
-    ``source`` is one of "collectives", "torchrun", "openmpi", "slurm",
-    "single".
+    ``source`` is one of "collectives", "indexed-job", "torchrun", "env",
+    "pytorchjob", "volcano", "kubeflow", "openmpi", "slurm", "slurm-batch",
+    "single"; ``store_var`` names the variables the store address came from
+    (start-up errors name it).
     """
 
     rank: int
@@ -73,6 +93,7 @@ class WorldInfo:
     store_host: Optional[str]
     store_port: Optional[int]
     source: str
+    store_var: str = field(default="", compare=False)
 
 
 # ---------------------------------------------------------------- addresses
@@ -121,9 +142,10 @@ def _parse_port(text: str, what: str) -> int:
     return port
 
 
-def derived_port(job_id: str) -> int:
-    """A port in 20000..39999 computed from a job id, the same on every rank."""
-    return _PORT_BASE + zlib.crc32(job_id.encode()) % _PORT_SPAN
+def derived_port(job_id: str, step: int = 0) -> int:
+    """A port in 20000..39999 computed from a job id, the same on every rank; steps of one
+    job get consecutive ports, so concurrent steps never share one."""
+    return _PORT_BASE + (zlib.crc32(job_id.encode()) + step) % _PORT_SPAN
 
 
 # ------------------------------------------------------------ slurm hostlist
@@ -230,15 +252,21 @@ def _opt_int_var(env: Mapping[str, str], name: str, minimum: int = 0) -> Optiona
     return _int_var(env, name, minimum) if env.get(name, "").strip() else None
 
 
-def _master_addr(env: Mapping[str, str], port_offset: int = 0) -> Optional[tuple[str, int]]:
-    """MASTER_ADDR/MASTER_PORT as a store address, or None when either is unset."""
-    host = env.get("MASTER_ADDR", "").strip()
-    port_text = env.get("MASTER_PORT", "").strip()
-    if not host or not port_text:
+def _master_addr(env: Mapping[str, str], port_offset: int = 0,
+                 prefix: str = "") -> Optional[tuple[str, int]]:
+    """{prefix}MASTER_ADDR/{prefix}MASTER_PORT (+ port_offset) as a store address, or None
+    when both are unset; ValueError naming the one that is missing or bad."""
+    a_var, p_var = f"{prefix}MASTER_ADDR", f"{prefix}MASTER_PORT"
+    host = env.get(a_var, "").strip()
+    port_text = env.get(p_var, "").strip()
+    if not host and not port_text:
         return None
-    port = _parse_port(port_text, "MASTER_PORT") + port_offset
+    if not host or not port_text:
+        missing, given = (a_var, p_var) if not host else (p_var, a_var)
+        raise ValueError(f"{given} is set but {missing} is not: the store address needs both")
+    port = _parse_port(port_text, p_var) + port_offset
     if port > 65535:
-        raise ValueError(f"MASTER_PORT={port_text} leaves no room for port MASTER_PORT+1")
+        raise ValueError(f"{p_var}={port_text} leaves no room for port {p_var}+1")
     return host.strip("[]"), port
 
 
@@ -262,6 +290,268 @@ def _check(info: WorldInfo, rank_var: str, size_var: str, local_vars: tuple[str,
     return info
 
 
+# Variables whose presence says a launcher or a cluster engine started this process. When
+# one is set and no dialect below forms a world from them, detect() raises instead of
+# falling back to a 1-rank world (a job of N processes each training alone).
+LAUNCHER_VARS = (
+    "RANK", "WORLD_SIZE", "PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR",
+    "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "PMIX_RANK",
+    "SLURM_PROCID", "SLURM_JOB_ID", "VC_TASK_INDEX", "VK_TASK_INDEX", "JOB_COMPLETION_INDEX",
+)
+# Where the MPI Operator (and mpirun's users) name the hostfile; the first host runs rank 0.
+_HOSTFILE_VARS = ("OMPI_MCA_orte_default_hostfile", "OMPI_MCA_rmaps_default_hostfile",
+                  "PRTE_MCA_prte_default_hostfile")
+_OMPI_JOB_VARS = ("OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "OMPI_MCA_orte_ess_jobid")
+_SLURM_BATCH_STEP = "4294967294"  # SLURM_BATCH_SCRIPT: the step id of the batch script
+_LAUNCH_HINT = ("start the processes with torchrun (`torchrun --nnodes=$PET_NNODES "
+                "--nproc-per-node=N train.py`) or collectives-run (`collectives-run python "
+                "train.py`), which read these variables and start the processes of each node")
+
+
+def _info_log(message: str, environ: Mapping[str, str]) -> None:
+    """An INFO line on stderr as the core writes them, when COLLECTIVES_DEBUG=INFO and
+    COLLECTIVES_DEBUG_SUBSYS (default ALL) includes INIT."""
+    if environ.get("COLLECTIVES_DEBUG", "").strip().upper() != "INFO":
+        return
+    subsys = environ.get("COLLECTIVES_DEBUG_SUBSYS", "ALL").upper().split(",")
+    if "ALL" not in subsys and "INIT" not in subsys:
+        return
+    import sys
+    sys.stderr.write(f"{socket.gethostname()}:{os.getpid()} [-1] COLLECTIVES INFO env.py "
+                     f"{message}\n")
+    sys.stderr.flush()
+
+
+class _Reader:
+    """What one dialect read: the pieces of a WorldInfo and the variables they came from."""
+
+    def __init__(self, env: Mapping[str, str], override: Optional[tuple[str, int]]) -> None:
+        self.env = env
+        self.override = override
+
+    def world(self, rank: int, size: int, local_rank: Optional[int], local_size: Optional[int],
+              store: Optional[tuple[str, int]], source: str, names: tuple, store_var: str,
+              detail: str = "") -> WorldInfo:
+        if self.override is not None:
+            store, store_var = self.override, "COLLECTIVES_STORE_ADDR"
+        host, port = store if store else (None, None)
+        info = WorldInfo(rank, size, local_rank, local_size, host, port, source, store_var)
+        info = _check(info, names[0], names[1], (names[2], names[3]), store_var)
+        where = f", store {format_addr(host, port)} from {store_var}" if host else ""
+        _info_log(f"world from {source} ({', '.join(n for n in names if n in self.env)}): "
+                  f"rank {rank} of {size}{where}{'; ' + detail if detail else ''}", self.env)
+        return info
+
+
+def _ours(r: _Reader) -> Optional[WorldInfo]:
+    env = r.env
+    if "COLLECTIVES_RANK" not in env and "COLLECTIVES_SIZE" not in env:
+        return None
+    names = ("COLLECTIVES_RANK", "COLLECTIVES_SIZE", "COLLECTIVES_LOCAL_RANK",
+             "COLLECTIVES_LOCAL_SIZE")
+    source = "collectives"
+    if "COLLECTIVES_RANK" not in env and "JOB_COMPLETION_INDEX" in env:
+        # An Indexed Job or a JobSet: the pod's completion index is its rank, and the
+        # manifest adds COLLECTIVES_SIZE and COLLECTIVES_STORE_ADDR (examples/jobset.yaml).
+        names = ("JOB_COMPLETION_INDEX",) + names[1:]
+        source = "indexed-job"
+    info = r.world(_int_var(env, names[0]), _int_var(env, names[1], 1),
+                   _opt_int_var(env, names[2]), _opt_int_var(env, names[3], 1), None, source,
+                   names, "COLLECTIVES_STORE_ADDR")
+    return info
+
+
+def _pet_nnodes(env: Mapping[str, str]) -> int:
+    text = env["PET_NNODES"].strip()
+    lo, sep, hi = text.partition(":")
+    if sep and lo.strip() != hi.strip():
+        raise ValueError(f"PET_NNODES={text!r} asks for an elastic range of nodes, which only "
+                         f"torchrun's agent can form: {_LAUNCH_HINT}")
+    return _int_var({"PET_NNODES": lo}, "PET_NNODES", 1)
+
+
+def _pet_nproc(env: Mapping[str, str]) -> Optional[int]:
+    """PET_NPROC_PER_NODE as a number; None when unset or a word (auto, cpu, gpu)."""
+    text = env.get("PET_NPROC_PER_NODE", "").strip()
+    return _int_var(env, "PET_NPROC_PER_NODE", 1) if text.isdigit() else None
+
+
+def _env_dialect(r: _Reader) -> Optional[WorldInfo]:
+    """RANK/WORLD_SIZE: torchrun's workers, or a PyTorchJob or Volcano pod (no torchrun)."""
+    env = r.env
+    if "RANK" not in env and "WORLD_SIZE" not in env:
+        return None
+    if "RANK" not in env or "WORLD_SIZE" not in env:
+        if "SLURM_PROCID" in env or "OMPI_COMM_WORLD_RANK" in env:
+            return None  # WORLD_SIZE exported in a Slurm/mpirun script: checked there
+        given, missing = ("RANK", "WORLD_SIZE") if "RANK" in env else ("WORLD_SIZE", "RANK")
+        raise ValueError(f"{given} is set but {missing} is not: set both (torchrun does), "
+                         f"or neither")
+    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+    rank, size = _int_var(env, "RANK"), _int_var(env, "WORLD_SIZE", 1)
+    if "TORCHELASTIC_RUN_ID" in env:
+        # torchrun's agent already listens on MASTER_PORT with its own store.
+        return r.world(rank, size, _opt_int_var(env, "LOCAL_RANK"),
+                       _opt_int_var(env, "LOCAL_WORLD_SIZE", 1),
+                       None if r.override else _master_addr(env, port_offset=1), "torchrun",
+                       names, "MASTER_ADDR/MASTER_PORT (+1: torchrun's store holds MASTER_PORT)")
+    source = "env"
+    if "PET_NNODES" in env:
+        # A PyTorchJob pod run without torchrun: RANK is the pod's index and WORLD_SIZE
+        # counts pods x PET_NPROC_PER_NODE, so with more than one process per pod the
+        # world can never fill.
+        source = "pytorchjob"
+        nnodes, nproc = _pet_nnodes(env), _pet_nproc(env)
+        if size != nnodes or (nproc or 1) != 1:
+            raise ValueError(
+                f"WORLD_SIZE={size} counts the processes of {nnodes} pods (PET_NNODES="
+                f"{env['PET_NNODES'].strip()}, PET_NPROC_PER_NODE="
+                f"{env.get('PET_NPROC_PER_NODE', '(unset)')}), but this process was not "
+                f"started by torchrun: RANK={rank} is its pod's index, and the other "
+                f"processes of its pod were never started; {_LAUNCH_HINT}")
+        if "PET_NODE_RANK" in env and _int_var(env, "PET_NODE_RANK") != rank:
+            raise ValueError(f"RANK={rank} and PET_NODE_RANK={env['PET_NODE_RANK']} disagree "
+                             f"on this pod's index")
+    elif "VC_TASK_INDEX" in env or "VK_TASK_INDEX" in env:
+        source = "volcano"
+    # No torchrun agent: the declared MASTER_PORT is free, and the store takes it.
+    return r.world(rank, size, _opt_int_var(env, "LOCAL_RANK"),
+                   _opt_int_var(env, "LOCAL_WORLD_SIZE", 1),
+                   None if r.override else _master_addr(env), source, names,
+                   "MASTER_ADDR/MASTER_PORT")
+
+
+def _kubeflow(r: _Reader) -> Optional[WorldInfo]:
+    """Kubeflow Trainer v2 (torch runtime) runs the command with torchrun's PET_* options
+    and no RANK: one process per pod is right only when PET_NPROC_PER_NODE says so."""
+    env = r.env
+    if "PET_NNODES" not in env:
+        return None
+    nnodes, nproc = _pet_nnodes(env), _pet_nproc(env)
+    if nproc is not None and nproc > 1:
+        raise ValueError(
+            f"PET_NPROC_PER_NODE={nproc} asks for {nproc} processes on each of PET_NNODES="
+            f"{nnodes} nodes, but this process was started alone, without torchrun (no "
+            f"RANK is set); {_LAUNCH_HINT}")
+    if "PET_NODE_RANK" not in env:
+        raise ValueError("PET_NNODES is set but PET_NODE_RANK is not: which node this is "
+                         "is unknown")
+    store = None if r.override else _master_addr(env, prefix="PET_")
+    detail = ("one process per node" if nproc else
+              f"PET_NPROC_PER_NODE={env.get('PET_NPROC_PER_NODE', '(unset)')}: one process "
+              f"per node, the one started")
+    return r.world(_int_var(env, "PET_NODE_RANK"), nnodes, 0, 1, store, "kubeflow",
+                   ("PET_NODE_RANK", "PET_NNODES", "", "PET_NPROC_PER_NODE"),
+                   "PET_MASTER_ADDR/PET_MASTER_PORT", detail)
+
+
+def _first_hostfile_host(env: Mapping[str, str]) -> Optional[tuple[str, str]]:
+    """(the first host of the hostfile mpirun was given, the variable naming it)."""
+    for var in _HOSTFILE_VARS:
+        path = env.get(var, "").strip()
+        if not path:
+            continue
+        try:
+            with open(path, encoding="utf-8") as fh:
+                for line in fh:
+                    words = line.split("#", 1)[0].split()
+                    if words:
+                        return words[0].split(":", 1)[0] if words[0].count(":") == 1 \
+                            else words[0], var
+        except OSError:
+            continue
+    return None
+
+
+def _openmpi(r: _Reader) -> Optional[WorldInfo]:
+    env = r.env
+    if "OMPI_COMM_WORLD_RANK" not in env:
+        return None
+    names = ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+             "OMPI_COMM_WORLD_LOCAL_SIZE")
+    rank, size = _int_var(env, names[0]), _int_var(env, names[1], 1)
+    local_rank, local_size = _opt_int_var(env, names[2]), _opt_int_var(env, names[3], 1)
+    _cross_check_world_size(env, size, names[1])
+    store, store_var = None, "MASTER_ADDR/MASTER_PORT"
+    if not r.override:
+        store = _master_addr(env)
+    if store is None and not r.override:
+        job = next((env[k] for k in _OMPI_JOB_VARS if env.get(k)), None)
+        first = _first_hostfile_host(env)
+        if job is not None and first is not None:
+            store, store_var = (first[0], derived_port(job)), f"{first[1]} (first host)"
+        elif job is not None and local_size == size:
+            # Every rank on this host: loopback reaches rank 0.
+            store, store_var = ("127.0.0.1", derived_port(job)), "OMPI_COMM_WORLD_LOCAL_SIZE"
+        elif size > 1:
+            spread = (f"OMPI_COMM_WORLD_LOCAL_SIZE={local_size} of OMPI_COMM_WORLD_SIZE={size}: "
+                      f"the job spans hosts" if local_size is not None else
+                      "OMPI_COMM_WORLD_LOCAL_SIZE is not set")
+            raise ValueError(
+                f"mpirun started this process ({spread}) but nothing names rank 0's host: "
+                f"pass the store address to every rank, e.g. `mpirun -x MASTER_ADDR=<first "
+                f"host> -x MASTER_PORT=29500 ...` or -x COLLECTIVES_STORE_ADDR=host:port "
+                f"(see examples/mpijob.yaml)")
+    return r.world(rank, size, local_rank, local_size, store, "openmpi", names, store_var)
+
+
+def _cross_check_world_size(env: Mapping[str, str], size: int, size_var: str) -> None:
+    if "WORLD_SIZE" in env and "RANK" not in env and _int_var(env, "WORLD_SIZE", 1) != size:
+        raise ValueError(f"WORLD_SIZE={env['WORLD_SIZE']} and {size_var}={size} disagree on "
+                         f"the number of processes: unset WORLD_SIZE or make it {size}")
+
+
+def _slurm(r: _Reader) -> Optional[WorldInfo]:
+    env = r.env
+    if "SLURM_PROCID" not in env and "SLURM_JOB_ID" not in env:
+        return None
+    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or ""
+    step = env.get("SLURM_STEP_ID", env.get("SLURM_STEPID", "")).strip()
+    if "SLURM_STEP_NUM_TASKS" not in env or step == _SLURM_BATCH_STEP or \
+            "SLURM_PROCID" not in env:
+        # The batch script (or an salloc shell): one process, whatever the job asked for.
+        wanted = [(v, env[v]) for v in ("SLURM_NTASKS", "SLURM_NPROCS", "SLURM_JOB_NUM_NODES",
+                                        "SLURM_NNODES")
+                  if env.get(v, "").strip().isdigit() and int(env[v]) > 1]
+        if wanted:
+            asked = ", ".join(f"{k}={v}" for k, v in wanted)
+            raise ValueError(
+                f"this process runs in Slurm job {job or '?'}'s batch script or allocation, "
+                f"not in a step started by srun (SLURM_STEP_NUM_TASKS is not set), so it is "
+                f"the only process, but the job asks for more ({asked}): start the ranks "
+                f"with `srun python train.py` (or `collectives-run python train.py`, which "
+                f"uses srun)")
+        return r.world(0, 1, 0, 1, None, "slurm-batch", ("SLURM_PROCID", "SLURM_NTASKS", "",
+                                                          ""), "", "a batch step of one task")
+    names = ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID",
+             "SLURM_STEP_TASKS_PER_NODE")
+    size = _int_var(env, "SLURM_STEP_NUM_TASKS", 1)
+    _cross_check_world_size(env, size, "SLURM_STEP_NUM_TASKS")
+    store, store_var = (None, "") if r.override else (_master_addr(env), "MASTER_ADDR/MASTER_PORT")
+    if store is None and not r.override:
+        nodes = env.get("SLURM_STEP_NODELIST", "").strip()
+        if not nodes or not job:
+            missing = "SLURM_STEP_NODELIST" if not nodes else "SLURM_JOB_ID"
+            raise ValueError(f"{missing} is not set: the store address of a Slurm step comes "
+                             f"from SLURM_STEP_NODELIST and SLURM_JOB_ID (or set "
+                             f"COLLECTIVES_STORE_ADDR)")
+        try:
+            first = expand_hostlist(nodes)[0]
+        except (ValueError, IndexError) as exc:
+            raise ValueError(f"SLURM_STEP_NODELIST: {exc}") from None
+        # Rank 0 of a step runs on its first node; the step id keeps concurrent steps of
+        # one job (srun ... & srun ... &) on different ports.
+        store = (first, derived_port(job, int(step) if step.isdigit() else 0))
+        store_var = "SLURM_STEP_NODELIST (first node), SLURM_JOB_ID and SLURM_STEP_ID"
+    per_node = env.get("SLURM_STEP_TASKS_PER_NODE", "")
+    return r.world(_int_var(env, "SLURM_PROCID"), size, _opt_int_var(env, "SLURM_LOCALID"),
+                   _simple_tasks_per_node(per_node) if per_node else None, store, "slurm",
+                   names, store_var)
+
+
+_DIALECTS = (_ours, _env_dialect, _kubeflow, _openmpi, _slurm)
+
+
 def detect(environ: Optional[Mapping[str, str]] = None) -> WorldInfo:
     """Read rank, size, local rank and store address from the environment.
 
@@ -269,12 +559,14 @@ def detect(environ: Optional[Mapping[str, str]] = None) -> WorldInfo:
         environ: the variables to read; ``os.environ`` when None.
 
     Returns:
-        A :class:`WorldInfo` from the first source present (see module doc).
+        A :class:`WorldInfo` from the first dialect present (see module doc); a
+        1-rank world only when no launcher variable (:data:`LAUNCHER_VARS`) is set.
 
     Raises:
-        ValueError: naming the variable, when a value is not an integer, a
-            rank is not below its size, or a job of more than one process
-            has no store address.
+        ValueError: naming the variables, when a value is not an integer, a rank
+            is not below its size, variables disagree, a launcher's variables
+            lack what completes them, or they describe processes that were never
+            started (and saying how to start them).
     """
     env = os.environ if environ is None else environ
     override = None
@@ -283,87 +575,23 @@ def detect(environ: Optional[Mapping[str, str]] = None) -> WorldInfo:
             override = parse_addr(env["COLLECTIVES_STORE_ADDR"])
         except ValueError as exc:
             raise ValueError(f"COLLECTIVES_STORE_ADDR: {exc}") from None
-
-    def build(rank: int, size: int, local_rank: Optional[int], local_size: Optional[int],
-              store: Optional[tuple[str, int]], source: str) -> WorldInfo:
-        store = override or store
-        host, port = store if store else (None, None)
-        return WorldInfo(rank, size, local_rank, local_size, host, port, source)
-
-    if "COLLECTIVES_RANK" in env or "COLLECTIVES_SIZE" in env:
-        info = build(
-            _int_var(env, "COLLECTIVES_RANK"),
-            _int_var(env, "COLLECTIVES_SIZE", 1),
-            _opt_int_var(env, "COLLECTIVES_LOCAL_RANK"),
-            _opt_int_var(env, "COLLECTIVES_LOCAL_SIZE", 1),
-            None,
-            "collectives",
-        )
-        return _check(info, "COLLECTIVES_RANK", "COLLECTIVES_SIZE",
-                      ("COLLECTIVES_LOCAL_RANK", "COLLECTIVES_LOCAL_SIZE"),
-                      "COLLECTIVES_STORE_ADDR")
-
-    if "RANK" in env and "WORLD_SIZE" in env:
-        # +1: torchrun's agent already listens on MASTER_PORT with its own store.
-        info = build(
-            _int_var(env, "RANK"),
-            _int_var(env, "WORLD_SIZE", 1),
-            _opt_int_var(env, "LOCAL_RANK"),
-            _opt_int_var(env, "LOCAL_WORLD_SIZE", 1),
-            None if override else _master_addr(env, port_offset=1),
-            "torchrun",
-        )
-        return _check(info, "RANK", "WORLD_SIZE", ("LOCAL_RANK", "LOCAL_WORLD_SIZE"),
-                      "MASTER_ADDR/MASTER_PORT")
-
-    if "OMPI_COMM_WORLD_RANK" in env:
-        store = None if override else _master_addr(env)
-        if store is None and not override:
-            job = next((env[k] for k in ("OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE",
-                                         "OMPI_MCA_orte_ess_jobid") if env.get(k)), None)
-            if job is not None:
-                store = ("127.0.0.1", derived_port(job))
-        info = build(
-            _int_var(env, "OMPI_COMM_WORLD_RANK"),
-            _int_var(env, "OMPI_COMM_WORLD_SIZE", 1),
-            _opt_int_var(env, "OMPI_COMM_WORLD_LOCAL_RANK"),
-            _opt_int_var(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1),
-            store,
-            "openmpi",
-        )
-        return _check(info, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                      ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
-                      "COLLECTIVES_STORE_ADDR (or MASTER_ADDR/MASTER_PORT, or an "
-                      "OpenMPI job id)")
-
-    if "SLURM_PROCID" in env:
-        store = None if override else _master_addr(env)
-        if store is None and not override:
-            nodes = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
-            job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
-            if nodes.strip() and job:
-                try:
-                    first = expand_hostlist(nodes)[0]
-                except (ValueError, IndexError) as exc:
-                    raise ValueError(f"SLURM_JOB_NODELIST: {exc}") from None
-                store = (first, derived_port(job))
-        local_size = None
-        per_node = env.get("SLURM_NTASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
-        if per_node:
-            local_size = _simple_tasks_per_node(per_node)
-        info = build(
-            _int_var(env, "SLURM_PROCID"),
-            _int_var(env, "SLURM_NTASKS", 1),
-            _opt_int_var(env, "SLURM_LOCALID"),
-            local_size,
-            store,
-            "slurm",
-        )
-        return _check(info, "SLURM_PROCID", "SLURM_NTASKS",
-                      ("SLURM_LOCALID", "SLURM_TASKS_PER_NODE"),
-                      "COLLECTIVES_STORE_ADDR (or SLURM_JOB_NODELIST and SLURM_JOB_ID)")
-
-    return build(0, 1, 0, 1, None, "single")
+    reader = _Reader(env, override)
+    for dialect in _DIALECTS:
+        info = dialect(reader)
+        if info is not None:
+            return info
+    present = [v for v in LAUNCHER_VARS if v in env]
+    if present:
+        shown = ", ".join(f"{v}={env[v]}" for v in present)
+        raise ValueError(
+            f"{shown} {'is' if len(present) == 1 else 'are'} set, so a launcher started this "
+            f"process, but not the variables that say its rank, the job's size and rank 0's "
+            f"address: start it with collectives-run, torchrun, srun or mpirun, or set "
+            f"COLLECTIVES_RANK, COLLECTIVES_SIZE and COLLECTIVES_STORE_ADDR (an Indexed Job "
+            f"or JobSet: COLLECTIVES_SIZE and COLLECTIVES_STORE_ADDR; the rank is "
+            f"JOB_COMPLETION_INDEX)")
+    _info_log("world of 1: no launcher variable is set", env)
+    return WorldInfo(0, 1, 0, 1, None, None, "single")
 
 
 # --------------------------------------------------------------- interfaces

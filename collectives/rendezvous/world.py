@@ -20,7 +20,9 @@ culprit first.
 from __future__ import annotations
 
 import atexit
+import errno
 import os
+import random
 import re
 import socket
 import threading
@@ -104,18 +106,50 @@ def _default_timeout() -> float:
     return 300.0
 
 
-def _start_store(host: str, port: int, secret: bytes = b""):
+def _addr_named(info: _env.WorldInfo) -> str:
+    """The store address and the variables it came from, for error messages."""
+    addr = _env.format_addr(info.store_host, info.store_port)
+    return f"{addr} (from {info.store_var})" if info.store_var else addr
+
+
+def _backoff(delay: float, cap: float) -> float:
+    """The next wait of a retry loop: doubled, capped, with jitter so that the ranks of a
+    big job do not ask the cluster's DNS server in lockstep."""
+    return min(cap, delay * 2) * random.uniform(0.75, 1.0)
+
+
+def _start_store(info: _env.WorldInfo, secret: bytes = b"", timeout: float = 0.0):
     """Rank 0's store, on the given address and nowhere else.
 
     Never on every address instead: a store meant for one interface must not
-    be reachable from the others.
+    be reachable from the others. A name that does not resolve yet (a pod's
+    own DNS record appears some time after it starts) is retried with backoff
+    until ``timeout``.
     """
-    try:
-        return _store.StoreServer(host, port, secret=secret)
-    except OSError as exc:
-        raise OSError(exc.errno, f"{exc.strerror}; rank 0 hosts the store, so the store "
-                      f"address must be one of rank 0's own (is the job's store address "
-                      f"taken by another job, or not this host's?)") from None
+    deadline = time.monotonic() + timeout
+    delay = 0.05
+    while True:
+        try:
+            return _store.StoreServer(info.store_host, info.store_port, secret=secret)
+        except socket.gaierror as exc:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise OSError(errno.EADDRNOTAVAIL,
+                              f"rank 0 cannot host the store at {_addr_named(info)}: the name "
+                              f"{info.store_host!r} did not resolve within {timeout:g} s "
+                              f"({exc.strerror}); it must name rank 0's own host") from None
+            time.sleep(min(delay, left))  # the last try at the deadline
+            delay = _backoff(delay, 1.0)
+        except OSError as exc:
+            hint = ""
+            if info.source in ("env", "pytorchjob", "volcano"):
+                hint = (" (without torchrun the store takes MASTER_PORT itself: if "
+                        "torch.distributed's env:// store holds it, give ours another with "
+                        "COLLECTIVES_STORE_ADDR=host:port)")
+            raise OSError(exc.errno, f"{exc.strerror}; rank 0 hosts the store at "
+                          f"{_addr_named(info)}, so the store address must be one of rank "
+                          f"0's own (is it taken by another job, or not this host's?){hint}"
+                          ) from None
 
 
 def spin_us() -> float:
@@ -309,10 +343,11 @@ def start_timeout_error(info: _env.WorldInfo, timeout: float, missing: Optional[
                         detail: str) -> TimeoutError:
     """The one exception a rank raises when the job did not assemble in time: which ranks
     did not arrive (None: the store itself was not reached) and what to check."""
-    addr = _env.format_addr(info.store_host, info.store_port)
+    addr = _addr_named(info)
     if missing is None:
         what = (f"rank {info.rank} of {info.size} could not reach the store at {addr} "
-                f"(rank 0 hosts it) within {timeout:g} s: is rank 0 running?")
+                f"(rank 0 hosts it) within {timeout:g} s ({detail}): is rank 0 running? "
+                f"rank 0 and the ranks that reached no store were not seen")
     elif missing:
         names = ", ".join(map(str, missing))
         plural = "s" if len(missing) > 1 else ""
@@ -333,10 +368,13 @@ class _OtherWorld(TimeoutError):
 def _connect_store(info: _env.WorldInfo, generation: int, timeout: float,
                    secret: bytes) -> "_store.StoreClient":
     """A client of the store of world `generation`: rank 0 marks its new store so; the
-    others retry (about every 5 ms, up to `timeout`) while they reach no store, or the
-    previous world's store (its rank 0 closes it once every rank has joined it)."""
+    others retry while they reach no store, or the previous world's store (its rank 0
+    closes it once every rank has joined it), until `timeout`. Pods start in any order: a
+    name that does not resolve yet and a refused connection are retried with backoff
+    (from 5 ms, to 1 s between DNS queries and 0.2 s between connections)."""
     key = f"generation/{generation}"
     deadline = time.monotonic() + timeout
+    delay, last = 0.0025, ""
     while True:
         try:
             # A bare connect first: the client's own retries sleep 50 ms when refused,
@@ -344,13 +382,18 @@ def _connect_store(info: _env.WorldInfo, generation: int, timeout: float,
             socket.create_connection((info.store_host, info.store_port),
                                      timeout=min(10.0, max(0.05, deadline - time.monotonic()))
                                      ).close()
-        except OSError:
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"could not connect to the store at "
-                                   f"{_env.format_addr(info.store_host, info.store_port)} "
-                                   f"within {timeout:g} s") from None
-            time.sleep(0.005)
+        except OSError as exc:
+            unresolved = isinstance(exc, socket.gaierror)
+            last = (f"the name {info.store_host!r} does not resolve: {exc.strerror}"
+                    if unresolved else f"{exc.strerror or exc}")
+            delay = _backoff(max(delay, 0.0025), 1.0 if unresolved else 0.2)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"could not connect to the store at {_addr_named(info)} "
+                                   f"within {timeout:g} s; last: {last}") from None
+            time.sleep(min(delay, left))  # the last try at the deadline
             continue
+        delay = 0.0025
         client = _store.StoreClient(info.store_host, info.store_port,
                                     timeout=max(0.05, deadline - time.monotonic()), secret=secret)
         client.timeout = timeout
@@ -388,7 +431,7 @@ def _rendezvous(info: _env.WorldInfo, timeout: float, generation: int = 0):
     server = None
     p = f"w{generation}/" if store_external() else ""
     if info.rank == 0 and not p:
-        server = _start_store(info.store_host, info.store_port, secret)
+        server = _start_store(info, secret, timeout)
     try:
         client = _connect_store(info, generation, timeout, secret)
     except _OtherWorld:
