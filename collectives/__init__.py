@@ -7,6 +7,51 @@ on first use (``MPI.COMM_WORLD``) or by ``init()``.
 """
 from __future__ import annotations
 
+
+def _defer_to_installed() -> bool:
+    """In a checkout whose native core is not built, become the installed package.
+
+    ``python -m pytest`` or ``python -m collectives.config`` run from a clone's root
+    put the clone first on sys.path, so its ``collectives/`` (source only, no
+    ``_core``) would shadow the package ``pip install .`` built. When this
+    directory has no ``_core`` extension and a later directory on sys.path holds
+    a ``collectives`` that has one, that package's directory becomes this
+    package's ``__path__`` (and ``__file__``): every submodule (``collectives.config``,
+    ``collectives.run``, ``collectives._core``) is then the installed one. A
+    checkout built in place (or installed editable) is used as it is.
+    """
+    import importlib.machinery
+    import os
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+
+    def has_core(directory: str) -> bool:
+        return any(os.path.isfile(os.path.join(directory, "_core" + suffix))
+                   for suffix in importlib.machinery.EXTENSION_SUFFIXES)
+
+    if has_core(here):
+        return False
+    for entry in sys.path:
+        candidate = os.path.join(os.path.abspath(entry or os.curdir), "collectives")
+        init = os.path.join(candidate, "__init__.py")
+        try:
+            if os.path.samefile(candidate, here) or not (os.path.isfile(init) and has_core(candidate)):
+                continue
+        except OSError:  # no such directory
+            continue
+        __path__[:] = [candidate]  # noqa: F821 (this package's search path)
+        spec = globals().get("__spec__")
+        if spec is not None:
+            spec.submodule_search_locations = __path__  # noqa: F821
+            spec.origin = init
+        globals()["__file__"] = init
+        return True
+    return False
+
+
+_defer_to_installed()
+
 __version__ = "0.1.0"
 __all__ = ["init", "finalize", "is_initialized", "shrink", "grow", "join", "cuda_available",
            "cuda_built", "__version__"]
