@@ -301,7 +301,7 @@ def store_external() -> bool:
 def _rendezvous(info: _env.WorldInfo, timeout: float, generation: int = 0):
     from .._core import Communicator
 
-    secret = _auth.job_secret()
+    secret = _auth.job_secret(info.rank)
     server = None
     p = f"w{generation}/" if store_external() else ""
     if info.rank == 0 and not p:

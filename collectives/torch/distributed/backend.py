@@ -337,7 +337,7 @@ def _communicator(store: Any, rank: int, size: int, timeout: timedelta) -> tuple
     # what is in it is only a hint: every link proves the job secret itself
     # (native/wire.h), and a rank that finds an impostor at a peer's address
     # fails naming it instead of talking to it.
-    secret = _auth.job_secret()
+    secret = _auth.job_secret(rank)
     ns = _round_prefix(store, size)
     if rank == 0:
         store.set(f"{ns}comm_id", os.urandom(16).hex())
