@@ -758,7 +758,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     try:
         # Every rank would refuse a bad COLLECTIVES_* setting: say it once, before starting any.
-        config.check_env({**os.environ, **exports})
+        config.check_env({**os.environ, **exports}, warn_unknown=False)
     except ValueError as exc:
         parser.error(str(exc))
     if args.elastic:
