@@ -164,3 +164,32 @@ def cuda_available() -> bool:
     from . import _core
 
     return _core.cuda_built() and _core.cuda_device_count() > 0
+
+
+def _register_torch_backend() -> None:
+    """torch's ``torch.backends`` entry point (pyproject.toml): make the backend
+    ``"collectives"`` known to ``torch.distributed`` at ``import torch``.
+
+    torch calls it at the end of its own import, for every package that declares
+    one, so it must be cheap and must never raise (an exception here would make
+    ``import torch`` fail): it registers a creator that imports
+    ``collectives.torch.distributed`` on the first ``init_process_group("collectives")``
+    or ``new_group(backend="collectives")``, and nothing else. Set
+    ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` to turn torch's autoloading off (then
+    ``import collectives.torch`` registers the backend, as before).
+    """
+    try:
+        import torch.distributed as dist
+
+        if not dist.is_available() or "COLLECTIVES" in getattr(dist.Backend, "_plugins", {}):
+            return
+
+        def create(*args, **kwargs):
+            from .torch.distributed.backend import _create_group
+
+            return _create_group(*args, **kwargs)
+
+        dist.Backend.register_backend("collectives", create, extended_api=True,
+                                      devices=["cpu", "cuda"])
+    except Exception:  # noqa: BLE001 (never break `import torch`)
+        pass

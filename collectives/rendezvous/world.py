@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Callable, Optional, Sequence
 
-from . import auth as _auth, env as _env, store as _store
+from . import auth as _auth, blame as _blame, env as _env, store as _store
 from .. import config
 
 _lock = threading.RLock()
@@ -450,6 +450,7 @@ def explain_failure(rank: int, message: str, peers: Optional[Sequence[int]] = No
     effort, bounded by REPORT_S in all: a store that does not answer within
     it (rank 0 stopped, cut off or gone) is itself the cause reported.
     """
+    _blame.note(message)
     state = _state
     if state is None or state.client is None:
         return message
