@@ -2,9 +2,7 @@
 (issue 38, item 4): the package declares torch's ``torch.backends`` entry point, which
 torch calls at the end of ``import torch``.
 
-Testing an install, the entry point is the one pip wrote. Testing the checkout (built
-in place, no metadata of its own), a directory on PYTHONPATH holds the
-``entry_points.txt`` that pip writes from pyproject.toml's declaration, read from it.
+The entry point a started process sees: tests/_autoload.py.
 """
 import importlib.util
 import subprocess
@@ -12,38 +10,22 @@ import sys
 
 import pytest
 
-from conftest import FROM_SOURCE, REPO, base_env, free_port, run_world
+import _autoload
+from conftest import base_env, free_port, run_world
 
 pytestmark = [pytest.mark.timeout(120),
               pytest.mark.skipif(importlib.util.find_spec("torch") is None,
                                  reason="needs torch")]
 
 
-def _declared() -> str:
-    try:
-        import tomllib
-    except ImportError:  # Python < 3.11
-        tomllib = pytest.importorskip("tomli")
-    with open(REPO / "pyproject.toml", "rb") as fh:
-        project = tomllib.load(fh)["project"]
-    return project["entry-points"]["torch.backends"]["collectives"]
-
-
 @pytest.fixture
 def autoload_env(tmp_path):
     """Extra environment that gives a started process the installed entry point."""
-    if not FROM_SOURCE:
-        return {}
-    info = tmp_path / "collectives_autoload-0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: collectives-autoload\n"
-                                   "Version: 0\n")
-    (info / "entry_points.txt").write_text(f"[torch.backends]\ncollectives = {_declared()}\n")
-    return {"PYTHONPATH": f"{tmp_path}:{base_env()['PYTHONPATH']}"}
+    return _autoload.autoload_env(tmp_path)
 
 
 def test_the_entry_point_names_a_function_that_exists():
-    module, _, name = _declared().partition(":")
+    module, _, name = _autoload.declared().partition(":")
     assert callable(getattr(importlib.import_module(module), name))
 
 
