@@ -10,14 +10,13 @@ installed package (on PYTHONPATH, after the clone's root as site-packages would 
 """
 import os
 import re
-import shutil
-import site
 import subprocess
 import sys
 
 import pytest
 
-from conftest import FROM_SOURCE, REPO, base_env
+import _clone
+from conftest import FROM_SOURCE, REPO
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -54,26 +53,10 @@ def doc_commands() -> list:
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory):
     """(root, env): where a user who cloned and installed stands, and their environment."""
-    env = base_env({"OMP_NUM_THREADS": "1"})
-    if not FROM_SOURCE:
-        env["PYTHONPATH"] = ""  # the installed package only
-        return REPO, env
-    root = tmp_path_factory.mktemp("clone")
-    for name in ("README.md", "pyproject.toml"):
-        shutil.copy(REPO / name, root / name)
-    skip = shutil.ignore_patterns("*.so", "__pycache__", "*.pyc", "build")
-    for name in ("collectives", "tests", "examples", "bench"):
-        shutil.copytree(REPO / name, root / name, ignore=skip)
-    assert not list((root / "collectives").glob("_core*.so")), "the clone copy has a built core"
-    # The checkout stands for site-packages: after the clone's root. `-S` (PYTHON_FLAGS)
-    # keeps site's .pth files out, so that an editable install of another checkout
-    # (whose import hook would serve `collectives._core` to any collectives/) cannot
-    # hide a clone that fails; site-packages itself comes after the checkout.
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + site.getsitepackages())
-    return root, env
+    return _clone.user_clone(tmp_path_factory)
 
 
-PYTHON_FLAGS = ["-S"] if FROM_SOURCE else []
+PYTHON_FLAGS = _clone.PYTHON_FLAGS
 
 
 def _run(cmd: str, root, env, timeout: float = 240) -> subprocess.CompletedProcess:

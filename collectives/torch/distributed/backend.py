@@ -41,6 +41,14 @@ __all__ = ["ProcessGroupCollectives", "register_backend", "BACKEND_NAME"]
 
 BACKEND_NAME = "collectives"
 
+# allreduce's fast path: torch's op -> the core's, and the dtypes whose numpy view
+# the core reads as it is (bfloat16 needs a reinterpreting view, int16 and bool widening).
+_SUM = dist.ReduceOp.SUM
+_FAST_OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg", dist.ReduceOp.MIN: "min",
+             dist.ReduceOp.MAX: "max", dist.ReduceOp.PRODUCT: "prod"}
+_FAST_DTYPES = frozenset({torch.int8, torch.uint8, torch.int32, torch.int64, torch.float16,
+                          torch.float32, torch.float64})
+
 
 class ProcessGroupCollectives(MoreOps, dist.ProcessGroup):
     """A torch.distributed process group whose collectives run in the collectives core.
@@ -90,6 +98,18 @@ class ProcessGroupCollectives(MoreOps, dist.ProcessGroup):
     # -- allreduce -------------------------------------------------------------------
     def allreduce(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> _Work:
         """Reduce each tensor in place across ranks (non-blocking)."""
+        if len(tensors) == 1:
+            # The common case in few steps (a small allreduce's time is mostly this
+            # method's, bench/README.md "Through the frameworks"): one contiguous CPU
+            # tensor of a dtype the core reduces, an op the core has.
+            t = tensors[0]
+            op = _FAST_OPS.get(opts.reduceOp.op if opts is not None else _SUM)
+            if op is not None and t.dtype in _FAST_DTYPES and t.device.type == "cpu" \
+                    and t.layout == torch.strided and t.is_contiguous() \
+                    and (op != "avg" or t.dtype.is_floating_point):
+                view = t.detach().numpy()
+                request = self._core.iallreduce(None, view, op=op, timeout=self._timeout)
+                return self._completer.submit_work(request, lambda: tensors, view, "allreduce")
         tensors = list(tensors)
         if len(tensors) == 1 and tensors[0].is_sparse:  # as gloo: gather and add (SUM only)
             from ._more import sparse_allreduce
@@ -110,7 +130,7 @@ class ProcessGroupCollectives(MoreOps, dist.ProcessGroup):
             staged.copy_out()
             return tensors
 
-        return _Work(self._completer.submit(request, finish, staged, like=tensors), "allreduce")
+        return self._completer.submit_work(request, finish, staged, "allreduce", like=tensors)
 
     def allreduce_coalesced(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> _Work:
         """Reduce a list of tensors in place with one fused allreduce per dtype."""
