@@ -152,15 +152,16 @@ class TorchBackend(Backend):
         r, rop = T(recv), self.ops[op]
         group = self.floor if algo == "floor" else None
         if coll == "allreduce":
+            out = None if algo == "floor" else recv  # the floor computes nothing to check
             if send is None:
-                return (lambda: d.all_reduce(r, op=rop, group=group)), recv
+                return (lambda: d.all_reduce(r, op=rop, group=group)), out
             s = T(send)
-            return (lambda: (r.copy_(s), d.all_reduce(r, op=rop, group=group))), recv
+            return (lambda: (r.copy_(s), d.all_reduce(r, op=rop, group=group))), out
         if algo == "floor":
             return None, recv
-        if coll == "allgather":
-            s = T(send) if send is not None else r.narrow(0, self.rank * (r.numel() // self.size),
-                                                        r.numel() // self.size)
+        if coll == "allgather":  # in place: the input is this rank's slice of the output
+            k = r.numel() // self.size
+            s = T(send) if send is not None else r.narrow(0, self.rank * k, k)
             return (lambda: d.all_gather_into_tensor(r, s)), recv
         if coll == "broadcast":
             return (lambda: d.broadcast(r, root)), recv

@@ -50,6 +50,14 @@ _FAST_DTYPES = frozenset({torch.int8, torch.uint8, torch.int32, torch.int64, tor
                           torch.float32, torch.float64})
 
 
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """True if two tensors' memory overlaps (one is a view into the other)."""
+    if a.device != b.device or a.numel() == 0 or b.numel() == 0:
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+
 class ProcessGroupCollectives(MoreOps, dist.ProcessGroup):
     """A torch.distributed process group whose collectives run in the collectives core.
 
@@ -179,6 +187,8 @@ class ProcessGroupCollectives(MoreOps, dist.ProcessGroup):
                              f"{self._size} x {input.numel()}")
         if output.dtype != input.dtype:
             raise TypeError(f"all_gather: output is {output.dtype} but input is {input.dtype}")
+        if _overlap(input, output):  # in place (input is a slice of output), as gloo takes it
+            input = input.clone()
         src = _Staged(input, "all_gather input")
         dst = _Staged(output, "all_gather output", copy_in=False)
         self._core.allgatherv(src.view, dst.view, [input.numel()] * self._size, None,
@@ -217,6 +227,8 @@ class ProcessGroupCollectives(MoreOps, dist.ProcessGroup):
             block = whole[self._rank * output.numel():(self._rank + 1) * output.numel()]
             output.detach().copy_(block.view(output.shape))
             return _completed([output], "reduce_scatter")
+        if _overlap(input, output):  # output a slice of input, as gloo takes it
+            input = input.clone()
         src = _Staged(input, "reduce_scatter input")
         dst = _Staged(output, "reduce_scatter output", copy_in=False)
         if self._size > 1:
