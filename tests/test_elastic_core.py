@@ -124,7 +124,8 @@ _SHRINK_BODY = """
 import os, signal, time
 import numpy as np
 import collectives
-from collectives import MPI, _membership as _elastic
+from collectives import MPI
+from collectives.elastic import membership as _elastic
 from collectives._core import comm_generation
 
 comm = collectives.init()
@@ -292,7 +293,7 @@ _LATE_BODY = """
 import os, time
 import numpy as np
 import collectives
-from collectives import _world
+from collectives.rendezvous import world as _world
 
 comm = collectives.init()
 me = comm.rank

@@ -210,3 +210,70 @@ def test_python_imports_only_go_down():
     wrong = _upward_imports(_facade_graph())
     assert not wrong, "imports from a lower layer to a higher one:\n" + "\n".join(wrong)
 
+
+# Calls between native layers: a function defined in one layer's .c file may
+# call functions of its own layer and those below, never one defined above
+# (an algorithm does not call back into the communicator). Definitions are
+# the non-static functions starting at column 0; calls are names followed by
+# "(" anywhere else.
+_DEF = re.compile(r"^(?!static\b)[A-Za-z_][\w \t\*]*?\b(coll_\w+)\s*\([^;]*$", re.M)
+_CALL = re.compile(r"\b(coll_\w+)\s*\(")
+
+
+def _native_upward_calls(sources: dict) -> list:
+    defined = {}
+    for rel, text in sources.items():
+        for name in _DEF.findall(text):
+            defined[name] = rel
+    wrong = []
+    for rel, text in sorted(sources.items()):
+        layer = _layer_of(Path(rel))
+        if layer not in LAYERS:
+            continue
+        for name in sorted(set(_CALL.findall(text))):
+            home = defined.get(name)
+            if home is None or home == rel:
+                continue
+            theirs = _layer_of(Path(home))
+            if theirs in LAYERS and LAYERS.index(theirs) > LAYERS.index(layer):
+                wrong.append(f"{rel} ({layer}) calls {name}, defined in {home} ({theirs})")
+    return wrong
+
+
+def test_native_call_check_finds_an_upward_call():
+    sources = {"comm/comm.c": "coll_result_t coll_comm_break(coll_comm_t *c) {\n}\n",
+               "schedule/p2p.c": "static void f(void) {\n  coll_comm_break(c);\n}\n"}
+    assert _native_upward_calls(sources) == [
+        "schedule/p2p.c (schedule) calls coll_comm_break, defined in comm/comm.c (comm)"]
+
+
+def test_native_calls_only_go_down():
+    sources = {str(p.relative_to(NATIVE)): p.read_text() for p in _native_files()
+               if p.suffix in {".c", ".cu", ".cc"}}
+    wrong = _native_upward_calls(sources)
+    assert not wrong, "native calls from a lower layer to a higher one:\n" + "\n".join(wrong)
+
+
+def test_public_import_paths_survive_the_layout():
+    """What users import and run keeps working whatever moves inside (issue 33)."""
+    import importlib
+    import subprocess
+    import sys
+
+    import collectives
+    from collectives import MPI
+
+    assert MPI.COMM_WORLD.Get_size() >= 1 and callable(MPI.Comm.Allreduce)
+    for name in ("collectives.MPI", "collectives.config", "collectives.run", "collectives.ps",
+                 "collectives.bench", "collectives.launcher"):
+        assert importlib.import_module(name).__doc__
+    # the console scripts' targets, and the -m forms the README shows
+    from collectives.run import main as run_main
+    from collectives.launcher.cli import main as cli_main
+    assert run_main is cli_main
+    from collectives.bench.driver import main as bench_main  # noqa: F401
+    cwd = Path(collectives.__file__).resolve().parents[1]
+    for module in ("collectives.run", "collectives.launcher", "collectives.config"):
+        out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True,
+                             text=True, timeout=60, cwd=cwd)
+        assert out.returncode == 0, (module, out.stderr[-2000:])

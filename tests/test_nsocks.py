@@ -25,7 +25,8 @@ import os
 import socket
 import time
 import numpy as np
-from collectives import MPI, _world
+from collectives import MPI
+from collectives.rendezvous import world as _world
 comm = MPI.COMM_WORLD
 core = _world._state.core
 n, r = comm.size, comm.rank
@@ -175,7 +176,7 @@ def test_ranks_that_disagree_on_nsocks_fail_naming_each_other():
 HOSTILE = r"""
 import json, os, socket, struct, sys, threading, time
 import numpy as np
-from collectives import _auth
+from collectives.rendezvous import auth as _auth
 from collectives._core import Communicator
 KEY = _auth.link_key(b"s3cret-for-nsocks-tests-0123456789abcdef")
 case = sys.argv[1]

@@ -82,7 +82,7 @@ def test_the_sdist_holds_what_a_build_and_the_tests_need():
     sdist = _dist("collectives-*.tar.gz")
     with tarfile.open(sdist) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
-    need = ["LICENSE", "README.md", "pyproject.toml", "setup.py", "MANIFEST.in",
+    need = ["LICENSE", "README.md", "ARCHITECTURE.md", "pyproject.toml", "setup.py", "MANIFEST.in",
             "tests/conftest.py", "tests/_worker.py"]
     need += [str(p.relative_to(REPO)) for p in (REPO / "native").rglob("*")
              if p.suffix in NATIVE_SUFFIXES and p.name != "_core.c"]

@@ -1,6 +1,6 @@
 """collectives.MPI.Request: mpi4py's non-blocking request and its completion calls.
 
-Kept apart from MPI.py for size; ``collectives.MPI.Request`` is this class.
+Kept apart from MPI/__init__.py for size; ``collectives.MPI.Request`` is this class.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """collectives.MPI's vocabulary: constants, ops, datatypes, Status, IN_PLACE and the
-buffer-spec helpers, shared by MPI.py (the Comm), _mpi_request.py and _mpi_extras.py.
+buffer-spec helpers, shared by __init__.py (the Comm), _request.py and _extras.py.
 Every public name here is re-exported by ``collectives.MPI``.
 """
 from __future__ import annotations

@@ -120,7 +120,7 @@ from jax.interpreters import ad, batching, mlir
 
 # JAX has no public way to declare an ordered effect or name the token aval;
 # these two private modules are the only ones this file touches (and
-# _jax_tokens.py, JAX's runtime tokens).
+# _tokens.py, JAX's runtime tokens).
 from jax._src import core as _jax_core
 from jax._src import effects as _jax_effects
 

@@ -26,9 +26,20 @@ coll_result_t coll_root_agree(coll_comm_t *comm, const coll_args_t *a, coll_kind
 coll_result_t coll_reduce_scatter_ring(coll_sched_t *s, const coll_args_t *a, void *tmp);
 coll_result_t coll_barrier_dissemination(coll_sched_t *s, const coll_args_t *a);
 
+/* The rooted and all-to-all collectives as a check (arguments only, nothing
+ * sent) and a run (the schedule, under the communicator's serialization); the
+ * communicator's entry points (comm/comm.c) put them together. */
+coll_result_t coll_check_reduce(coll_comm_t *comm, const coll_args_t *a);
+coll_result_t coll_run_reduce(coll_comm_t *comm, const coll_args_t *a);
+coll_result_t coll_check_gatherv(coll_comm_t *comm, const coll_args_t *a);
+coll_result_t coll_run_gatherv(coll_comm_t *comm, const coll_args_t *a);
+coll_result_t coll_check_scatterv(coll_comm_t *comm, const coll_args_t *a);
+coll_result_t coll_run_scatterv(coll_comm_t *comm, const coll_args_t *a);
+coll_result_t coll_check_alltoallv(coll_comm_t *comm, const coll_args_t *a);
+coll_result_t coll_run_alltoallv(coll_comm_t *comm, const coll_args_t *a);
+
 typedef struct {
-  coll_algo_t id;
-  const char *name;
+  coll_algo_t id;          /* its name: coll_algo_name(id) (base/status.c) */
   const char *description;
   coll_result_t (*build)(coll_sched_t *s, const coll_args_t *a);
 } coll_algo_entry_t;

@@ -36,7 +36,7 @@
 #include <stdlib.h>
 
 #include "algorithms/algorithms.h"
-#include "base/comm.h"
+#include "base/comm_state.h"
 #include "algorithms/pattern.h"
 #include "base/status.h"
 

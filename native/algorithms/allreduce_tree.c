@@ -20,7 +20,7 @@
  * wins on latency over many ranks at mid sizes.
  */
 #include "algorithms/algorithms.h"
-#include "base/comm.h"
+#include "base/comm_state.h"
 #include "algorithms/pattern.h"
 
 coll_result_t coll_allreduce_tree(coll_sched_t *s, const coll_args_t *a) {

@@ -25,12 +25,12 @@
 #include <string.h>
 
 #include "coll.h"
-#include "base/comm.h"
+#include "base/comm_state.h"
 #include "algorithms/pattern.h"
 #include "schedule/schedule.h"
 #include "base/status.h"
 
-static coll_result_t check_alltoallv(coll_comm_t *comm, const coll_args_t *a) {
+coll_result_t coll_check_alltoallv(coll_comm_t *comm, const coll_args_t *a) {
   comm->err_set = 0;
   int n = comm->size;
   if ((unsigned)a->dtype >= COLL_NUM_DTYPES)
@@ -53,7 +53,7 @@ static coll_result_t check_alltoallv(coll_comm_t *comm, const coll_args_t *a) {
   return COLL_SUCCESS;
 }
 
-static coll_result_t run_alltoallv(coll_comm_t *comm, const coll_args_t *a) {
+coll_result_t coll_run_alltoallv(coll_comm_t *comm, const coll_args_t *a) {
   int n = comm->size, r = comm->rank;
   size_t elem = coll_dtype_size(a->dtype);
   const size_t *scount = a->counts, *rcount = a->counts + n;
@@ -100,6 +100,3 @@ static coll_result_t run_alltoallv(coll_comm_t *comm, const coll_args_t *a) {
   return res;
 }
 
-coll_result_t coll_alltoallv(coll_comm_t *comm, const coll_args_t *a) {
-  return coll_comm_blocking(comm, a, check_alltoallv, run_alltoallv);
-}

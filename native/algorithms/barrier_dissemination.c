@@ -7,7 +7,7 @@
  * The round number travels in the header's offset field and is checked.
  */
 #include "algorithms/algorithms.h"
-#include "base/comm.h"
+#include "base/comm_state.h"
 #include "algorithms/pattern.h"
 
 coll_result_t coll_barrier_dissemination(coll_sched_t *s, const coll_args_t *a) {

@@ -43,7 +43,7 @@
 
 #include "algorithms/algorithms.h"
 #include "algorithms/pattern.h"
-#include "base/comm.h"
+#include "base/comm_state.h"
 #include "base/status.h"
 
 #define COLL_BCAST_FUSED_MAX (8 * 1024)

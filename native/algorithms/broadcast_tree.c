@@ -15,7 +15,7 @@
  * (n-1+k) alpha + S beta, which on a switched network runs at link speed.
  */
 #include "algorithms/algorithms.h"
-#include "base/comm.h"
+#include "base/comm_state.h"
 #include "algorithms/pattern.h"
 
 #define COLL_BCAST_CHAIN_MIN (64 * 1024)

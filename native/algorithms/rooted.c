@@ -31,7 +31,7 @@
 
 #include "coll.h"
 #include "algorithms/algorithms.h"
-#include "base/comm.h"
+#include "base/comm_state.h"
 #include "algorithms/pattern.h"
 #include "reduce/reduce.h"
 #include "schedule/schedule.h"
@@ -86,14 +86,14 @@ static void block_steps(coll_sched_t *s, int peer, char *dst, const char *src, s
 
 /* ---- reduce ---- */
 
-static coll_result_t check_reduce(coll_comm_t *comm, const coll_args_t *a) {
+coll_result_t coll_check_reduce(coll_comm_t *comm, const coll_args_t *a) {
   COLL_CHECK(check_rooted(comm, a, "reduce", 1));
   if (a->count && (!a->sendbuf || (comm->rank == a->root && !a->recvbuf)))
     return coll_error(comm, COLL_INVALID_ARGUMENT, "reduce: NULL buffer with count %zu", a->count);
   return COLL_SUCCESS;
 }
 
-static coll_result_t run_reduce(coll_comm_t *comm, const coll_args_t *a) {
+coll_result_t coll_run_reduce(coll_comm_t *comm, const coll_args_t *a) {
   size_t nbytes = a->count * coll_dtype_size(a->dtype);
   int root = a->root, r = comm->rank, n = comm->size;
   if (n == 1) {
@@ -139,7 +139,7 @@ static coll_result_t run_reduce(coll_comm_t *comm, const coll_args_t *a) {
 
 /* ---- gatherv ---- */
 
-static coll_result_t check_gatherv(coll_comm_t *comm, const coll_args_t *a) {
+coll_result_t coll_check_gatherv(coll_comm_t *comm, const coll_args_t *a) {
   COLL_CHECK(check_rooted(comm, a, "gatherv", 0));
   COLL_CHECK(check_blocks(comm, a, "gatherv"));
   if (a->count && !a->sendbuf)
@@ -147,7 +147,7 @@ static coll_result_t check_gatherv(coll_comm_t *comm, const coll_args_t *a) {
   return COLL_SUCCESS;
 }
 
-static coll_result_t run_gatherv(coll_comm_t *comm, const coll_args_t *a) {
+coll_result_t coll_run_gatherv(coll_comm_t *comm, const coll_args_t *a) {
   size_t elem = coll_dtype_size(a->dtype);
   int root = a->root, r = comm->rank, done;
   if (comm->size > 1) COLL_CHECK(coll_root_agree(comm, a, COLL_KIND_GATHER, &done));
@@ -170,7 +170,7 @@ static coll_result_t run_gatherv(coll_comm_t *comm, const coll_args_t *a) {
 
 /* ---- scatterv ---- */
 
-static coll_result_t check_scatterv(coll_comm_t *comm, const coll_args_t *a) {
+coll_result_t coll_check_scatterv(coll_comm_t *comm, const coll_args_t *a) {
   COLL_CHECK(check_rooted(comm, a, "scatterv", 0));
   COLL_CHECK(check_blocks(comm, a, "scatterv"));
   if (a->count && !a->recvbuf)
@@ -178,7 +178,7 @@ static coll_result_t check_scatterv(coll_comm_t *comm, const coll_args_t *a) {
   return COLL_SUCCESS;
 }
 
-static coll_result_t run_scatterv(coll_comm_t *comm, const coll_args_t *a) {
+coll_result_t coll_run_scatterv(coll_comm_t *comm, const coll_args_t *a) {
   size_t elem = coll_dtype_size(a->dtype);
   int root = a->root, r = comm->rank, done;
   if (comm->size > 1) COLL_CHECK(coll_root_agree(comm, a, COLL_KIND_SCATTER, &done));
@@ -199,12 +199,3 @@ static coll_result_t run_scatterv(coll_comm_t *comm, const coll_args_t *a) {
   return run(comm, &s, a);
 }
 
-coll_result_t coll_reduce(coll_comm_t *comm, const coll_args_t *a) {
-  return coll_comm_blocking(comm, a, check_reduce, run_reduce);
-}
-coll_result_t coll_gatherv(coll_comm_t *comm, const coll_args_t *a) {
-  return coll_comm_blocking(comm, a, check_gatherv, run_gatherv);
-}
-coll_result_t coll_scatterv(coll_comm_t *comm, const coll_args_t *a) {
-  return coll_comm_blocking(comm, a, check_scatterv, run_scatterv);
-}

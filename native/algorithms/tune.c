@@ -27,29 +27,25 @@
 #include <pthread.h>
 
 #include "algorithms/algorithms.h"
-#include "base/comm.h"
+#include "base/comm_state.h"
 #include "base/log.h"
 #include "base/param.h"
 #include "transport/transport.h"
 
 static const coll_algo_entry_t registry[COLL_NUM_ALGOS] = {
-    [COLL_ALGO_AUTO] = {COLL_ALGO_AUTO, "auto", "chosen by size and rank count", NULL},
-    [COLL_ALGO_RING] = {COLL_ALGO_RING, "ring",
+    [COLL_ALGO_AUTO] = {COLL_ALGO_AUTO, "chosen by size and rank count", NULL},
+    [COLL_ALGO_RING] = {COLL_ALGO_RING,
                         "reduce-scatter + allgather around a ring, segmented; bandwidth-optimal",
                         coll_allreduce_ring},
-    [COLL_ALGO_TREE] = {COLL_ALGO_TREE, "tree",
-                        "pipelined binary-tree reduce then broadcast", coll_allreduce_tree},
-    [COLL_ALGO_BUTTERFLY] = {COLL_ALGO_BUTTERFLY, "butterfly",
+    [COLL_ALGO_TREE] = {COLL_ALGO_TREE, "pipelined binary-tree reduce then broadcast",
+                        coll_allreduce_tree},
+    [COLL_ALGO_BUTTERFLY] = {COLL_ALGO_BUTTERFLY,
                              "recursive halving/doubling; latency-optimal for small messages",
                              coll_allreduce_butterfly},
 };
 
 const coll_algo_entry_t *coll_algo_entry(coll_algo_t id) {
   return (id >= 0 && id < COLL_NUM_ALGOS) ? &registry[id] : NULL;
-}
-
-const char *coll_algo_name(coll_algo_t algo) {
-  return (algo >= 0 && algo < COLL_NUM_ALGOS) ? registry[algo].name : "?";
 }
 
 typedef enum { TUNE_ANY, TUNE_SHM, TUNE_TCP } tune_transport_t;
@@ -114,7 +110,7 @@ static coll_algo_t forced = COLL_ALGO_AUTO;
 
 static coll_algo_t algo_by_name(const char *name) {
   for (int i = 1; i < COLL_NUM_ALGOS; i++)
-    if (strcasecmp(name, registry[i].name) == 0) return (coll_algo_t)i;
+    if (strcasecmp(name, coll_algo_name((coll_algo_t)i)) == 0) return (coll_algo_t)i;
   return COLL_ALGO_AUTO;
 }
 

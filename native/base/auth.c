@@ -152,7 +152,7 @@ int coll_random_bytes(void *out, size_t n) {
 
 /* ---- the communicator's side (coll.h) ---- */
 
-#include "base/comm.h"
+#include "base/comm_state.h"
 #include "base/status.h"
 
 coll_result_t coll_comm_set_link_key(coll_comm_t *comm, const uint8_t *key, size_t n) {

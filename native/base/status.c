@@ -1,19 +1,32 @@
 /*
- * status.c -- result codes as text, the communicator's error text (written
- * once, where the error is born), and the monotonic clock every layer's
- * deadlines use.
+ * status.c -- result codes and algorithm ids as text, the communicator's
+ * error text (written once, where the error is born), and the monotonic clock
+ * every layer's deadlines use. The algorithm names live here, not in the
+ * registry (algorithms/tune.c), because the wire layer names algorithms in its
+ * mismatch errors and may not call up into the algorithms.
  */
 #include <stdarg.h>
 #include <stdio.h>
 #include <time.h>
 
-#include "base/comm.h"
+#include "base/comm_state.h"
 #include "base/status.h"
 
 double coll_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+const char *coll_algo_name(coll_algo_t algo) {
+  switch (algo) {
+    case COLL_ALGO_AUTO: return "auto";
+    case COLL_ALGO_RING: return "ring";
+    case COLL_ALGO_TREE: return "tree";
+    case COLL_ALGO_BUTTERFLY: return "butterfly";
+    case COLL_NUM_ALGOS: break;
+  }
+  return "?";
 }
 
 const char *coll_strerror(coll_result_t res) {

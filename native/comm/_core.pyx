@@ -99,7 +99,7 @@ cdef coll_result_t coll_request_wait_closed(coll_request_t *req) noexcept:
 
 cdef extern from *:
     """
-    #include "base/comm.h"
+    #include "base/comm_state.h"
     #include <stddef.h>
     #define _RESULT_OFFSET offsetof(struct coll_request, result)
     """

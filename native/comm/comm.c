@@ -5,7 +5,7 @@
  * requests.
  */
 #define _GNU_SOURCE
-#include "base/comm.h"
+#include "base/comm_state.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -184,7 +184,7 @@ static coll_result_t check_common(coll_comm_t *comm, const coll_args_t *a, int n
 
 static coll_result_t enter(coll_comm_t *comm) {
   coll_result_t res = coll_comm_enter(comm);
-  /* Half-read point-to-point headers go back to their links (comm.h). */
+  /* Half-read point-to-point headers go back to their links (comm_state.h). */
   if (res == COLL_SUCCESS) res = coll_p2p_quiesce(comm, coll_comm_deadline(comm, 0));
   return res;
 }
@@ -297,7 +297,7 @@ static coll_result_t run_allreduce(coll_comm_t *comm, const coll_args_t *args) {
   coll_sched_t s;
   coll_sched_init(&s, comm, COLL_KIND_ALLREDUCE, a, (uint32_t)algo);
   COLL_INFO(COLL_LOG_TUNE, "allreduce #%u %zu bytes on %d ranks: %s", s.hdr.seq, nbytes, comm->size,
-            e->name);
+            coll_algo_name(algo));
   coll_result_t res = e->build(&s, a);
   if (res == COLL_SUCCESS) res = run_sched(&s, a);
   coll_sched_free(&s);
@@ -434,6 +434,18 @@ coll_result_t coll_broadcast(coll_comm_t *comm, const coll_args_t *a) {
 coll_result_t coll_reduce_scatter_block(coll_comm_t *comm, const coll_args_t *a) {
   return coll_comm_blocking(comm, a, check_reduce_scatter, run_reduce_scatter);
 }
+coll_result_t coll_reduce(coll_comm_t *comm, const coll_args_t *a) {
+  return coll_comm_blocking(comm, a, coll_check_reduce, coll_run_reduce);
+}
+coll_result_t coll_gatherv(coll_comm_t *comm, const coll_args_t *a) {
+  return coll_comm_blocking(comm, a, coll_check_gatherv, coll_run_gatherv);
+}
+coll_result_t coll_scatterv(coll_comm_t *comm, const coll_args_t *a) {
+  return coll_comm_blocking(comm, a, coll_check_scatterv, coll_run_scatterv);
+}
+coll_result_t coll_alltoallv(coll_comm_t *comm, const coll_args_t *a) {
+  return coll_comm_blocking(comm, a, coll_check_alltoallv, coll_run_alltoallv);
+}
 coll_result_t coll_barrier(coll_comm_t *comm, double timeout) {
   coll_args_t a;
   memset(&a, 0, sizeof a);
@@ -448,7 +460,7 @@ coll_result_t coll_barrier(coll_comm_t *comm, double timeout) {
  * it (coll_request_wait). Returns with the mutex held, the request done and
  * off the queue. */
 static void run_head(coll_comm_t *comm, coll_request_t *req) {
-  /* A subcommunicator's requests are queued here too (comm.h): each runs
+  /* A subcommunicator's requests are queued here too (comm_state.h): each runs
    * on the communicator it was made on. */
   coll_comm_t *rc = req->comm;
   comm->err_set = 0;

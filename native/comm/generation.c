@@ -2,7 +2,7 @@
  * (transport/wire.h): the elastic layer (collectives/elastic/membership.py) numbers the
  * worlds a job forms after shrinking or growing, and a message from an earlier
  * one is refused by the receiver's header check, naming both generations. */
-#include "base/comm.h"
+#include "base/comm_state.h"
 #include "coll.h"
 
 coll_result_t coll_comm_set_generation(coll_comm_t *comm, uint32_t gen) {

@@ -4,7 +4,7 @@
  *
  * A subcommunicator is a coll_comm_t with its own rank, size, sequence
  * number and context id, whose peers[i].link are the root's links to the
- * world ranks world[i] (base/comm.h). Everything that owns a descriptor or a
+ * world ranks world[i] (base/comm_state.h). Everything that owns a descriptor or a
  * thread stays on the root: the listener, the links, the lock and the
  * request queue with its progress thread, the point-to-point engine. So
  * making a subcommunicator opens no socket; a link the root has not opened
@@ -29,7 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/comm.h"
+#include "base/comm_state.h"
 #include "base/param.h"
 #include "base/status.h"
 #include "cuda/cuda.h"

@@ -27,7 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "base/comm.h"
+#include "base/comm_state.h"
 #include "cuda/backend.h"
 #include "reduce/reduce.h"
 #include "base/status.h"

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/comm.h"
+#include "base/comm_state.h"
 #include "base/status.h"
 
 #ifdef COLL_HAVE_CUDA

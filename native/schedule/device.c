@@ -31,7 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/comm.h"
+#include "base/comm_state.h"
 #include "cuda/cuda.h"
 #include "schedule/schedule.h"
 #include "base/status.h"

@@ -24,7 +24,7 @@
 #include <sched.h>
 #include <string.h>
 
-#include "base/comm.h"
+#include "base/comm_state.h"
 #include "base/log.h"
 #include "base/status.h"
 #include "reduce/reduce.h"

@@ -22,7 +22,7 @@
  *   collective starts   -> coll_p2p_quiesce: half-read headers go back; then
  *                          before its first message on a link, the executor
  *                          moves a message half sent or half received there
- *                          to its end (coll_p2p_drain, comm.h says why)
+ *                          to its end (coll_p2p_drain, comm_state.h says why)
  *   collective reads a p2p header -> coll_p2p_divert: delivered or set aside
  *
  * Links are set up without blocking here: a higher peer is dialed (its
@@ -43,7 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/comm.h"
+#include "base/comm_state.h"
 #include "base/param.h"
 #include "schedule/p2p.h"
 #include "schedule/schedule.h"
@@ -181,10 +181,12 @@ static coll_result_t check_peer_tag(coll_comm_t *comm, const coll_args_t *a, con
   return COLL_SUCCESS;
 }
 
-coll_result_t p2p_post(coll_comm_t *comm, const coll_args_t *args, int is_send, coll_request_t **out) {
+coll_result_t p2p_post(coll_comm_t *comm, const coll_args_t *args, int is_send, coll_request_t **out,
+                       coll_comm_t **to_break) {
   *out = NULL;
+  *to_break = NULL;
   COLL_CHECK(p2p_check_args(comm, args, is_send));
-  /* A subcommunicator's messages go through its root's engine (base/comm.h),
+  /* A subcommunicator's messages go through its root's engine (base/comm_state.h),
    * to root ranks, with its context id. */
   coll_args_t ta = *args;
   const coll_args_t *a = &ta;
@@ -274,7 +276,7 @@ coll_result_t p2p_post(coll_comm_t *comm, const coll_args_t *args, int is_send, 
       if (res != COLL_SUCCESS) { /* a mismatch: reported here, and it breaks the communicator */
         pthread_mutex_unlock(&comm->mu);
         free(req);
-        coll_comm_break(comm, res);
+        *to_break = comm; /* the communicator's layer breaks it (comm/p2p_wait.c) */
         return res;
       }
     } else if (m) {
@@ -473,20 +475,6 @@ coll_result_t p2p_pull(coll_comm_t *comm, p2p_peer_t *pp, coll_link_t *link, int
     payload_done(comm, pp);
     if (one) return COLL_SUCCESS;
   }
-}
-
-/* Sleeps until `link` can move (or the deadline), for the blocking loops. */
-static coll_result_t link_wait(coll_comm_t *comm, coll_link_t *link, int sending, int receiving,
-                               double deadline, const char *what) {
-  int ev = coll_link_wait_events(link, sending, receiving);
-  if (ev < 0) return COLL_SUCCESS;
-  struct pollfd pfs[2];
-  int npf = coll_link_pollfds(link, ev, pfs);
-  double left = deadline - coll_now();
-  if (left <= 0 || poll(pfs, (nfds_t)npf, (int)(left * 1000) + 1) == 0)
-    return coll_error(comm, COLL_TIMEOUT, "rank %d: timed out %s rank %d", comm->rank, what, link->peer);
-  int hup = 0;
-  return coll_link_polled(link, pfs, npf, &hup);
 }
 
 /* Before a collective over GPU buffers (whose executor has no drain hook):

@@ -8,7 +8,7 @@
 
 #include <poll.h>
 
-#include "base/comm.h"
+#include "base/comm_state.h"
 #include "transport/wire.h"
 
 enum { OP_QUEUED = 0, OP_MOVING = 1, OP_DONE = 2 };
@@ -74,8 +74,11 @@ coll_result_t p2p_state_get(coll_comm_t *comm);
 /* Completes op with res and wakes waiters (under comm->mu). */
 void p2p_op_done(coll_comm_t *comm, coll_p2p_op_t *op, coll_result_t res);
 coll_result_t p2p_check_args(coll_comm_t *comm, const coll_args_t *a, int is_send);
-/* Posts a send or receive; *out is its request. */
-coll_result_t p2p_post(coll_comm_t *comm, const coll_args_t *a, int is_send, coll_request_t **out);
+/* Posts a send or receive; *out is its request. A receive that meets a kept
+ * message of another size or dtype fails and names in *to_break the
+ * communicator that the mismatch breaks (the caller breaks it). */
+coll_result_t p2p_post(coll_comm_t *comm, const coll_args_t *a, int is_send, coll_request_t **out,
+                       coll_comm_t **to_break);
 /* Moves this peer's queued sends (one: only the message under way) and
  * reads what it sent (one: only the rest of the message under way), as far
  * as the link goes without blocking. Holder of the communicator only. */

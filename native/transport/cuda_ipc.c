@@ -38,7 +38,7 @@
 #include <strings.h>
 #include <unistd.h>
 
-#include "base/comm.h"
+#include "base/comm_state.h"
 #include "cuda/cuda.h"
 #include "base/param.h"
 #include "base/status.h"

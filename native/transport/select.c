@@ -11,7 +11,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "base/comm.h"
+#include "base/comm_state.h"
 #include "base/param.h"
 #include "base/status.h"
 #include "transport/transport.h"

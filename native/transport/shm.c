@@ -45,7 +45,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "base/comm.h"
+#include "base/comm_state.h"
 #include "base/param.h"
 #include "base/status.h"
 #include "transport/transport.h"

@@ -33,7 +33,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "base/comm.h"
+#include "base/comm_state.h"
 #include "base/status.h"
 #include "transport/transport.h"
 #include "transport/wire.h"

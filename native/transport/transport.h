@@ -27,12 +27,12 @@
 #include <sys/uio.h>
 
 #include "coll.h"
-#include "base/comm.h"
+#include "base/comm_state.h"
 #include "transport/wire.h"
 
 typedef struct coll_transport coll_transport_t;
 
-struct coll_link { /* typedef coll_link_t: base/comm.h */
+struct coll_link { /* typedef coll_link_t: base/comm_state.h */
   const coll_transport_t *tp;
   coll_comm_t *comm;
   int peer;

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/comm.h"
+#include "base/comm_state.h"
 #include "base/status.h"
 #include "transport/transport.h"
 

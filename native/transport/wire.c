@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "base/auth.h"
-#include "base/comm.h"
+#include "base/comm_state.h"
 #include "base/status.h"
 #include "transport/transport.h"
 

@@ -76,7 +76,7 @@
 
 #include "base/auth.h"
 #include "coll.h"
-#include "base/comm.h"
+#include "base/comm_state.h"
 
 #define COLL_WIRE_MAGIC 0x4c4c4f43u  /* "COLL" */
 #define COLL_HELLO_MAGIC 0x49484c43u /* "CLHI" */

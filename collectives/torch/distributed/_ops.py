@@ -268,7 +268,7 @@ class MoreOps:
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
         """gloo's monitored barrier: rank 0 names the ranks that did not arrive in time
-        (_backend_more.py; torch's dist.monitored_barrier takes gloo groups only, so call
+        (_more.py; torch's dist.monitored_barrier takes gloo groups only, so call
         group.monitored_barrier(timeout))."""
         from ._more import monitored_barrier
         monitored_barrier(self, timeout, wait_all_ranks)

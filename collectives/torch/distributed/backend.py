@@ -7,7 +7,7 @@ DistributedDataParallel and ordinary training code can use: all_reduce
 (sum, avg, min, max, product, band, bor, bxor), broadcast, all_gather,
 all_gather_into_tensor, reduce_scatter_tensor, reduce, all_to_all(_single),
 barrier here; send/recv, gather/scatter and the coalesced forms in
-_backend_ops.py (README: the table of what is there and what raises).
+_ops.py (README: the table of what is there and what raises).
 
 The communicator: the ``collectives`` world when this process was started by
 ``collectives-run`` (or ``collectives.init()`` already ran) and the group is

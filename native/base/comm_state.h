@@ -1,5 +1,5 @@
 /*
- * comm.h -- the native communicator's state: peers, links, sequence numbers,
+ * comm_state.h -- the native communicator's state: peers, links, sequence numbers,
  * deadlines, the broken state, and the progress thread for requests.
  * All state of the core hangs off this struct (no process globals beyond the
  * log and parameter caches), so every layer sees it; each part is read and
@@ -7,8 +7,8 @@
  * the kept schedule arrays by schedule/, the queue by comm/). Types of the
  * layers above appear here only as incomplete structs.
  */
-#ifndef COLL_COMM_H
-#define COLL_COMM_H
+#ifndef COLL_COMM_STATE_H
+#define COLL_COMM_STATE_H
 
 #include <pthread.h>
 #include <stdint.h>

@@ -1,7 +1,10 @@
 /*
  * p2p_wait.c -- point-to-point: the engine that runs every pending message
  * until the one waited for is done, requests (wait, test, free, wait-any),
- * and the API entry points (contracts in coll.h; design in p2p.c).
+ * and the API entry points (contracts in coll.h; design in
+ * schedule/p2p.c). It is the communicator's: waiting takes the communicator
+ * from the progress thread and the other callers (coll_comm_enter), and a
+ * failure breaks it.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -11,7 +14,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "base/comm.h"
+#include "base/comm_state.h"
 #include "schedule/p2p.h"
 #include "schedule/schedule.h"
 #include "base/status.h"
@@ -237,20 +240,29 @@ void coll_p2p_destroy(coll_comm_t *comm) {
 
 /* ---- the API ---- */
 
+/* p2p_post, and the break a mismatch with a kept message calls for. */
+static coll_result_t post(coll_comm_t *comm, const coll_args_t *args, int is_send,
+                          coll_request_t **out) {
+  coll_comm_t *to_break;
+  coll_result_t res = p2p_post(comm, args, is_send, out, &to_break);
+  if (to_break) coll_comm_break(to_break, res);
+  return res;
+}
+
 coll_result_t coll_isend(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req) {
-  COLL_CHECK(p2p_post(comm, args, 1, req));
+  COLL_CHECK(post(comm, args, 1, req));
   int done;
   coll_p2p_test(*req, &done); /* a message that fits the link leaves now */
   return COLL_SUCCESS;
 }
 
 coll_result_t coll_irecv(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req) {
-  return p2p_post(comm, args, 0, req);
+  return post(comm, args, 0, req);
 }
 
 coll_result_t coll_send(coll_comm_t *comm, const coll_args_t *args) {
   coll_request_t *req;
-  COLL_CHECK(p2p_post(comm, args, 1, &req));
+  COLL_CHECK(post(comm, args, 1, &req));
   coll_result_t res = coll_p2p_wait(req);
   free(req);
   return res;
@@ -258,7 +270,7 @@ coll_result_t coll_send(coll_comm_t *comm, const coll_args_t *args) {
 
 coll_result_t coll_recv(coll_comm_t *comm, const coll_args_t *args, coll_status_t *status) {
   coll_request_t *req;
-  COLL_CHECK(p2p_post(comm, args, 0, &req));
+  COLL_CHECK(post(comm, args, 0, &req));
   coll_result_t res = coll_p2p_wait(req);
   if (res == COLL_SUCCESS && status) *status = req->p2p->status;
   if (req->p2p->alloc) free(req->p2p->buf); /* coll_irecv is the form that hands it over */
@@ -270,8 +282,8 @@ coll_result_t coll_sendrecv(coll_comm_t *comm, const coll_args_t *send_args,
                             const coll_args_t *recv_args, coll_status_t *status) {
   coll_request_t *rr, *sr;
   COLL_CHECK(p2p_check_args(comm, send_args, 1));
-  COLL_CHECK(p2p_post(comm, recv_args, 0, &rr));
-  coll_result_t res = p2p_post(comm, send_args, 1, &sr);
+  COLL_CHECK(post(comm, recv_args, 0, &rr));
+  coll_result_t res = post(comm, send_args, 1, &sr);
   if (res != COLL_SUCCESS) {
     coll_p2p_free(rr);
     return res;
