@@ -80,13 +80,16 @@ def test_command_runs_from_the_clone_root(cmd, clone):
     root, env = clone
     if cmd == "python -m collectives.run":
         cmd += " -np 2 python examples/hello_allreduce.py"
+    if cmd.endswith("tests/test_ray.py"):
+        # with Ray installed, its quick tests only (the file is minutes of cluster starts)
+        cmd += " -k bad_arguments_raise"
     res = _run(cmd, root, env)
     out = res.stdout + res.stderr
     # pytest's 5: nothing collected, as when a module skips itself (no Ray installed)
     ok = (0, 5) if "pytest" in cmd and " skipped" in res.stdout else (0,)
     assert res.returncode in ok, f"{cmd} from {root}: rc={res.returncode}\n{out[-4000:]}"
     assert "No module named 'collectives._core'" not in out
-    want = RUN.get(cmd.split(" -np 2")[0])
+    want = RUN.get(cmd.split(" -np 2")[0].split(" -k ")[0])
     if want:
         assert want in out.lower(), out[-2000:]
     if "pytest" in cmd:
@@ -99,7 +102,7 @@ def test_module_starts_from_the_clone_root(module, clone):
     res = _run(f"python -m {module} --help", root, env, timeout=120)
     out = res.stdout + res.stderr
     # A usage text is the answer (peer_worker prints its usage and exits 1).
-    assert res.returncode in (0, 1, 2) and "usage" in out.lower() and "Traceback" not in out, \
+    assert res.returncode in (0, 1, 2) and "usage" in out.lower() and "Traceback (most recent call last)" not in out, \
         f"python -m {module} --help from {root}: rc={res.returncode}\n{out[-3000:]}"
 
 
