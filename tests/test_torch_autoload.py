@@ -75,4 +75,4 @@ print(f"{took * 1e3:.1f}")
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=60)
     assert res.returncode == 0, res.stderr
-    assert float(res.stdout.split()[-1]) < 100.0, res.stdout  # ms; measured: ~1 ms
+    assert float(res.stdout.split()[-1]) < 100.0, res.stdout  # ms; measured: 1.2-4.7 ms
