@@ -423,6 +423,7 @@ def test_ray_example_runs_as_the_readme_gives_it(tmp_path_factory):
     import _clone
 
     root, env = _clone.user_clone(tmp_path_factory)
+    env["RAY_ADDRESS"] = "local"  # a cluster of its own, not one another job left running
     res = subprocess.run([sys.executable, *_clone.PYTHON_FLAGS, "examples/ray_train.py",
                           "--workers", "2", "--steps", "5"], cwd=root, env=env,
                          capture_output=True, text=True, timeout=240)
