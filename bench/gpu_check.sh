@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
-# On a machine with an NVIDIA GPU (issue 26): build with CUDA once, then run the
-# stages named on the command line, each with its own time limit, logging
-# under ${OUT:-/tmp/gpu_out}. Stages: info build tests grid hw bench leak.
-#   bash bench/gpu_check.sh info build tests
+# On a machine with an NVIDIA GPU (issues 26, 40): build with CUDA once, then run
+# the stages named on the command line, each with its own time limit, logging
+# under ${OUT:-/tmp/gpu_out}. Stages: info build tests tests-rest tests40
+# tests-core hw compare bench; issue40 = info build tests40 tests-core compare
+# (about 8 minutes on one H100, estimated: build ~2, tests40 ~3, tests-core ~1.5,
+# compare ~1.5; each stage is cut at its T_* limit, so the whole stays under ~11).
+#   bash bench/gpu_check.sh issue40
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
 PY=${PY:-python3}
 export PYTHONUNBUFFERED=1
 stage() { echo "=== $1 ($(date +%T))"; }
+stages=()
 for s in "$@"; do
+  if [ "$s" = issue40 ]; then stages+=(info build tests40 tests-core compare); else stages+=("$s"); fi
+done
+for s in "${stages[@]}"; do
   case $s in
     info)
       stage info
@@ -35,6 +42,27 @@ for s in "$@"; do
     tests-rest)
       stage "tests/test_cuda.py, all but the device grid"
       timeout 120 $PY -m pytest -q -rs -p no:cacheprovider tests/test_cuda.py -k "not test_gpu_collectives" 2>&1 | tee "$OUT/test_cuda_rest.log" | tail -30 ;;
+    tests40)
+      # issue 40 on the GPU: small messages through pinned memory, the pipelined
+      # staged path over TCP with 64 KiB segments (counters: >= 2 pieces in
+      # flight), JAX on GPU arrays (CUDA FFI handlers).
+      stage "issue 40: tests/test_cuda_paths.py tests/test_jax_gpu.py (-m cuda)"
+      # small path at 2 ranks over IPC links and 4 over TCP (the rest of its grid runs on
+      # the emulated GPU in CI); K40= "" runs every GPU case (about twice as long).
+      timeout ${T_TESTS40:-210} $PY -m pytest -q -rs -p no:cacheprovider -m cuda tests/test_cuda_paths.py tests/test_jax_gpu.py -k "${K40-not small or 2-ipc or 4-tcp}" --durations=10 2>&1 | tee "$OUT/test_issue40.log" | tail -40 ;;
+    tests-core)
+      # the device grid on the paths issue 40 changed (staged TCP: two lanes,
+      # three slots; IPC), the stream-order test through torch, the mismatch test
+      stage "tests/test_cuda.py (-m cuda, staged-tcp at 2 ranks, ipc at 3)"
+      timeout ${T_CORE:-150} $PY -m pytest -q -rs -p no:cacheprovider -m cuda tests/test_cuda.py -k "not test_gpu_collectives or staged-tcp-2 or ipc-3" --durations=10 2>&1 | tee "$OUT/test_cuda_core.log" | tail -30 ;;
+    compare)
+      # ours on GPU buffers, ours on host buffers, gloo on CUDA tensors; loopback TCP
+      stage "compare: allreduce gpu / host / gloo-cuda over TCP"
+      for np_ in 2 4; do
+        echo "--- np $np_ COLLECTIVES_TRANSPORT=tcp (ranks size impl time_us algbw busbw wrong)" | tee -a "$OUT/compare.txt"
+        COLLECTIVES_TRANSPORT=tcp timeout ${T_COMPARE:-100} $PY -m collectives.run -np $np_ $PY bench/gpu_compare.py --impls ${IMPLS:-gpu,host,gloo} --sizes ${SIZES:-8,1M,16M,64M,256M} --iters ${ITERS:-10} --json "$OUT/compare_np$np_.json" 2>>"$OUT/compare_err.log" | sed -E 's/^\[0\]<stdout>: ?//' | grep -v "^\[" | tee -a "$OUT/compare.txt"
+      done
+      tail -5 "$OUT/compare_err.log" 2>/dev/null ;;
     hw)
       stage "tests/test_cuda_hw.py"
       timeout ${T_HW:-280} $PY -m pytest -q -rs -p no:cacheprovider tests/test_cuda_hw.py --durations=20 2>&1 | tee "$OUT/test_cuda_hw.log" | tail -60 ;;

@@ -11,7 +11,8 @@
 # COLLECTIVES_TRANSPORT=tcp, since the namespaces still
 # share /dev/shm and would otherwise talk through shared memory. Addresses
 # live only inside these namespaces. netem (delay, loss) is not in every
-# kernel; the rate limit (tbf) is.
+# kernel; the rate limit (tbf) is. One rank per host: for several ranks per
+# host (a hostname per host, shared memory inside it) use bench/multihost.py.
 set -euo pipefail
 
 cmd=${1:-}; n=${2:-4}

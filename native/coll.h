@@ -7,8 +7,9 @@
  *   coll_barrier                       blocking collectives
  *   coll_iallreduce + coll_request_*   non-blocking allreduce on the progress thread
  *   coll_reduce, coll_gatherv, coll_scatterv
- *                                      blocking rooted collectives (rooted.c), host memory
- *   coll_alltoallv                     pairwise exchange (alltoall.c), host memory
+ *                                      blocking rooted collectives (rooted.c); GPU
+ *                                      buffers are staged whole through pinned memory
+ *   coll_alltoallv                     pairwise exchange (alltoall.c); GPU buffers as above
  *   coll_isend / coll_irecv / coll_send / coll_recv / coll_sendrecv
  *                                      point-to-point messages with tags (p2p.c)
  *   coll_comm_split / coll_comm_dup / coll_comm_free
@@ -81,7 +82,8 @@ typedef enum {
   COLL_ALGO_RING = 1,
   COLL_ALGO_TREE = 2,
   COLL_ALGO_BUTTERFLY = 3,
-  COLL_NUM_ALGOS = 4
+  COLL_ALGO_TWO_LEVEL = 4, /* inside hosts, then across them on rails (allreduce_two_level.c) */
+  COLL_NUM_ALGOS = 5
 } coll_algo_t;
 
 typedef enum {
@@ -156,6 +158,8 @@ coll_result_t coll_comm_set_peer(coll_comm_t *comm, int peer, const char *host, 
 /* An identifier equal for ranks on the same host (hostname + boot id): such
  * peers may use the shared-memory transport. Optional; "" means unknown. */
 coll_result_t coll_comm_set_peer_host(coll_comm_t *comm, int peer, const char *host_id);
+/* The host id set for `peer` ("" if none or out of range). */
+const char *coll_comm_peer_host(const coll_comm_t *comm, int peer);
 /* How long a rank that cannot progress keeps checking before it sleeps in
  * poll() (microseconds; 0: sleep at once). */
 void coll_comm_set_spin(coll_comm_t *comm, double us);
@@ -251,7 +255,8 @@ coll_result_t coll_broadcast(coll_comm_t *comm, const coll_args_t *args);
 coll_result_t coll_reduce_scatter_block(coll_comm_t *comm, const coll_args_t *args);
 coll_result_t coll_barrier(coll_comm_t *comm, double timeout);
 
-/* Rooted collectives (rooted.c), host memory only; root in args->root.
+/* Rooted collectives (rooted.c), host memory (GPU buffers: staged whole through pinned
+ * memory by the communicator, comm/gpu_small.c); root in args->root.
  * reduce: recvbuf (root only; ignored elsewhere, may be NULL) = op over the
  *   ranks' sendbuf, count elements each; sendbuf == recvbuf at the root is
  *   in place; AVG divides once at the root.
@@ -266,7 +271,7 @@ coll_result_t coll_barrier(coll_comm_t *comm, double timeout);
 coll_result_t coll_reduce(coll_comm_t *comm, const coll_args_t *args);
 coll_result_t coll_gatherv(coll_comm_t *comm, const coll_args_t *args);
 coll_result_t coll_scatterv(coll_comm_t *comm, const coll_args_t *args);
-/* alltoallv (alltoall.c), host memory: rank r sends counts[j] elements from
+/* alltoallv (alltoall.c), host memory (GPU buffers: as the rooted ones): rank r sends counts[j] elements from
  * sendbuf + displs[j] to rank j and receives counts[size + j] elements from
  * rank j into recvbuf + displs[size + j] (counts and displs hold 2 * size
  * entries: send side, then receive side). Every pair must agree on the

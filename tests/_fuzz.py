@@ -112,8 +112,8 @@ def _store_frame(op: int, fields: list[bytes]) -> bytes:
 
 
 def _corpus() -> dict:
-    hello = struct.pack("<II16sII", 0x49484C43, 2, bytes(16), 0, 1) + bytes(16)
-    abort = struct.pack("<II16sII", 0x42414C43, 2, bytes(16), 0, 1) + bytes(16) + \
+    hello = struct.pack("<II16sII", 0x49484C43, 3, bytes(16), 0, 1) + bytes(16)
+    abort = struct.pack("<II16sII", 0x42414C43, 3, bytes(16), 0, 1) + bytes(16) + \
         b"rank 0: it broke".ljust(96, b"\0") + bytes(32)
 
     def header(coll, seq, nbytes, aux, count, offset, dtype=2, flags=0):

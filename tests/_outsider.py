@@ -34,8 +34,9 @@ import time
 # collectives under test (the checkout, or none: an installed wheel); it puts
 # nothing on sys.path itself, since the tests also import it in-process.
 
-HELLO_MAGIC, ABORT_MAGIC, OPENING_VERSION = 0x49484C43, 0x42414C43, 2
+HELLO_MAGIC, ABORT_MAGIC, OPENING_VERSION = 0x49484C43, 0x42414C43, 3
 HELLO_PART, OFFER, MAC = 48, 96, 32
+CHALLENGE = 16 + MAC  # nonce_a, and the acceptor's proof of the key over it and the hello
 OPENING = HELLO_PART + OFFER + MAC
 REASON = 96
 
@@ -45,14 +46,19 @@ def say(what: str, **data) -> None:
     print(json.dumps({"what": what, **data}), flush=True)
 
 
-def hello_part(comm_id: bytes, frm: int, to: int, magic: int = HELLO_MAGIC) -> bytes:
-    """The first part of a link opening (wire.h), with a random nonce."""
-    return struct.pack("<II16sII", magic, OPENING_VERSION, comm_id, frm, to) + os.urandom(16)
+def hello_part(comm_id: bytes, frm: int, to: int, magic: int = HELLO_MAGIC, key: bytes = b"",
+               sock: int = 0, nsocks: int = 1) -> bytes:
+    """The first part of a link opening (wire.h), with a random nonce: the comm_id goes as
+    a tag under key (the link key; an outsider's guess), so only the job recognizes it."""
+    nonce = os.urandom(16)
+    tag = hmac.new(key, b"collectives hello" + comm_id + nonce, "sha256").digest()[:16]
+    return struct.pack("<IHBB16sII", magic, OPENING_VERSION, sock, nsocks - 1, tag, frm, to) + \
+        nonce
 
 
 def abort_notice(key: bytes, comm_id: bytes, frm: int, to: int, reason: bytes) -> bytes:
     """An abort notice (wire.h) MAC'd under key (the outsider's guess of the link key)."""
-    body = hello_part(comm_id, frm, to, ABORT_MAGIC) + reason.ljust(REASON, b"\0")[:REASON]
+    body = hello_part(comm_id, frm, to, ABORT_MAGIC, key) + reason.ljust(REASON, b"\0")[:REASON]
     return body + hmac.new(key, b"collectives abort" + body, "sha256").digest()
 
 
@@ -127,7 +133,7 @@ def attack(directory: str, store_host: str, store_port: int) -> None:
     # The ranks go on to their Bcast now.
     with open(os.path.join(directory, "attacked"), "w") as fh:
         fh.write("1")
-    challenge = _recv_some(forged, 16, 20.0)
+    challenge = _recv_some(forged, CHALLENGE, 20.0)
     say("challenge", got=len(challenge))
     marker = os.path.join(directory, "pwned")
     payload = pickle.dumps(_Pwn(marker))

@@ -189,7 +189,8 @@ def run_world(n: int, body: Optional[str] = None, *, script: Optional[str] = Non
               timeout: float = 60.0, env: Optional[Mapping[str, str]] = None,
               rank_env: Optional[Callable[[int, int], Mapping[str, str]]] = None,
               collective_timeout: Optional[float] = 30.0, args: Sequence[str] = (),
-              launcher: bool = False) -> WorldResult:
+              launcher: bool = False,
+              prefix: Optional[Callable[[int], Sequence[str]]] = None) -> WorldResult:
     """Run `body` (source) or `script` (path) as n ranks on loopback; see the module doc.
 
     env: extra variables for every rank. rank_env(rank, n): this rank's
@@ -200,6 +201,9 @@ def run_world(n: int, body: Optional[str] = None, *, script: Optional[str] = Non
     then unknown: every rank gets the launcher's code). Every rank gets
     WORLD_DIR, a directory of this world's own, where _worker.arrive and
     wait_for let a rank wait for another to get somewhere (not a sleep).
+    prefix(rank): command words that start rank's process (each execs the
+    next, so the process killed is the rank: e.g. entering a network
+    namespace, tests/_netns.py).
     """
     extra = dict(env or {})
     if collective_timeout is not None:
@@ -225,7 +229,7 @@ def run_world(n: int, body: Optional[str] = None, *, script: Optional[str] = Non
                 out = open(os.path.join(tmp, f"out{rank}"), "w+b")
                 err = open(os.path.join(tmp, f"err{rank}"), "w+b")
                 files.append((out, err))
-                p = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                p = subprocess.Popen([*(prefix(rank) if prefix else ()), *cmd], stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                                      env=penv, cwd=tmp, start_new_session=True)
                 _LIVE.add(p)
                 procs.append(p)

@@ -218,9 +218,9 @@ def test_fuzz_link_opening_and_wire_header():
                     s.sendall(sent)
                     _recv(s, 64, 0.05)
                 else:  # knows the key: a link is made, then mutated messages
-                    hello = struct.pack("<II16sII", 0x49484C43, 2, cid, 0, 1) + os.urandom(16)
+                    hello = _outsider.hello_part(cid, 0, 1, key=KEY)
                     s.sendall(hello)
-                    challenge = _recv(s, 16, 1.0)
+                    challenge = _recv(s, _outsider.CHALLENGE, 1.0)[:16]
                     offer = bytes(sent[:96]).ljust(96, b"\0")
                     mac = _auth.mac(KEY, b"collectives open", challenge, hello, offer)
                     s.sendall(offer + mac)

@@ -176,6 +176,7 @@ def test_ranks_that_disagree_on_nsocks_fail_naming_each_other():
 HOSTILE = r"""
 import json, os, socket, struct, sys, threading, time
 import numpy as np
+import _outsider
 from collectives.rendezvous import auth as _auth
 from collectives._core import Communicator
 KEY = _auth.link_key(b"s3cret-for-nsocks-tests-0123456789abcdef")
@@ -194,14 +195,14 @@ def recv_some(s, n, timeout):
         pass
     return got
 
-def hello(cid, sock, k):
-    return struct.pack("<IHBB16sII", 0x49484C43, 2, sock, k - 1, cid, 0, 1) + os.urandom(16)
+def hello(cid, sock, k, key):
+    return _outsider.hello_part(cid, 0, 1, key=key, sock=sock, nsocks=k)
 
 def opening(port, cid, sock, k, kind=0, key=KEY):
     s = socket.create_connection(("127.0.0.1", port), timeout=5)
-    h = hello(cid, sock, k)
+    h = hello(cid, sock, k, key)
     s.sendall(h)
-    challenge = recv_some(s, 16, 3.0)
+    challenge = recv_some(s, _outsider.CHALLENGE, 3.0)[:16]
     offer = struct.pack("<I", kind).ljust(96, b"\0")
     s.sendall(offer + _auth.mac(key, b"collectives open", challenge, h, offer))
     answer = recv_some(s, 36, 3.0)

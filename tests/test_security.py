@@ -209,8 +209,8 @@ def test_a_recorded_opening_cannot_be_replayed(capfd):
     t, out = _allreduce_in_thread(c1b, 2, 2.0)
     with socket.create_connection(("127.0.0.1", c1b.port), timeout=5) as s:
         s.sendall(recorded[:_outsider.HELLO_PART])
-        challenge = _outsider._recv_some(s, 16, 5.0)
-        assert len(challenge) == 16 and challenge != bytes(relay.down[:16])
+        challenge = _outsider._recv_some(s, _outsider.CHALLENGE, 5.0)
+        assert len(challenge) == _outsider.CHALLENGE and challenge[:16] != bytes(relay.down[:16])
         try:
             s.sendall(recorded[_outsider.HELLO_PART:])
         except OSError:
@@ -247,7 +247,8 @@ def test_abort_notice_needs_the_key(capfd):
         out, took = _abort_to_waiting_rank(forged_key, cid, 1.0)
         err = out.get("error", "")
         assert "ATTACKER" not in err and "timed out" in err, out
-    assert "abort notice that does not prove this job's secret" in capfd.readouterr().err
+    # Under another key the notice does not even name this communicator (wire.h).
+    assert "an abort notice not for this job and rank" in capfd.readouterr().err
 
 
 @pytest.mark.timeout(30)
@@ -259,19 +260,19 @@ def test_forged_opening_with_the_comm_id_is_dropped(capfd):
     c1.set_peer(1, "127.0.0.1", c1.port)
     t, out = _allreduce_in_thread(c1, 2, 2.0)
     with socket.create_connection(("127.0.0.1", c1.port), timeout=5) as s:
+        # The hello an outsider who read the comm_id would send (its tag under no key):
+        # it does not name the communicator under the job's key, so it is not even
+        # challenged; what follows (an offer, a MAC, data) is never read.
         s.sendall(_outsider.hello_part(cid, 0, 1))
-        challenge = _outsider._recv_some(s, 16, 5.0)
-        assert len(challenge) == 16
-        # The MAC an outsider would compute without the secret (empty key).
         forged = bytes(_outsider.OFFER)
-        mac = hmac.new(b"", b"collectives open" + challenge, "sha256")
+        mac = hmac.new(b"", b"collectives open" + bytes(16), "sha256")
         try:
             s.sendall(forged + mac.digest())
             data = struct.pack("<4i", 66, 66, 66, 66)
             s.sendall(_outsider.wire_header(1, 0, 16, 0, 4, 0, dtype=2) + data)
         except OSError:
             pass
-        assert _outsider._recv_some(s, 36, 5.0) == b""
+        assert _outsider._recv_some(s, _outsider.CHALLENGE + 36, 5.0) == b""
     t.join(10)
     assert "timed out waiting for rank 0" in out.get("error", ""), out
     assert "does not prove this job's secret" in capfd.readouterr().err
@@ -349,9 +350,9 @@ def test_outsider_cannot_get_into_a_job(tmp_path):
     assert kinds["store-raw-get"]["leaked"] is False, report
     assert res[0].one("finished")["addr1"].startswith("127.0.0.1\n"), report
     assert "does not know this job's secret" in res[0].stderr, report  # the store's WARN
-    # Rank 2 challenged the forged "rank 0" and dropped it; its Bcast and
+    # Rank 2 dropped the forged "rank 0" before any challenge; its Bcast and
     # bcast took the real rank 0's data; the forged pickle never ran.
-    assert kinds["challenge"]["got"] == 16 and kinds["link-answer"]["got"] == 0, report
+    assert kinds["challenge"]["got"] == 0 and kinds["link-answer"]["got"] == 0, report
     assert not (tmp_path / "pwned").exists(), report
     assert "does not prove this job's secret" in res[2].stderr, report
     # Rank 1 dropped the fake abort notices and did not break.

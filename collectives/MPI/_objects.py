@@ -3,6 +3,8 @@
 Objects are pickled to bytes; sizes travel first as int64 so every rank can
 size its receive buffer (with bcast's root, which every rank checks), then
 the bytes go through the core's broadcast or allgatherv like any buffer.
+What comes from a peer loads through collectives.rendezvous.safe_pickle:
+plain data only when the job has no secret.
 """
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import pickle
 from typing import Any
 
 import numpy as np
+
+from ..rendezvous.safe_pickle import loads as _peer_loads
 
 COLL_REMOTE_ERROR = 4  # coll_result_t: a peer disagreed (native/coll.h)
 
@@ -40,14 +44,14 @@ def bcast(core: Any, obj: Any, root: Any) -> Any:
     buf = np.frombuffer(data, dtype=np.uint8).copy() if core.rank == root else \
         np.empty(length, dtype=np.uint8)
     core.broadcast(buf, root)
-    return obj if core.rank == root else pickle.loads(buf.tobytes())
+    return obj if core.rank == root else _peer_loads(buf.tobytes())
 
 
 def _unpickle_blocks(out: np.ndarray, counts: list) -> list:
     """The objects pickled back to back in out, counts[i] bytes each."""
     objs, pos = [], 0
     for n in counts:
-        objs.append(pickle.loads(out[pos:pos + n].tobytes()))
+        objs.append(_peer_loads(out[pos:pos + n].tobytes()))
         pos += n
     return objs
 
@@ -100,7 +104,7 @@ def scatter(core: Any, objs: Any, root: int) -> Any:
     _core.scatterv(core, lengths, mine, [1] * core.size if core.rank == root else None, None, root)
     buf = np.empty(int(mine[0]), dtype=np.uint8)
     _core.scatterv(core, data, buf, counts, None, root)
-    return pickle.loads(buf.tobytes())
+    return _peer_loads(buf.tobytes())
 
 
 def alltoall(core: Any, objs: list) -> list:
@@ -120,6 +124,6 @@ def alltoall(core: Any, objs: list) -> list:
                     [len(p) for p in parts], rcounts)
     objs_in, pos = [], 0
     for k in rcounts:
-        objs_in.append(pickle.loads(out[pos:pos + k].tobytes()))
+        objs_in.append(_peer_loads(out[pos:pos + k].tobytes()))
         pos += k
     return objs_in

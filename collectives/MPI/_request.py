@@ -4,10 +4,10 @@ Kept apart from MPI/__init__.py for size; ``collectives.MPI.Request`` is this cl
 """
 from __future__ import annotations
 
-import pickle
 from typing import Any, Optional, Sequence
 
 from .. import _core
+from ..rendezvous.safe_pickle import loads as _peer_loads
 from . import _missing
 from .._core import CollectivesError, Request as _CoreRequest
 
@@ -58,7 +58,7 @@ class Request(metaclass=_RequestType):
         if status is not None:
             status._fill(outcome)
         if self._pickled and outcome is not None:
-            return None if outcome[0] == PROC_NULL else pickle.loads(outcome[3])
+            return None if outcome[0] == PROC_NULL else _peer_loads(outcome[3])
         return None
 
     def _finish(self, status: Optional[Status]) -> Any:

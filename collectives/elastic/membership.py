@@ -28,6 +28,9 @@ grow (every rank of generation g, plus the processes that called join()):
   admits the tickets taken so far (waiting up to the deadline for at least
   min_new), writes the members (the ranks of g in order, then the joiners by
   ticket) and the admissions, and everyone forms generation g+1 as above.
+  A ticket is counted before its key is written: the decision waits for the
+  key of every ticket counted (a joiner between its two writes), up to the
+  deadline.
 
 Keys are never reused: each agreement and each world has its own prefix, and
 the failure reports of a world (collectives/rendezvous/world.py) carry its prefix, so a
@@ -225,8 +228,14 @@ def admit_joiners(client, ms: Membership, rank: int, min_new: int, deadline: flo
             if taken - ms.next_ticket + 1 >= min_new or _left(deadline) <= 0:
                 break
             time.sleep(POLL_S)
-        tickets = [t for t in range(ms.next_ticket, taken + 1)
-                   if client.check([f"reform/joiner/{t}"])]
+        # A joiner counts its ticket (ADD) before it writes its key: a ticket counted
+        # whose key is not there yet is a joiner between its two writes, not a lost
+        # one. Wait for the keys (bounded by the deadline): deciding without them
+        # would skip those joiners for good (next_ticket moves past them).
+        keys = {t: f"reform/joiner/{t}" for t in range(ms.next_ticket, taken + 1)}
+        while not client.check(list(keys.values())) and _left(deadline) > 0:
+            time.sleep(POLL_S)
+        tickets = [t for t, key in keys.items() if client.check([key])]
         members = [("r", p) for p in range(n)] + [("j", t) for t in tickets]
         raw = _encode_members(ms, base, members, taken + 1)
         for t in tickets:

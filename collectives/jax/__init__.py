@@ -80,8 +80,10 @@ Differentiation and vmap
     batch the same way.
 
 Devices
-    CPU arrays only; GPU arrays raise ``NotImplementedError`` until the GPU
-    path exists. Host dtypes: allreduce takes int8, uint8, int32, int64,
+    ``allreduce``, ``allgather``, ``broadcast`` and ``barrier`` also take NVIDIA
+    GPU arrays (a CUDA build): the CUDA handlers run on XLA's stream, eager and
+    in ``jit``. The other functions, and ROCm, raise ``NotImplementedError``
+    for GPU arrays. Dtypes: allreduce takes int8, uint8, int32, int64,
     float16, bfloat16, float32, float64 (float64 needs ``jax_enable_x64``);
     allgather and broadcast move any dtype.
 
@@ -132,7 +134,7 @@ __all__ = ["allreduce", "allgather", "broadcast", "barrier", "CollectiveEffect",
 
 # coll_op_t / coll_algo_t codes (native/coll.h)
 _OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "mean": 4, "avg": 4}
-_ALGORITHMS = {"auto": 0, "ring": 1, "tree": 2, "butterfly": 3}
+_ALGORITHMS = {"auto": 0, "ring": 1, "tree": 2, "butterfly": 3, "two_level": 4}
 _SUM, _MEAN = 0, 4
 # dtypes the core reduces (allreduce); allgather/broadcast move any dtype as bytes
 _REDUCIBLE = {np.dtype(d) for d in ("int8", "uint8", "int32", "int64", "float16",
@@ -166,6 +168,13 @@ _TARGETS = {  # custom-call target -> exported handler symbol in native/jax/ffi.
     "collectives_allgather": "CollectivesAllgather",
     "collectives_broadcast": "CollectivesBroadcast",
     "collectives_barrier": "CollectivesBarrier",
+}
+# The same targets on the GPU (platform "CUDA"), where the core takes device buffers.
+_CUDA_TARGETS = {
+    "collectives_allreduce": "CollectivesAllreduceCuda",
+    "collectives_allgather": "CollectivesAllgatherCuda",
+    "collectives_broadcast": "CollectivesBroadcastCuda",
+    "collectives_barrier": "CollectivesBarrierCuda",
 }
 _load_lock = threading.Lock()
 _library: Optional[ctypes.CDLL] = None  # kept referenced: XLA calls into it
@@ -267,13 +276,29 @@ def _ensure_registered() -> None:
         for name, symbol in _TARGETS.items():
             jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, symbol)),
                                         platform="cpu")
+        if _has_cuda_backend():
+            for name, symbol in _CUDA_TARGETS.items():
+                jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, symbol)),
+                                            platform="CUDA")
         _library = lib
+
+
+def _has_cuda_backend() -> bool:
+    """True when this JAX has an NVIDIA GPU backend with at least one device."""
+    try:
+        return any(d.platform == "gpu" for d in jax.devices("cuda"))
+    except RuntimeError:  # no CUDA backend in this jaxlib, or no device
+        return False
 
 
 # ------------------------------------------------------------------ primitives
 
-def _lowering(target: str, aliases: Optional[dict] = None):
-    """The CPU lowering: the FFI custom call with the effect's token as last operand/result."""
+def _lowering(target: str, aliases: Optional[dict] = None, always_alias: bool = False):
+    """The lowering: the FFI custom call with the effect's token as last operand/result.
+
+    always_alias keeps every alias even for an argument the caller keeps (XLA then
+    copies it first): the GPU broadcast handler cannot copy device memory itself.
+    """
 
     def rule(ctx, *operands, **params):
         token = ctx.tokens_in.get(_effect)
@@ -281,7 +306,8 @@ def _lowering(target: str, aliases: Optional[dict] = None):
         call_ctx = ctx.replace(avals_in=[*ctx.avals_in, tok], avals_out=[*ctx.avals_out, tok])
         attrs = {k: (np.int64(v) if k in ("comm", "api", "size") else np.int32(v))
                  for k, v in params.items()}
-        kept = {i: o for i, o in (aliases or {}).items() if not _caller_keeps(operands[i])}
+        kept = {i: o for i, o in (aliases or {}).items()
+                if always_alias or not _caller_keeps(operands[i])}
         lower = jax.ffi.ffi_lowering(target, has_side_effect=True,
                                      operand_output_aliases=kept or None)
         *results, token = lower(call_ctx, *operands, token, **attrs)
@@ -292,8 +318,9 @@ def _lowering(target: str, aliases: Optional[dict] = None):
 
 
 def _gpu_lowering(ctx, *args, **params):
-    raise NotImplementedError("collectives.jax: GPU arrays are not supported yet (CPU only); "
-                              "move the arrays to the CPU (jax.device_put(x, "
+    raise NotImplementedError("collectives.jax: this function takes CPU arrays only (GPU arrays "
+                              "work with allreduce, allgather, broadcast and barrier on NVIDIA "
+                              "GPUs); move the arrays to the CPU (jax.device_put(x, "
                               "jax.devices('cpu')[0])) or run JAX with JAX_PLATFORMS=cpu")
 
 
@@ -310,7 +337,8 @@ def _eager_impl(prim: Primitive):
     return impl
 
 
-def _define(name: str, target: str, abstract, aliases=None, multiple_results=False) -> Primitive:
+def _define(name: str, target: str, abstract, aliases=None, multiple_results=False,
+            gpu: bool = False) -> Primitive:
     prim = Primitive(name)
     prim.multiple_results = multiple_results
     prim.def_impl(_eager_impl(prim))
@@ -325,8 +353,10 @@ def _define(name: str, target: str, abstract, aliases=None, multiple_results=Fal
             mlir.register_lowering(prim, _lowering(target, aliases), platform="cpu")
     else:
         mlir.register_lowering(prim, _lowering(target, aliases), platform="cpu")
-    for gpu in ("cuda", "rocm"):
-        mlir.register_lowering(prim, _gpu_lowering, platform=gpu)
+    # GPU: the CUDA handlers, every alias kept (see _lowering), so not per call site
+    mlir.register_lowering(prim, _lowering(target, aliases, always_alias=True) if gpu
+                           else _gpu_lowering, platform="cuda")
+    mlir.register_lowering(prim, _gpu_lowering, platform="rocm")
     return prim
 
 
@@ -334,13 +364,16 @@ def _define(name: str, target: str, abstract, aliases=None, multiple_results=Fal
 # place) unless the input is an argument the caller keeps (_caller_keeps):
 # then the handler writes a fresh output instead of XLA copying the input.
 allreduce_p = _define("collectives_allreduce", "collectives_allreduce",
-                      lambda x, **_: jax.core.ShapedArray(x.shape, x.dtype), aliases={0: 0})
+                      lambda x, **_: jax.core.ShapedArray(x.shape, x.dtype), aliases={0: 0},
+                      gpu=True)
 allgather_p = _define("collectives_allgather", "collectives_allgather",
-                      lambda x, size, **_: jax.core.ShapedArray((size, *x.shape), x.dtype))
+                      lambda x, size, **_: jax.core.ShapedArray((size, *x.shape), x.dtype),
+                      gpu=True)
 broadcast_p = _define("collectives_broadcast", "collectives_broadcast",
-                      lambda x, **_: jax.core.ShapedArray(x.shape, x.dtype), aliases={0: 0})
+                      lambda x, **_: jax.core.ShapedArray(x.shape, x.dtype), aliases={0: 0},
+                      gpu=True)
 barrier_p = _define("collectives_barrier", "collectives_barrier", lambda **_: [],
-                    multiple_results=True)
+                    multiple_results=True, gpu=True)
 
 
 def _zero_like(aval) -> ad.Zero:
@@ -435,15 +468,18 @@ def _core_of(comm: Any):
 
 
 def _prepare(x: Any, comm: Any):
-    """Flatten a pytree into arrays, check they are on the CPU, load the handler."""
+    """Flatten a pytree into arrays, check they are on the CPU or an NVIDIA GPU, load the handler."""
     core = _core_of(comm)
     leaves, tree = jax.tree_util.tree_flatten(x)
     arrays = []
     for leaf in leaves:
         if isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer):
             platforms = {d.platform for d in leaf.devices()}
-            if platforms != {"cpu"}:
-                _gpu_lowering(None)  # raises the GPU error
+            if platforms == {"gpu"} and not _has_cuda_backend():
+                _gpu_lowering(None)  # a ROCm GPU: raises the GPU error
+            if platforms not in ({"cpu"}, {"gpu"}):
+                raise ValueError(f"collectives.jax: an array spans devices of {sorted(platforms)}; "
+                                 f"each rank's arrays must live on one platform")
         arrays.append(leaf if isinstance(leaf, jax.Array) else jnp.asarray(leaf))
     _ensure_registered()
     params = {"comm": core.ffi_id, "api": _api_table()}
@@ -467,7 +503,7 @@ def allreduce(x: Any, op: Any = "sum", *, comm: Any = None, algorithm: str = "au
             is a float, as ``jax.lax.pmean`` gives: the integer sum divided by
             the number of ranks.
         comm: a ``collectives.MPI.Comm`` (default: the world).
-        algorithm: "auto", "ring", "tree" or "butterfly".
+        algorithm: "auto", "ring", "tree", "butterfly" or "two_level".
 
     Returns:
         The same structure with the reduced arrays. Differentiable for sum and mean.

@@ -26,7 +26,7 @@ import time
 from typing import Optional
 
 __all__ = ["job_secret", "store_key", "link_key", "mac", "warn", "MIN_SECRET_BYTES",
-           "generate_secret"]
+           "generate_secret", "encrypt_wanted"]
 
 SECRET_VAR = "COLLECTIVES_JOB_SECRET"
 SECRET_FILE_VAR = "COLLECTIVES_JOB_SECRET_FILE"
@@ -136,8 +136,26 @@ def store_key(secret: bytes) -> bytes:
     return _derive(secret, b"store")
 
 
+ENCRYPT_VAR = "COLLECTIVES_ENCRYPT"
+
+
+def encrypt_wanted() -> bool:
+    """COLLECTIVES_ENCRYPT=1: this rank encrypts its TCP links (native/transport/crypt.h)."""
+    return os.environ.get(ENCRYPT_VAR, "").strip() == "1"
+
+
 def link_key(secret: bytes) -> bytes:
-    """The 32-byte key of link openings and abort notices (given to the core)."""
+    """The 32-byte key of link openings and abort notices (given to the core), and the
+    input of each encrypted connection's keys.
+
+    Raises:
+        ValueError: COLLECTIVES_ENCRYPT=1 without a job secret (keys derived from an
+            empty secret would hide nothing from whoever reads the link).
+    """
+    if encrypt_wanted() and not secret:
+        raise ValueError(f"{ENCRYPT_VAR}=1 needs a job secret: the links' keys are derived "
+                         f"from it; set {SECRET_VAR} or {SECRET_FILE_VAR} on every rank "
+                         f"(collectives-run sets one itself)")
     return _derive(secret, b"link")
 
 

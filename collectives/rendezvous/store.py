@@ -32,11 +32,22 @@ nothing is evaluated)::
 The server survives hostile clients: a connection that has not proved the
 secret within AUTH_WAIT_S is closed, reads nothing beyond the fixed-size
 handshake and allocates nothing it advertises; at most MAX_UNAUTHENTICATED
-such connections are held (the oldest goes first) and MAX_CONNECTIONS in
-all; when the process runs out of descriptors the listener pauses instead
-of spinning. A frame is at most MAX_FRAME bytes and must arrive within
-FRAME_WAIT_S of its first byte; it is parsed once, when complete, in linear
-time. Waits are clamped to MAX_WAIT_S. Anything malformed or unauthenticated
+such connections are held and MAX_CONNECTIONS in all, both lowered to fit
+the process's descriptor limit (the store lives in rank 0, whose links need
+descriptors too: it takes at most half of them); when the process runs out
+of descriptors the listener pauses instead of spinning. When the handshake
+table is full, a newcomer replaces the oldest connection that has had
+UNAUTH_GRACE_S to answer, else it is closed at once, before anything is
+allocated for it: a flood of silent connections then costs an accept and a
+close each, and a rank's connection, which answers within the grace, is
+never pushed out by the ones after it. Each round of the loop serves the
+connections that have something first and accepts at most ACCEPT_BATCH new
+ones, so a flood never starves the clients already in. A frame is at most
+MAX_FRAME bytes and must arrive within FRAME_WAIT_S of its first byte; it
+is parsed once, when complete, in linear time; the bytes buffered for all
+connections together (requests being read, replies not yet taken) are at
+most MAX_BUFFERED, past which the connection holding the most is dropped.
+Waits are clamped to MAX_WAIT_S. Anything malformed or unauthenticated
 closes that connection with a WARN; the server goes on serving the others.
 Counters made by ADD are stored as ASCII decimals, so ``get`` on a counter
 returns e.g. ``b"3"``.
@@ -58,7 +69,8 @@ from . import auth as _auth
 from .env import format_addr
 
 __all__ = ["StoreServer", "StoreClient", "barrier", "MAX_FRAME", "MAX_WAIT_S",
-           "MAX_CONNECTIONS", "MAX_UNAUTHENTICATED", "AUTH_WAIT_S", "FRAME_WAIT_S"]
+           "MAX_CONNECTIONS", "MAX_UNAUTHENTICATED", "AUTH_WAIT_S", "FRAME_WAIT_S",
+           "MAX_BUFFERED", "UNAUTH_GRACE_S", "ACCEPT_BATCH"]
 
 _MAGIC = b"CS"
 _VERSION = 2
@@ -78,7 +90,10 @@ MAX_FRAME = 16 << 20          # bytes of one request body or reply payload
 _MAX_FIELDS = 1 << 16
 MAX_WAIT_S = 7 * 24 * 3600.0  # longest wait a GET (or a client timeout) may ask for
 MAX_CONNECTIONS = 16384       # connections held at once (further ones are closed at once)
-MAX_UNAUTHENTICATED = 64      # connections still in their handshake (the oldest is evicted)
+MAX_UNAUTHENTICATED = 256     # connections still in their handshake
+UNAUTH_GRACE_S = 0.25         # a handshake is not evicted for a newcomer before this
+ACCEPT_BATCH = 64             # new connections taken per round of the loop
+MAX_BUFFERED = 4 * MAX_FRAME  # bytes buffered for all connections together
 AUTH_WAIT_S = 5.0             # to complete the handshake
 FRAME_WAIT_S = 30.0           # for a frame to arrive whole once it has begun
 _PAUSE_ACCEPT_S = 0.1         # the listener rests this long when descriptors run out
@@ -93,6 +108,19 @@ _GET_SLACK_S = 5.0
 
 class _Malformed(Exception):
     """A client sent bytes that are not a request: drop its connection."""
+
+
+def _connection_caps() -> tuple[int, int]:
+    """(connections, of which in their handshake) a store may hold: MAX_CONNECTIONS and
+    MAX_UNAUTHENTICATED, within half the process's descriptor limit."""
+    try:
+        import resource
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        soft = -1
+    room = MAX_CONNECTIONS if soft < 0 else max(16, soft // 2)
+    total = min(MAX_CONNECTIONS, room)
+    return total, max(4, min(MAX_UNAUTHENTICATED, total // 4))
 
 
 def clamp_wait(seconds: float, what: str = "timeout") -> float:
@@ -172,9 +200,11 @@ class _Conn:
     """Server-side state of one client connection."""
 
     __slots__ = ("sock", "peer", "inbuf", "outbuf", "waiting", "deadline", "expires",
-                 "nonce", "session", "rseq", "sseq")
+                 "nonce", "session", "rseq", "sseq", "born", "counted")
 
     def __init__(self, sock: socket.socket, peer: str, nonce: bytes) -> None:
+        self.born = time.monotonic()
+        self.counted = 0                      # its bytes in the server's _buffered
         self.sock = sock
         self.peer = peer
         self.inbuf = bytearray()
@@ -227,6 +257,8 @@ class StoreServer:
         # Connections still in their handshake, oldest first (fd -> conn).
         self._unauth: "collections.OrderedDict[int, _Conn]" = collections.OrderedDict()
         self._accept_paused_until = 0.0
+        self._max_conns, self._max_unauth = _connection_caps()
+        self._buffered = 0  # bytes in every connection's inbuf and outbuf
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._sel = selectors.DefaultSelector()
@@ -274,7 +306,11 @@ class StoreServer:
     def _serve(self) -> None:
         try:
             while not self._closing:
-                for key, events in self._sel.select(self._next_timeout()):
+                ready = self._sel.select(self._next_timeout())
+                # Clients that have something first, new connections last (at most
+                # ACCEPT_BATCH a round): a flood must not starve those already in.
+                ready.sort(key=lambda kv: kv[0].data == "listen")
+                for key, events in ready:
                     if key.data == "listen":
                         self._accept()
                     elif key.data == "wake":
@@ -302,7 +338,7 @@ class StoreServer:
         return min(MAX_WAIT_S, max(0.0, min(times) - time.monotonic()))
 
     def _accept(self) -> None:
-        while True:
+        for _ in range(ACCEPT_BATCH):
             try:
                 sock, addr = self._listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -318,16 +354,21 @@ class StoreServer:
                     self._accept_paused_until = time.monotonic() + _PAUSE_ACCEPT_S
                 return  # e.g. ECONNABORTED: try again on the next event
             peer = format_addr(str(addr[0]), int(addr[1])) if isinstance(addr, tuple) else "?"
-            if len(self._conns) >= MAX_CONNECTIONS:
-                _auth.warn(f"store on {self.address}: {MAX_CONNECTIONS} connections held; "
+            if len(self._conns) >= self._max_conns:
+                _auth.warn(f"store on {self.address}: {self._max_conns} connections held; "
                            f"refused {peer}", key="store-full")
                 sock.close()
                 continue
-            if len(self._unauth) >= MAX_UNAUTHENTICATED:
+            if len(self._unauth) >= self._max_unauth:
                 old = next(iter(self._unauth.values()))
-                _auth.warn(f"store on {self.address}: {MAX_UNAUTHENTICATED} connections are "
-                           f"in their handshake; dropped the oldest ({old.peer})",
-                           key="store-unauth-full")
+                if time.monotonic() - old.born < UNAUTH_GRACE_S:
+                    # Every handshake is young: turn the newcomer away at once, before
+                    # anything is spent on it (a client retries; a flood's goes).
+                    _auth.warn(f"store on {self.address}: {self._max_unauth} connections "
+                               f"are in their handshake; turning new ones away",
+                               key="store-unauth-full")
+                    sock.close()
+                    continue
                 self._drop(old)
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -337,10 +378,7 @@ class StoreServer:
             self._unauth[sock.fileno()] = conn
             self._sel.register(sock, selectors.EVENT_READ, conn)
             conn.outbuf += _SERVER_HELLO.pack(_MAGIC, _VERSION, conn.nonce)
-            try:
-                self._flush(conn)
-            except OSError:
-                self._drop(conn)
+            self._guarded(conn, lambda c=conn: self._flush(c))
 
     def _guarded(self, conn: _Conn, step: Callable[[], None]) -> None:
         """Run step for conn; a malformed or broken connection is dropped (with a WARN
@@ -353,6 +391,22 @@ class StoreServer:
             self._drop(conn)
         except OSError:
             self._drop(conn)
+        else:
+            self._account(conn)
+
+    def _account(self, conn: _Conn) -> None:
+        """Count conn's buffered bytes; past MAX_BUFFERED in all, drop whoever holds most."""
+        if conn.sock.fileno() < 0:
+            return  # dropped: _drop took its bytes off
+        now = len(conn.inbuf) + len(conn.outbuf)
+        self._buffered += now - conn.counted
+        conn.counted = now
+        while self._buffered > MAX_BUFFERED:
+            big = max(self._conns.values(), key=lambda c: c.counted)
+            _auth.warn(f"store on {self.address}: {self._buffered} bytes buffered for all "
+                       f"connections, over {MAX_BUFFERED}; dropped {big.peer}, which held "
+                       f"{big.counted}", key="store-buffered")
+            self._drop(big)
 
     def _service(self, conn: _Conn, events: int) -> None:
         def step() -> None:
@@ -488,6 +542,8 @@ class StoreServer:
             self._accept_paused_until = 0.0
             self._sel.register(self._listener, selectors.EVENT_READ, "listen")
         for conn in list(self._conns.values()):
+            if conn.sock.fileno() < 0:
+                continue  # dropped by an earlier one's turn
             if conn.expires and conn.expires <= now:
                 what = "did not complete its handshake" if conn.session is None else \
                     "left a request half-sent"
@@ -519,7 +575,9 @@ class StoreServer:
         fd = conn.sock.fileno()
         if fd < 0:
             return
-        self._conns.pop(fd, None)
+        if self._conns.pop(fd, None) is not None:
+            self._buffered -= conn.counted
+            conn.counted = 0
         self._unauth.pop(fd, None)
         if conn.waiting is not None:
             waiters = self._waiters.get(conn.waiting, [])

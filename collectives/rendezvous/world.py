@@ -2,8 +2,9 @@
 
 The only module that knows both the environment readers and the core. Rank 0
 hosts the store; every rank creates its native communicator (which starts
-listening), publishes its address, port, host id and CPU mask under
-``addr/<rank>``, reads every peer's entry, and says so under ``joined/<rank>``
+listening), publishes its address, port, host id, CPU mask and whether it
+encrypts its links (``COLLECTIVES_ENCRYPT``, which must be equal on every rank)
+under ``addr/<rank>``, reads every peer's entry, and says so under ``joined/<rank>``
 (rank 0 keeps the store until every rank has). From the host ids it derives
 local rank and size when the launcher did not say, and from the masks of the
 ranks on its host whether the host is oversubscribed (the host policy: how a
@@ -12,13 +13,15 @@ connects to the peers an algorithm needs on first use.
 
 After a collective fails, a rank reports its error under ``failed/<rank>``;
 a rank whose own error is only the echo ("closed the connection", timeout)
-appends what the rank that saw the cause reported, so every survivor names
-the culprit.
+puts what the rank that saw the cause reported (or which ranks reported
+nothing: the dead) in front of its own text, so every survivor names the
+culprit first.
 """
 from __future__ import annotations
 
 import atexit
 import os
+import re
 import socket
 import threading
 import time
@@ -175,19 +178,70 @@ def host_id() -> str:
     return f"{socket.gethostname()}/{boot}"
 
 
+# Settings every rank must share, checked at start-up: ranks that cut a message
+# into other segments cannot exchange it, and the wire check alone could only
+# report a message "out of step".
+SHARED_SETTINGS = ("COLLECTIVES_SEGMENT_BYTES",)
+
+
+class SettingsMismatch(ValueError):
+    """Ranks of one job were started with different values of a setting they must share."""
+
+
+def _setting(name: str) -> str:
+    """The value of a shared setting as the core reads it: bytes with K/M/G, else text."""
+    text = os.environ.get(name, "").strip()
+    m = re.fullmatch(r"(\d+)\s*([kmg]?)i?b?", text, re.IGNORECASE)
+    if m:
+        return str(int(m.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30}[m.group(2).lower()])
+    return text.lower() or "auto"
+
+
+def _check_shared(values: list) -> None:
+    """Raise SettingsMismatch naming each setting whose value differs between ranks."""
+    for i, name in enumerate(SHARED_SETTINGS):
+        seen = [v[i] if i < len(v) else "?" for v in values]
+        if len(set(seen)) > 1:
+            groups: dict = {}
+            for r, v in enumerate(seen):
+                groups.setdefault(v, []).append(str(r))
+            said = "; ".join(f"{name}={v} on rank{'s' if len(rs) > 1 else ''} {', '.join(rs)}"
+                             for v, rs in groups.items())
+            raise SettingsMismatch(f"{name} differs between the ranks ({said}): every rank "
+                                   f"must have the same value (or none), since ranks that "
+                                   f"cut messages differently cannot exchange them")
+
+
 def exchange_addresses(core, rank: int, size: int, advertise: str, put, get) -> tuple:
-    """Publish where this rank listens, its host id and its CPUs through a store
-    (put(key, bytes), get(key) -> bytes), point core at every peer, tell it whether some
-    host of the job runs more ranks than CPUs, and return the ranks' host ids and the
-    union of the CPU masks of the ranks on this rank's host."""
+    """Publish where this rank listens, its host id, its CPUs, the settings every rank
+    must share and its COLLECTIVES_ENCRYPT through a store (put(key, bytes), get(key) ->
+    bytes), point core at every peer, tell it whether some host of the job runs more
+    ranks than CPUs, and return the ranks' host ids and the union of the CPU masks of
+    the ranks on this rank's host.
+
+    Raises:
+        SettingsMismatch: a setting of SHARED_SETTINGS differs between ranks (every
+            rank raises it, naming the setting and each rank's value).
+        ValueError: the ranks' COLLECTIVES_ENCRYPT differ (every rank refuses).
+    """
     cpus = ",".join(map(str, process_cpus()))
-    put(f"addr/{rank}", f"{advertise}\n{core.port}\n{host_id()}\n{cpus}".encode())
-    records = []
+    shared = ";".join(_setting(name) for name in SHARED_SETTINGS)
+    encrypt = "1" if _auth.encrypt_wanted() else "0"
+    _check_crypto_lib()
+    put(f"addr/{rank}",
+        f"{advertise}\n{core.port}\n{host_id()}\n{cpus}\n{shared}\n{encrypt}".encode())
+    records, settings, encrypts = [], [], []
     for peer in range(size):
-        addr, port, peer_host, peer_cpus = get(f"addr/{peer}").decode().split("\n")
+        fields = get(f"addr/{peer}").decode().split("\n")
+        addr, port, peer_host, peer_cpus = fields[:4]
         core.set_peer(peer, addr, int(port))
         core.set_peer_host(peer, peer_host)  # same-host peers may then use shared memory
         records.append((peer_host, peer_cpus))
+        settings.append(fields[4].split(";") if len(fields) > 4 else [])
+        encrypts.append(fields[5] if len(fields) > 5 else "0")
+    _check_shared(settings)
+    if len(set(encrypts)) > 1:
+        _encrypt_disagree(rank, size, encrypts, put, get)
     hosts = [host for host, _ in records]
     cpus_of: dict = {}
     for host, text in records:
@@ -195,6 +249,35 @@ def exchange_addresses(core, rank: int, size: int, advertise: str, put, get) -> 
     # From every rank's record, so every rank decides alike (the segment size follows it).
     core.set_job_oversubscribed(any(hosts.count(h) > len(c) for h, c in cpus_of.items()))
     return hosts, cpus_of[hosts[rank]]
+
+
+def _check_crypto_lib() -> None:
+    """With COLLECTIVES_ENCRYPT=1, raise RuntimeError unless libcrypto can be used."""
+    if not _auth.encrypt_wanted():
+        return
+    from .._core import crypt_lib_error
+    why = crypt_lib_error()
+    if why:
+        raise RuntimeError(f"{_auth.ENCRYPT_VAR}=1 needs OpenSSL's libcrypto, but {why}; "
+                           f"install OpenSSL 3, point COLLECTIVES_CRYPTO_LIB at it, or "
+                           f"unset {_auth.ENCRYPT_VAR} on every rank")
+
+
+def _encrypt_disagree(rank: int, size: int, encrypts: list, put, get) -> None:
+    """Every rank read the same records, so every rank raises this same error. Rank 0
+    (whose store it may be) first waits until each rank has read them all."""
+    put(f"encrypt_seen/{rank}", b"")
+    if rank == 0:
+        for peer in range(size):
+            try:
+                get(f"encrypt_seen/{peer}")
+            except (OSError, TimeoutError, ConnectionError):
+                break
+    groups = {v: [r for r in range(size) if encrypts[r] == v] for v in sorted(set(encrypts))}
+    said = "; ".join(f"{_auth.ENCRYPT_VAR}={v} on rank{'s' if len(rs) > 1 else ''} "
+                     f"{', '.join(map(str, rs))}" for v, rs in groups.items())
+    raise ValueError(f"the ranks disagree on encrypting their links: {said} (this is rank "
+                     f"{rank}); set the same value on every rank")
 
 
 def local_place(hosts: list, rank: int) -> tuple:
@@ -331,6 +414,23 @@ def _rendezvous(info: _env.WorldInfo, timeout: float, generation: int = 0):
                                               lambda key, value: client.set(p + key, value),
                                               lambda key: client.get(p + key, timeout=timeout))
         client.set(f"{p}joined/{info.rank}", b"")
+    except SettingsMismatch:
+        # Every rank raises the same error; rank 0 keeps the store (bounded) until the
+        # others have read what they need to, so that they do not see it vanish instead.
+        try:
+            client.set(f"{p}mismatch/{info.rank}", b"")
+            if server is not None:
+                deadline = time.monotonic() + START_LINGER
+                keys = [f"{p}mismatch/{r}" for r in range(info.size)]
+                while time.monotonic() < deadline and not client.check(keys):
+                    time.sleep(0.05)
+        except (OSError, TimeoutError, ConnectionError):
+            pass
+        core.close()
+        client.close()
+        if server is not None:
+            server.close()
+        raise
     except (TimeoutError, ConnectionError) as exc:
         missing = _missing_ranks(client, info.size, p)
         try:
@@ -385,7 +485,9 @@ def init(timeout: Optional[float], wrap: Callable, elastic: Optional[Callable] =
         info = _env.detect()
         config.check_env()  # every COLLECTIVES_* tunable, before any connection
         if info.size > 1:
-            _auth.job_secret()  # refuses (COLLECTIVES_REQUIRE_AUTH) before any socket
+            secret = _auth.job_secret()  # refuses (COLLECTIVES_REQUIRE_AUTH) before any socket
+            _auth.link_key(secret)  # and COLLECTIVES_ENCRYPT=1 without a secret
+            _check_crypto_lib()
         t = float(timeout) if timeout else _default_timeout()
         if info.size == 1:
             core, server, client, prefix = Communicator(0, 1), None, None, ""
@@ -437,6 +539,20 @@ _ECHOES = ("closed the connection", "connection to rank", "timed out", "is broke
 # The failure report's hard bound (seconds): it talks to the store, which
 # lives in rank 0 and may be stopped, cut off or gone with it.
 REPORT_S = 2.0
+
+
+def _whole_hosts(core, ranks: Sequence[int]) -> str:
+    """' (all of host NAME: ranks ...)' for each host every one of whose ranks is in ranks."""
+    try:
+        ids = core.host_ids()
+    except Exception:  # closed meanwhile: the ranks alone still say it
+        return ""
+    whole = []
+    for hid in dict.fromkeys(ids[p] for p in ranks if ids[p]):
+        on_host = [q for q, h in enumerate(ids) if h == hid]
+        if set(on_host) <= set(ranks):
+            whole.append(f"all of host {hid.split('/')[0]}: rank {', '.join(map(str, on_host))}")
+    return f" ({'; '.join(whole)})" if whole else ""
 
 
 def explain_failure(rank: int, message: str, peers: Optional[Sequence[int]] = None) -> str:
@@ -497,7 +613,8 @@ def explain_failure(rank: int, message: str, peers: Optional[Sequence[int]] = No
                 # Everyone who is alive has reported an echo by now; the
                 # ranks that said nothing are the ones that died or hung.
                 names = ", ".join(str(p) for p in silent)
-                causes.append(f"rank {names} reported nothing: it exited, was killed or is stuck")
+                causes.append(f"rank {names} reported nothing: it exited, was killed or is stuck"
+                              + _whole_hosts(state.core, silent))
         client.set(f"{prefix}explained/{rank}", b"", timeout=left())
     except OutOfTime:  # the store answered, slowly: report what was found
         pass
@@ -506,11 +623,23 @@ def explain_failure(rank: int, message: str, peers: Optional[Sequence[int]] = No
             return message
         state.cause = (f"the store at rank 0 ({client.address}) did not answer within "
                        f"{REPORT_S:g} s: rank 0 is stopped, cut off or gone ({exc})")
+        if any(echo in message for echo in _ECHOES):
+            return _cause_first(rank, state.cause, message)
         return message + f"; {state.cause}"
     except ValueError:
         return message
     state.cause = "; ".join(causes)
-    return message + (f"; {state.cause}" if state.cause else "")
+    return _cause_first(rank, state.cause, message)
+
+
+def _cause_first(rank: int, cause: str, message: str) -> str:
+    """This rank's error with the cause found in the reports in front: its own error is an
+    echo that names a neighbour (whose communicator broke because of the cause), so the
+    first rank the text names is the one where the failure began."""
+    if not cause:
+        return message
+    own = f"rank {rank}: "
+    return own + cause + "; " + (message[len(own):] if message.startswith(own) else message)
 
 
 atexit.register(finalize)

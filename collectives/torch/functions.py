@@ -15,6 +15,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from ..rendezvous.safe_pickle import allow as _plain
 from ._agree import symmetric
 from ._context import as_buffer, check_tensor, current, wire_dtype
 from .process_sets import check_process_set, current_world, in_process_set, set_root
@@ -117,6 +118,7 @@ def _fill_state(obj: Any, tensors: Sequence[torch.Tensor]) -> Any:
     return obj
 
 
+@_plain  # travels in broadcast_optimizer_state's skeleton, also without a job secret
 class _TensorSlot:
     """Where a tensor sat in an optimizer state (index, shape, dtype)."""
 

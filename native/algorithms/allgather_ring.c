@@ -15,6 +15,10 @@
  * Step 0 sends from sendbuf, so the local copy into recvbuf overlaps the
  * network. Cost: (n-1) alpha + (n-1)/n S beta.
  *
+ * Both run over host-order positions (topology.h): the ring's neighbours
+ * share a host except at H hops, whatever the rank numbering; the blocks
+ * stay those of the ranks (v is a position, order[v] its rank).
+ *
  * Reduce-scatter (blocks of equal size): step s sends block (r - s - 1) and
  * reduces the incoming block (r - s - 2) into tmp (tmp = in op incoming), so
  * that after n-1 steps rank r holds the full reduction of its own block r.
@@ -25,12 +29,15 @@
 #include "algorithms/algorithms.h"
 #include "base/comm_state.h"
 #include "algorithms/pattern.h"
+#include "algorithms/topology.h"
 #include "base/status.h"
 
 coll_result_t coll_allgatherv_ring(coll_sched_t *s, const coll_args_t *a) {
   coll_comm_t *comm = s->comm;
-  int n = comm->size, r = comm->rank;
-  int next = coll_ring_next(r, n), prev = coll_ring_prev(r, n);
+  const coll_topo_t *t = coll_comm_topo(comm);
+  if (!t) return COLL_SYSTEM_ERROR;
+  int n = comm->size, r = comm->rank, v = coll_topo_pos(t, r);
+  int next = coll_topo_at(t, coll_ring_next(v, n)), prev = coll_topo_at(t, coll_ring_prev(v, n));
   size_t elem = s->elem, total = 0;
   for (int i = 0; i < n; i++) total += a->counts[i];
   s->hdr.count = total; /* what every rank must agree on */
@@ -50,7 +57,7 @@ coll_result_t coll_allgatherv_ring(coll_sched_t *s, const coll_args_t *a) {
   if (!last) return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory", r);
   for (int j = 0; j < maxseg; j++) last[j] = -1;
   for (int step = 0; step < n - 1; step++) {
-    int sb = coll_mod(r - step, n), rb = coll_mod(r - step - 1, n);
+    int sb = coll_topo_at(t, coll_mod(v - step, n)), rb = coll_topo_at(t, coll_mod(v - step - 1, n));
     size_t so = a->displs[sb] * elem, sl = a->counts[sb] * elem;
     size_t ro = a->displs[rb] * elem, rl = a->counts[rb] * elem;
     const char *src = step == 0 ? own - so : out; /* step 0: our block, from sendbuf */
@@ -72,8 +79,10 @@ coll_result_t coll_allgatherv_ring(coll_sched_t *s, const coll_args_t *a) {
 
 coll_result_t coll_reduce_scatter_ring(coll_sched_t *s, const coll_args_t *a, void *tmp) {
   coll_comm_t *comm = s->comm;
-  int n = comm->size, r = comm->rank;
-  int next = coll_ring_next(r, n), prev = coll_ring_prev(r, n);
+  const coll_topo_t *t = coll_comm_topo(comm);
+  if (!t) return COLL_SYSTEM_ERROR;
+  int n = comm->size, r = comm->rank, v = coll_topo_pos(t, r);
+  int next = coll_topo_at(t, coll_ring_next(v, n)), prev = coll_topo_at(t, coll_ring_prev(v, n));
   size_t block = a->count * s->elem;
   const char *in = a->sendbuf;
   char *work = tmp;
@@ -82,8 +91,8 @@ coll_result_t coll_reduce_scatter_ring(coll_sched_t *s, const coll_args_t *a, vo
   if (!last) return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory", r);
   for (int j = 0; j < nseg; j++) last[j] = -1;
   for (int step = 0; step < n - 1; step++) {
-    size_t so = (size_t)coll_mod(r - step - 1, n) * block;
-    size_t ro = (size_t)coll_mod(r - step - 2, n) * block;
+    size_t so = (size_t)coll_topo_at(t, coll_mod(v - step - 1, n)) * block;
+    size_t ro = (size_t)coll_topo_at(t, coll_mod(v - step - 2, n)) * block;
     const char *src = step == 0 ? in : work;
     for (int j = 0; j < nseg; j++) {
       size_t o, l;

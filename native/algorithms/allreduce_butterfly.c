@@ -20,6 +20,10 @@
  * whole vector at each of the log2(p) levels (recursive doubling): half the
  * messages, which is what matters when latency dominates.
  *
+ * r and v above are host-order positions (topology.h): partners closer than
+ * a host's rank count share a host whatever the numbering, so only the
+ * log2(H) levels with the widest masks cross between hosts.
+ *
  * Operand order: each level computes local op incoming; the ops are
  * commutative bit for bit (IEEE +, *, min, max), so both partners hold the
  * same bits, and every element is reduced by the same tree on all ranks.
@@ -32,6 +36,7 @@
 #include "algorithms/algorithms.h"
 #include "base/comm_state.h"
 #include "algorithms/pattern.h"
+#include "algorithms/topology.h"
 #include "base/status.h"
 
 /* Full-vector exchange needs both directions' bytes to fit in the socket
@@ -58,7 +63,9 @@ static int segmented(coll_sched_t *s, int send, int peer, char *dst, const char 
 
 coll_result_t coll_allreduce_butterfly(coll_sched_t *s, const coll_args_t *a) {
   coll_comm_t *comm = s->comm;
-  int n = comm->size, r = comm->rank;
+  const coll_topo_t *t = coll_comm_topo(comm);
+  if (!t) return COLL_SYSTEM_ERROR;
+  int n = comm->size, r = coll_topo_pos(t, comm->rank);
   int p = coll_pow2_floor(n), rem = n - p;
   int v = coll_bfly_vrank(r, n);
   size_t elem = s->elem, nbytes = a->count * elem;
@@ -66,20 +73,20 @@ coll_result_t coll_allreduce_butterfly(coll_sched_t *s, const coll_args_t *a) {
   char *out = a->recvbuf;
 
   if (v < 0) { /* extra rank: fold into r+1, get the result back */
-    int sent = segmented(s, 1, r + 1, NULL, in, 0, nbytes, -1);
-    segmented(s, 0, r + 1, out, NULL, 0, nbytes, sent);
+    int sent = segmented(s, 1, coll_topo_at(t, r + 1), NULL, in, 0, nbytes, -1);
+    segmented(s, 0, coll_topo_at(t, r + 1), out, NULL, 0, nbytes, sent);
     return COLL_SUCCESS;
   }
   const char *cur = in; /* where my partial vector lives */
   int dep = -1;         /* last receive so far: later steps run after it */
   if (r < 2 * rem) {
-    dep = segmented(s, 0, r - 1, out, in, 0, nbytes, -1);
+    dep = segmented(s, 0, coll_topo_at(t, r - 1), out, in, 0, nbytes, -1);
     cur = out;
   }
 
   if (nbytes <= COLL_BFLY_FULL_BYTES) {
     for (int mask = 1; mask < p; mask <<= 1) {
-      int partner = coll_bfly_real(v ^ mask, n);
+      int partner = coll_topo_at(t, coll_bfly_real(v ^ mask, n));
       int sent = coll_sched_after(s, coll_sched_send(s, partner, cur, nbytes, 0), dep);
       /* Reduce only once my copy has left: out is what I am sending. */
       int got = coll_sched_recv_reduce(s, partner, out, cur, nbytes, 0);
@@ -91,13 +98,13 @@ coll_result_t coll_allreduce_butterfly(coll_sched_t *s, const coll_args_t *a) {
     int levels = 0;
     while ((1 << levels) < p) levels++;
     size_t *keep_off = malloc(sizeof(size_t) * 4 * (size_t)(levels + 1));
-    if (!keep_off) return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory", r);
+    if (!keep_off) return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory", comm->rank);
     size_t *keep_len = keep_off + levels + 1, *give_off = keep_len + levels + 1,
            *give_len = give_off + levels + 1;
     size_t lo = 0, cnt = a->count; /* region I own, in elements */
     int k = 0;
     for (int mask = p >> 1; mask >= 1; mask >>= 1, k++) {
-      int partner = coll_bfly_real(v ^ mask, n);
+      int partner = coll_topo_at(t, coll_bfly_real(v ^ mask, n));
       size_t lower = cnt / 2, upper = cnt - lower;
       int mine_low = (v & mask) == 0;
       keep_off[k] = mine_low ? lo : lo + lower;
@@ -114,14 +121,14 @@ coll_result_t coll_allreduce_butterfly(coll_sched_t *s, const coll_args_t *a) {
     }
     for (int mask = 1; mask < p; mask <<= 1) {
       k--;
-      int partner = coll_bfly_real(v ^ mask, n);
+      int partner = coll_topo_at(t, coll_bfly_real(v ^ mask, n));
       segmented(s, 1, partner, NULL, out, keep_off[k] * elem, keep_len[k] * elem, dep);
       int got = segmented(s, 0, partner, out, NULL, give_off[k] * elem, give_len[k] * elem, dep);
       dep = got >= 0 ? got : dep;
     }
     free(keep_off);
   }
-  if (r < 2 * rem) segmented(s, 1, r - 1, NULL, out, 0, nbytes, dep);
+  if (r < 2 * rem) segmented(s, 1, coll_topo_at(t, r - 1), NULL, out, 0, nbytes, dep);
   else if (p == 1 && out != in && nbytes) coll_sched_copy(s, out, in, nbytes);
   return COLL_SUCCESS;
 }

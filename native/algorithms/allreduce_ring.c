@@ -29,6 +29,10 @@
  * per chunk the alpha term grows to about 2(n-1)+k messages per link, the
  * pipeline's fill.
  *
+ * Ranks are placed on the ring in host order (topology.h): r above is a
+ * rank's position, so that only H of the n hops cross between hosts
+ * whatever the rank numbering.
+ *
  * Out-of-place needs no extra copy: the first reduction of a chunk reads the
  * caller's sendbuf as its local operand, and the first send of a rank's own
  * chunk reads sendbuf too.
@@ -38,12 +42,15 @@
 #include "algorithms/algorithms.h"
 #include "base/comm_state.h"
 #include "algorithms/pattern.h"
+#include "algorithms/topology.h"
 #include "base/status.h"
 
 coll_result_t coll_allreduce_ring(coll_sched_t *s, const coll_args_t *a) {
   coll_comm_t *comm = s->comm;
-  int n = comm->size, r = comm->rank;
-  int next = coll_ring_next(r, n), prev = coll_ring_prev(r, n);
+  const coll_topo_t *t = coll_comm_topo(comm);
+  if (!t) return COLL_SYSTEM_ERROR;
+  int n = comm->size, r = coll_topo_pos(t, comm->rank); /* position on the ring */
+  int next = coll_topo_at(t, coll_ring_next(r, n)), prev = coll_topo_at(t, coll_ring_prev(r, n));
   size_t elem = s->elem;
   const char *in = a->sendbuf;
   char *out = a->recvbuf;
@@ -54,7 +61,7 @@ coll_result_t coll_allreduce_ring(coll_sched_t *s, const coll_args_t *a) {
   int nseg = coll_sched_nseg(s, chunk0);
   /* last[j]: the step that last wrote segment j of the chunk we forward next */
   int *last = malloc((size_t)nseg * sizeof(int));
-  if (!last) return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory", r);
+  if (!last) return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory", comm->rank);
   for (int j = 0; j < nseg; j++) last[j] = -1;
 
   for (int phase = 0; phase < 2; phase++) {

@@ -22,12 +22,19 @@
 #include "algorithms/algorithms.h"
 #include "base/comm_state.h"
 #include "algorithms/pattern.h"
+#include "algorithms/topology.h"
 
 coll_result_t coll_allreduce_tree(coll_sched_t *s, const coll_args_t *a) {
   coll_comm_t *comm = s->comm;
-  int n = comm->size, r = comm->rank;
+  const coll_topo_t *t = coll_comm_topo(comm);
+  if (!t) return COLL_SYSTEM_ERROR;
+  /* The tree is over host-order positions (topology.h): subtrees stay on a host. */
+  int n = comm->size, r = coll_topo_pos(t, comm->rank);
   int parent = coll_tree_parent(r, n, 0);
   int child[2] = {coll_tree_child(r, n, 0, 0), coll_tree_child(r, n, 0, 1)};
+  if (parent >= 0) parent = coll_topo_at(t, parent);
+  for (int c = 0; c < 2; c++)
+    if (child[c] >= 0) child[c] = coll_topo_at(t, child[c]);
   const char *in = a->sendbuf;
   char *out = a->recvbuf;
   size_t nbytes = a->count * s->elem;

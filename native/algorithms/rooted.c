@@ -2,8 +2,9 @@
  * rooted.c -- the rooted collectives: reduce, gatherv, scatterv (contracts in
  * coll.h). Host memory only.
  *
- * reduce: a binomial tree toward the root (v = (r - root) mod n; the parent
- * of v clears its highest set bit), pipelined in segments. Each rank folds
+ * reduce: a binomial tree toward the root (v = (r - root) mod n, r and root
+ * being host-order positions (topology.h); the parent of v clears its
+ * highest set bit), pipelined in segments. Each rank folds
  * its children into an accumulator, smallest subtree first (it finishes
  * first), then sends the accumulator up:
  *
@@ -33,6 +34,7 @@
 #include "algorithms/algorithms.h"
 #include "base/comm_state.h"
 #include "algorithms/pattern.h"
+#include "algorithms/topology.h"
 #include "reduce/reduce.h"
 #include "schedule/schedule.h"
 #include "base/status.h"
@@ -102,9 +104,15 @@ coll_result_t coll_run_reduce(coll_comm_t *comm, const coll_args_t *a) {
   }
   int done;
   COLL_CHECK(coll_root_agree(comm, a, COLL_KIND_REDUCE, &done));
-  int children[32];
-  int nchild = coll_binomial_children(r, n, root, children);
-  int parent = coll_binomial_parent(r, n, root);
+  /* The tree is over host-order positions (topology.h): a subtree's ranks
+   * share a host as far as the numbering allows, whatever the placement. */
+  const coll_topo_t *t = coll_comm_topo(comm);
+  if (!t) return COLL_SYSTEM_ERROR;
+  int children[32], v = coll_topo_pos(t, r), vroot = coll_topo_pos(t, root);
+  int nchild = coll_binomial_children(v, n, vroot, children);
+  for (int k = 0; k < nchild; k++) children[k] = coll_topo_at(t, children[k]);
+  int parent = coll_binomial_parent(v, n, vroot);
+  if (parent >= 0) parent = coll_topo_at(t, parent);
   char *acc = NULL, *scratch = NULL;
   if (r == root) {
     acc = a->recvbuf;

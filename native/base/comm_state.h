@@ -16,14 +16,18 @@
 #include "coll.h"
 #include "base/auth.h"
 
-/* Half-open connections a listener keeps before it evicts the oldest: room
- * for several lower ranks dialing at once with COLLECTIVES_NSOCKS=16 each. */
+/* Half-open connections a listener keeps beyond what the job's own openings
+ * can need at once (every lower rank dialing all its COLLECTIVES_NSOCKS
+ * connections): room for abort notices, liveness probes and strangers. A
+ * listener's table holds rank x nsocks + COLL_MAX_PENDING (coll_tcp_listen);
+ * when full, a stranger's connection goes first (transport/tcp.c). */
 #define COLL_MAX_PENDING 256
 /* The longest abort notice text a peer may send (transport/wire.h). */
 #define COLL_ABORT_REASON_BYTES 96
 
 typedef struct coll_link coll_link_t;       /* transport/transport.h */
 struct coll_pending;                        /* an accepted connection's opening, transport/tcp.c */
+struct pollfd;                              /* <poll.h> */
 
 typedef struct {
   char host[256];
@@ -51,10 +55,12 @@ struct coll_comm {
   uint8_t link_key[COLL_KEY_BYTES]; /* from the job secret (coll_comm_set_link_key); zeros: none */
   int listen_fd, port;
   coll_peer_t *peers;
-  /* Accepted connections whose hello has not fully arrived: COLL_MAX_PENDING
-   * slots, allocated with the listener (transport/tcp.c). */
+  /* Accepted connections whose hello has not fully arrived: max_pending
+   * slots, allocated with the listener (transport/tcp.c), and room for a
+   * poll() over them and the listener (pending_pfs, max_pending + 2). */
   struct coll_pending *pending;
-  int npending;
+  int npending, max_pending;
+  struct pollfd *pending_pfs;
   uint32_t seq;          /* collective calls so far; carried in every header */
   int broken;
   coll_result_t broken_code;
@@ -75,6 +81,8 @@ struct coll_comm {
   int oversubscribed;    /* the host runs more ranks than cores (coll_comm_set_oversubscribed) */
   int job_oversubscribed;/* some host of the job does (coll_comm_set_job_oversubscribed) */
   int all_shm;           /* coll_links_all_shm's answer: 0 not yet known, 1 yes, 2 no */
+  struct coll_topo *topo;/* host groups and host order (algorithms/topology.c); NULL until
+                            first needed, dropped when a host id changes */
 
   /* Progress thread: runs queued requests in order; blocking calls made
    * meanwhile wait for the queue to drain (coll_comm_enter). */

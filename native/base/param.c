@@ -32,8 +32,9 @@ static const coll_param_decl_t params[COLL_NUM_PARAMS] = {
                                   "auto: 4M, or autotuning when the host runs more ranks than "
                                   "cores)", "bytes, or auto"},
     [COLL_PARAM_ALGO] = {"COLLECTIVES_ALGO", "",
-                         "force an allreduce algorithm: ring, tree, butterfly (overrides auto)",
-                         "one of: ring, tree, butterfly, auto"},
+                         "force an allreduce algorithm: ring, tree, butterfly, two_level "
+                         "(overrides auto; ring, tree or butterfly: flat even across hosts)",
+                         "one of: ring, tree, butterfly, two_level, auto"},
     [COLL_PARAM_TUNE_FILE] = {"COLLECTIVES_TUNE_FILE", "",
                               "table written by collectives-bench --tune that auto reads",
                               "a file path"},
@@ -101,6 +102,10 @@ static const coll_param_decl_t params[COLL_NUM_PARAMS] = {
     [COLL_PARAM_CUDA_FAKE] = {"COLLECTIVES_CUDA_FAKE", "0",
                               "tests only: 1 emulates one GPU in host memory, so that the GPU code "
                               "paths run on machines without one", "one of: 0, 1"},
+    [COLL_PARAM_CUDA_SMALL_BYTES] = {"COLLECTIVES_CUDA_SMALL_BYTES", "16K",
+                                     "collectives on GPU buffers up to this many bytes are copied "
+                                     "whole to pinned host memory and run on the host path (0: never)",
+                                     "bytes"},
     [COLL_PARAM_P2P_BUFFER_BYTES] = {"COLLECTIVES_P2P_BUFFER_BYTES", "64M",
                                      "point-to-point messages that arrive before their receive "
                                      "is posted are kept up to this many bytes in all; later "
@@ -133,6 +138,26 @@ static const coll_param_decl_t params[COLL_NUM_PARAMS] = {
                            "over them in 64K units, round robin (equal on every rank; more than 1 "
                            "helps only where one flow cannot fill the NIC)",
                            "integer, 1 to 16"},
+    [COLL_PARAM_PICKLE] = {"COLLECTIVES_PICKLE", "auto",
+                           "what the object collectives (bcast, allgather, recv...) unpickle from "
+                           "peers: auto loads anything in a job with a secret and plain data "
+                           "only (numbers, strings, containers, arrays, tensors) without one; "
+                           "plain always restricts; any never does",
+                           "one of: auto, plain, any"},
+    [COLL_PARAM_ENCRYPT] = {"COLLECTIVES_ENCRYPT", "0",
+                            "1: encrypt and authenticate every TCP link (AES-256-GCM, keys per "
+                            "connection and direction from the job secret, which it requires; "
+                            "shared-memory links stay as they are); equal on every rank",
+                            "one of: 0, 1"},
+    [COLL_PARAM_CRYPTO_LIB] = {"COLLECTIVES_CRYPTO_LIB", "libcrypto.so.3",
+                               "the OpenSSL 3 libcrypto that COLLECTIVES_ENCRYPT=1 loads (a name "
+                               "the dynamic loader finds, or a path)", "a library name or path"},
+    [COLL_PARAM_ENCRYPT_FAULT] = {"COLLECTIVES_ENCRYPT_FAULT", "0",
+                                  "tests only: the lower rank of each encrypted link alters its "
+                                  "4th record on the wire: flip a ciphertext bit, replay the "
+                                  "record before it, or claim an overlong length; rekey (on "
+                                  "every rank): keys change every 3 records",
+                                  "one of: 0, flip, replay, length, rekey"},
 };
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;

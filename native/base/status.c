@@ -24,6 +24,7 @@ const char *coll_algo_name(coll_algo_t algo) {
     case COLL_ALGO_RING: return "ring";
     case COLL_ALGO_TREE: return "tree";
     case COLL_ALGO_BUTTERFLY: return "butterfly";
+    case COLL_ALGO_TWO_LEVEL: return "two_level";
     case COLL_NUM_ALGOS: break;
   }
   return "?";

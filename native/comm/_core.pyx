@@ -22,6 +22,7 @@ include "subcomm.pxi"
 include "generation.pxi"
 include "dgc.pxi"
 include "gpu.pxi"
+include "topology.pxi"
 
 
 cdef class Request:
@@ -233,6 +234,11 @@ cdef class Communicator:
         """Mark which peers share this host (equal ids): they may use shared memory."""
         cdef bytes h = host_id.encode()
         CHKERR(coll_comm_set_peer_host(self._live(), peer, h), self.comm)
+
+    def host_ids(self) -> list:
+        """Every rank's host id (hostname/boot id; "" where unknown), as set at rendezvous."""
+        cdef coll_comm_t *c = self._live()
+        return [coll_comm_peer_host(c, i).decode() for i in range(self.size)]
 
     def set_link_key(self, bytes key) -> None:
         """The 32-byte key (from the job secret) that links and abort notices must prove."""
@@ -637,6 +643,32 @@ def hmac_sha256(bytes key, bytes msg) -> bytes:
     cdef uint8_t out[32]
     coll_hmac_sha256(key, len(key), msg, len(msg), out)
     return bytes(out[:32])
+
+
+def crypt_lib_error():
+    """Why COLLECTIVES_ENCRYPT=1 cannot work here (libcrypto not loadable), or None."""
+    cdef const char *why = coll_crypt_lib_error()
+    return None if why == NULL else why.decode(errors="replace")
+
+
+def crypt_hkdf(bytes ikm, bytes salt, bytes info, int n) -> bytes:
+    """HKDF-SHA256 through the libcrypto that encrypted links use (for tests, RFC 5869)."""
+    out = bytearray(n)
+    cdef unsigned char[::1] o = out
+    if n <= 0 or coll_crypt_hkdf(ikm, len(ikm), salt, len(salt), info, len(info), &o[0], n) != 0:
+        raise RuntimeError(f"HKDF failed: {crypt_lib_error()}")
+    return bytes(out)
+
+
+def crypt_seal(bytes key, bytes iv, bytes aad, bytes pt) -> bytes:
+    """AES-256-GCM ciphertext + 16-byte tag as encrypted links seal records (for tests)."""
+    if len(key) != 32 or len(iv) != 12:
+        raise ValueError("AES-256-GCM takes a 32-byte key and a 12-byte IV")
+    out = bytearray(len(pt) + 16)
+    cdef unsigned char[::1] o = out
+    if coll_crypt_seal(key, iv, aad, len(aad), pt, len(pt), &o[0]) != 0:
+        raise RuntimeError(f"AES-256-GCM failed: {crypt_lib_error()}")
+    return bytes(out)
 
 
 def shm_path_ok(str path, int frm, int to, unsigned long long token) -> bool:

@@ -1,4 +1,5 @@
 # alltoall.pxi -- alltoallv (coll.h; alltoall.c): check -> nogil -> one checked C call.
+# GPU buffers are staged whole through pinned memory by the core (comm/gpu_small.c).
 
 
 cdef object _side(Communicator c, size_t *cnt, size_t *dsp, counts, displs, size_t total,
@@ -34,8 +35,6 @@ def alltoallv(Communicator comm, sendbuf, recvbuf, sendcounts, recvcounts, sendd
     cdef int n = comm._size
     cdef _View rv = as_view(recvbuf, "recvbuf", True, dtype)
     cdef _View sv = rv if sendbuf is None else as_view(sendbuf, "sendbuf", False, dtype)
-    if rv.device >= 0 or sv.device >= 0:
-        raise TypeError("alltoallv takes host buffers, not GPU memory")
     if sv.dtype != rv.dtype:
         raise TypeError("sendbuf and recvbuf have different dtypes")
     if sv is not rv:
@@ -55,6 +54,7 @@ def alltoallv(Communicator comm, sendbuf, recvbuf, sendcounts, recvcounts, sendd
         a.displs = cc + 2 * n
         a.dtype = <coll_dtype_t>rv.dtype
         a.timeout = as_timeout(timeout)
+        set_memory(&a, None, rv, sv)
         with nogil:
             res = coll_alltoallv(comm.comm, &a)
         CHKERR(res, comm.comm)

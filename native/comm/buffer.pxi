@@ -62,7 +62,7 @@ DTYPES = {
 }
 OPS = {"sum": COLL_SUM, "prod": COLL_PROD, "min": COLL_MIN, "max": COLL_MAX, "avg": COLL_AVG}
 ALGORITHMS = {"auto": COLL_ALGO_AUTO, "ring": COLL_ALGO_RING, "tree": COLL_ALGO_TREE,
-              "butterfly": COLL_ALGO_BUTTERFLY}
+              "butterfly": COLL_ALGO_BUTTERFLY, "two_level": COLL_ALGO_TWO_LEVEL}
 
 
 cdef int char_dtype(char c, Py_ssize_t itemsize) noexcept:

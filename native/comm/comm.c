@@ -22,7 +22,9 @@
 #include "cuda/cuda.h"
 #include "base/param.h"
 #include "algorithms/pattern.h"
+#include "algorithms/topology.h"
 #include "base/status.h"
+#include "comm/gpu_small.h"
 #include "transport/transport.h"
 #include "transport/wire.h"
 
@@ -117,7 +119,12 @@ coll_result_t coll_comm_set_peer_host(coll_comm_t *comm, int peer, const char *h
     return coll_error(comm, COLL_INVALID_ARGUMENT, "invalid host id for rank %d", peer);
   snprintf(comm->peers[peer].host_id, sizeof comm->peers[peer].host_id, "%s", host_id);
   comm->all_shm = 0; /* recomputed on the next AUTO choice */
+  coll_comm_topo_forget(comm); /* and the topology on next use */
   return COLL_SUCCESS;
+}
+
+const char *coll_comm_peer_host(const coll_comm_t *comm, int peer) {
+  return peer >= 0 && peer < comm->size ? comm->peers[peer].host_id : "";
 }
 
 const char *coll_comm_last_error(const coll_comm_t *comm) {
@@ -240,20 +247,26 @@ coll_result_t coll_comm_leave(coll_comm_t *comm, coll_result_t res) {
 
 /* The arguments a run uses: for GPU buffers, the device's segment size by
  * default, after binding the device and waiting for the caller's queued
- * work (cuda.h's ordering model). */
-static coll_result_t memory_begin(coll_comm_t *comm, const coll_args_t *a, coll_args_t *out) {
+ * work (cuda.h's ordering model); a small call on GPU buffers becomes the
+ * same call on a pinned host copy (comm/gpu_small.c). */
+static coll_result_t memory_begin(coll_comm_t *comm, coll_kind_t kind, const coll_args_t *a,
+                                  coll_args_t *out, coll_gpu_small_t *g) {
   *out = *a;
   out->ready_event = NULL;
+  g->on = 0;
   if (a->memory != COLL_MEMORY_CUDA) return COLL_SUCCESS;
   if (!out->segment_bytes) {
     long long seg = coll_param_int(COLL_PARAM_CUDA_SEGMENT_BYTES);
     out->segment_bytes = seg > 0 ? (size_t)seg : (size_t)64 << 20;
   }
-  return coll_cuda_begin(comm, a->device, a->stream, a->ready_event);
+  COLL_CHECK(coll_cuda_begin(comm, a->device, a->stream, a->ready_event));
+  return coll_gpu_small_begin(comm, kind, out, a->segment_bytes, g);
 }
 
 /* Returns once every copy and kernel of the call has finished. */
-static coll_result_t memory_end(coll_comm_t *comm, const coll_args_t *a, coll_result_t res) {
+static coll_result_t memory_end(coll_comm_t *comm, const coll_args_t *a, const coll_gpu_small_t *g,
+                                coll_result_t res) {
+  if (g->on) return coll_gpu_small_end(comm, g, res);
   if (a->memory != COLL_MEMORY_CUDA || res != COLL_SUCCESS) return res;
   return coll_cuda_finish(comm);
 }
@@ -285,14 +298,15 @@ static coll_result_t local_average(coll_comm_t *comm, const coll_args_t *a, size
 
 static coll_result_t run_allreduce(coll_comm_t *comm, const coll_args_t *args) {
   coll_args_t d;
-  COLL_CHECK(memory_begin(comm, args, &d));
+  coll_gpu_small_t g;
+  COLL_CHECK(memory_begin(comm, COLL_KIND_ALLREDUCE, args, &d, &g));
   const coll_args_t *a = &d;
   size_t nbytes = a->count * coll_dtype_size(a->dtype);
-  if (comm->size == 1) return memory_end(comm, a, local_copy(comm, a, a->recvbuf, a->sendbuf, nbytes));
+  if (comm->size == 1) return memory_end(comm, a, &g, local_copy(comm, a, a->recvbuf, a->sendbuf, nbytes));
   coll_algo_t algo = a->algo == COLL_ALGO_AUTO ? coll_tune_choose_comm(comm, nbytes) : a->algo;
   int handled = 0;
   coll_result_t fast = coll_fast_allreduce(comm, a, algo, &handled);
-  if (handled) return memory_end(comm, a, fast == COLL_SUCCESS ? local_average(comm, a, a->count) : fast);
+  if (handled) return memory_end(comm, a, &g, fast == COLL_SUCCESS ? local_average(comm, a, a->count) : fast);
   const coll_algo_entry_t *e = coll_algo_entry(algo);
   coll_sched_t s;
   coll_sched_init(&s, comm, COLL_KIND_ALLREDUCE, a, (uint32_t)algo);
@@ -302,7 +316,7 @@ static coll_result_t run_allreduce(coll_comm_t *comm, const coll_args_t *args) {
   if (res == COLL_SUCCESS) res = run_sched(&s, a);
   coll_sched_free(&s);
   if (res == COLL_SUCCESS) res = local_average(comm, a, a->count);
-  return memory_end(comm, a, res);
+  return memory_end(comm, a, &g, res);
 }
 
 static coll_result_t check_allreduce(coll_comm_t *comm, const coll_args_t *a) {
@@ -325,13 +339,17 @@ static coll_result_t check_allgatherv(coll_comm_t *comm, const coll_args_t *a) {
 
 static coll_result_t run_allgatherv(coll_comm_t *comm, const coll_args_t *args) {
   coll_args_t d;
-  COLL_CHECK(memory_begin(comm, args, &d));
+  coll_gpu_small_t g;
+  COLL_CHECK(memory_begin(comm, COLL_KIND_ALLGATHERV, args, &d, &g));
   coll_sched_t s;
-  coll_sched_init(&s, comm, COLL_KIND_ALLGATHERV, &d, 0);
-  coll_result_t res = coll_allgatherv_ring(&s, &d);
+  int two = comm->size > 1 && coll_tune_two_level(comm);
+  coll_sched_init(&s, comm, COLL_KIND_ALLGATHERV, &d, (uint32_t)two);
+  COLL_INFO(COLL_LOG_TUNE, "allgatherv #%u on %d ranks: %s", s.hdr.seq, comm->size,
+            two ? "two_level" : "ring");
+  coll_result_t res = two ? coll_allgatherv_two_level(&s, &d) : coll_allgatherv_ring(&s, &d);
   if (res == COLL_SUCCESS) res = run_sched(&s, &d);
   coll_sched_free(&s);
-  return memory_end(comm, &d, res);
+  return memory_end(comm, &d, &g, res);
 }
 
 static coll_result_t check_broadcast(coll_comm_t *comm, const coll_args_t *a) {
@@ -344,17 +362,18 @@ static coll_result_t check_broadcast(coll_comm_t *comm, const coll_args_t *a) {
 
 static coll_result_t run_broadcast(coll_comm_t *comm, const coll_args_t *args) {
   coll_args_t d;
-  COLL_CHECK(memory_begin(comm, args, &d));
+  coll_gpu_small_t g;
+  COLL_CHECK(memory_begin(comm, COLL_KIND_BROADCAST, args, &d, &g));
   if (comm->size == 1) return COLL_SUCCESS;
   int done = 0;
   coll_result_t agreed = coll_root_agree(comm, &d, COLL_KIND_BROADCAST, &done);
-  if (agreed != COLL_SUCCESS || done) return memory_end(comm, &d, agreed);
+  if (agreed != COLL_SUCCESS || done) return memory_end(comm, &d, &g, agreed);
   coll_sched_t s;
   coll_sched_init(&s, comm, COLL_KIND_BROADCAST, &d, (uint32_t)d.root);
   coll_result_t res = coll_broadcast_tree(&s, &d);
   if (res == COLL_SUCCESS) res = run_sched(&s, &d);
   coll_sched_free(&s);
-  return memory_end(comm, &d, res);
+  return memory_end(comm, &d, &g, res);
 }
 
 static coll_result_t check_reduce_scatter(coll_comm_t *comm, const coll_args_t *a) {
@@ -363,10 +382,11 @@ static coll_result_t check_reduce_scatter(coll_comm_t *comm, const coll_args_t *
 
 static coll_result_t run_reduce_scatter(coll_comm_t *comm, const coll_args_t *args) {
   coll_args_t d;
-  COLL_CHECK(memory_begin(comm, args, &d));
+  coll_gpu_small_t g;
+  COLL_CHECK(memory_begin(comm, COLL_KIND_REDUCE_SCATTER, args, &d, &g));
   const coll_args_t *a = &d;
   size_t elem = coll_dtype_size(a->dtype), block = a->count * elem;
-  if (comm->size == 1) return memory_end(comm, a, local_copy(comm, a, a->recvbuf, a->sendbuf, block));
+  if (comm->size == 1) return memory_end(comm, a, &g, local_copy(comm, a, a->recvbuf, a->sendbuf, block));
   /* The ring reduces into a scratch copy of the whole vector, so that the
    * in-place form (input and result both in recvbuf) never overwrites input
    * that is still to be sent. */
@@ -378,14 +398,18 @@ static coll_result_t run_reduce_scatter(coll_comm_t *comm, const coll_args_t *ar
     if (!tmp) return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory", comm->rank);
   }
   coll_sched_t s;
-  coll_sched_init(&s, comm, COLL_KIND_REDUCE_SCATTER, a, 0);
-  coll_result_t res = coll_reduce_scatter_ring(&s, a, tmp);
+  int two = coll_tune_two_level(comm);
+  coll_sched_init(&s, comm, COLL_KIND_REDUCE_SCATTER, a, (uint32_t)two);
+  COLL_INFO(COLL_LOG_TUNE, "reduce_scatter #%u on %d ranks: %s", s.hdr.seq, comm->size,
+            two ? "two_level" : "ring");
+  coll_result_t res = two ? coll_reduce_scatter_two_level(&s, a, tmp)
+                          : coll_reduce_scatter_ring(&s, a, tmp);
   if (res == COLL_SUCCESS) res = run_sched(&s, a);
   coll_sched_free(&s);
   if (res == COLL_SUCCESS) res = local_copy(comm, a, a->recvbuf, tmp + (size_t)comm->rank * block, block);
   if (res == COLL_SUCCESS) res = local_average(comm, a, a->count);
   if (a->memory != COLL_MEMORY_CUDA) free(tmp);
-  return memory_end(comm, a, res);
+  return memory_end(comm, a, &g, res);
 }
 
 static coll_result_t check_barrier(coll_comm_t *comm, const coll_args_t *a) {
@@ -434,17 +458,54 @@ coll_result_t coll_broadcast(coll_comm_t *comm, const coll_args_t *a) {
 coll_result_t coll_reduce_scatter_block(coll_comm_t *comm, const coll_args_t *a) {
   return coll_comm_blocking(comm, a, check_reduce_scatter, run_reduce_scatter);
 }
+/* Reduce, gatherv, scatterv and alltoallv have host schedules only: on GPU
+ * buffers the host check runs on the same arguments as host memory, and the
+ * call is staged whole through pinned memory around the host run
+ * (comm/gpu_small.c). */
+static coll_result_t check_whole(coll_comm_t *comm, const coll_args_t *a, check_fn host_check) {
+  if (a->memory != COLL_MEMORY_CUDA) return host_check(comm, a);
+  coll_args_t h = *a;
+  h.memory = COLL_MEMORY_HOST;
+  COLL_CHECK(host_check(comm, &h));
+  if (!coll_cuda_built()) return coll_cuda_begin(comm, a->device, NULL, NULL); /* says why */
+  if (a->device < 0) return coll_error(comm, COLL_INVALID_ARGUMENT, "invalid CUDA device %d", a->device);
+  return COLL_SUCCESS;
+}
+
+static coll_result_t run_whole(coll_comm_t *comm, const coll_args_t *a, coll_kind_t kind,
+                               run_fn host_run) {
+  if (a->memory != COLL_MEMORY_CUDA) return host_run(comm, a);
+  coll_args_t d = *a;
+  coll_gpu_small_t g;
+  d.ready_event = NULL;
+  COLL_CHECK(coll_cuda_begin(comm, a->device, a->stream, a->ready_event));
+  COLL_CHECK(coll_gpu_whole_begin(comm, kind, &d, &g));
+  if (!g.on) /* never run host code on device pointers */
+    return coll_error(comm, COLL_INVALID_ARGUMENT, "rank %d: %s on GPU buffers needs counts and "
+                      "displacements", comm->rank, coll_kind_name(kind));
+  return coll_gpu_small_end(comm, &g, host_run(comm, &d));
+}
+
+static coll_result_t check_reduce(coll_comm_t *c, const coll_args_t *a) { return check_whole(c, a, coll_check_reduce); }
+static coll_result_t check_gatherv(coll_comm_t *c, const coll_args_t *a) { return check_whole(c, a, coll_check_gatherv); }
+static coll_result_t check_scatterv(coll_comm_t *c, const coll_args_t *a) { return check_whole(c, a, coll_check_scatterv); }
+static coll_result_t check_alltoallv(coll_comm_t *c, const coll_args_t *a) { return check_whole(c, a, coll_check_alltoallv); }
+static coll_result_t run_reduce(coll_comm_t *c, const coll_args_t *a) { return run_whole(c, a, COLL_KIND_REDUCE, coll_run_reduce); }
+static coll_result_t run_gatherv(coll_comm_t *c, const coll_args_t *a) { return run_whole(c, a, COLL_KIND_GATHER, coll_run_gatherv); }
+static coll_result_t run_scatterv(coll_comm_t *c, const coll_args_t *a) { return run_whole(c, a, COLL_KIND_SCATTER, coll_run_scatterv); }
+static coll_result_t run_alltoallv(coll_comm_t *c, const coll_args_t *a) { return run_whole(c, a, COLL_KIND_ALLTOALL, coll_run_alltoallv); }
+
 coll_result_t coll_reduce(coll_comm_t *comm, const coll_args_t *a) {
-  return coll_comm_blocking(comm, a, coll_check_reduce, coll_run_reduce);
+  return coll_comm_blocking(comm, a, check_reduce, run_reduce);
 }
 coll_result_t coll_gatherv(coll_comm_t *comm, const coll_args_t *a) {
-  return coll_comm_blocking(comm, a, coll_check_gatherv, coll_run_gatherv);
+  return coll_comm_blocking(comm, a, check_gatherv, run_gatherv);
 }
 coll_result_t coll_scatterv(coll_comm_t *comm, const coll_args_t *a) {
-  return coll_comm_blocking(comm, a, coll_check_scatterv, coll_run_scatterv);
+  return coll_comm_blocking(comm, a, check_scatterv, run_scatterv);
 }
 coll_result_t coll_alltoallv(coll_comm_t *comm, const coll_args_t *a) {
-  return coll_comm_blocking(comm, a, coll_check_alltoallv, coll_run_alltoallv);
+  return coll_comm_blocking(comm, a, check_alltoallv, run_alltoallv);
 }
 coll_result_t coll_barrier(coll_comm_t *comm, double timeout) {
   coll_args_t a;
@@ -634,6 +695,7 @@ void coll_comm_destroy(coll_comm_t *comm) {
   while (comm->busy) pthread_cond_wait(&comm->cv, &comm->mu);
   pthread_mutex_unlock(&comm->mu);
   coll_p2p_destroy(comm);
+  coll_comm_topo_forget(comm);
   coll_links_close_all(comm);
   coll_tcp_shutdown(comm);
   coll_cuda_destroy(comm);

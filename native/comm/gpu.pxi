@@ -12,6 +12,27 @@ def cuda_ipc_mappings() -> int:
     return coll_cuda_ipc_open_count()
 
 
+def cuda_stats(comm) -> dict:
+    """What the device paths did on `comm` (a Communicator) since its first GPU call.
+
+    small_calls: calls staged whole through pinned memory (COLLECTIVES_CUDA_SMALL_BYTES);
+    whole_calls: reduce, gatherv, scatterv and alltoallv calls staged whole (any size);
+    device_runs: schedules run by the device executor; staged_pieces: pieces sent on
+    pinned-staged links; staged_max_ahead / staged_max_apply: most pieces of one link
+    staged ahead of its socket / handed to the GPU and not yet seen done at once;
+    ipc_descs: CUDA IPC descriptors posted; ipc_max_posted: most of one link posted and
+    not yet acknowledged. All 0 before the first GPU call.
+    """
+    cdef Communicator c = comm
+    cdef coll_cuda_stats_t *s = coll_cuda_stats(c._live())
+    names = ("small_calls", "whole_calls", "device_runs", "staged_pieces", "staged_max_ahead",
+             "staged_max_apply", "ipc_descs", "ipc_max_posted")
+    if s == NULL:
+        return dict.fromkeys(names, 0)
+    return dict(zip(names, (s.small_calls, s.whole_calls, s.device_runs, s.staged_pieces, s.staged_max_ahead,
+                            s.staged_max_apply, s.ipc_descs, s.ipc_max_posted)))
+
+
 def cuda_device_count() -> int:
     """Usable GPUs (0 without a driver or device, or in a build without CUDA)."""
     return coll_cuda_device_count()

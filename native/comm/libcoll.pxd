@@ -37,6 +37,7 @@ cdef extern from "coll.h" nogil:
         COLL_ALGO_RING
         COLL_ALGO_TREE
         COLL_ALGO_BUTTERFLY
+        COLL_ALGO_TWO_LEVEL
         COLL_NUM_ALGOS
 
     ctypedef enum coll_memory_t:
@@ -97,6 +98,7 @@ cdef extern from "coll.h" nogil:
     void coll_comm_set_job_oversubscribed(coll_comm_t *comm, int oversubscribed)
     void coll_comm_bind_cpu(coll_comm_t *comm, int cpu)
     coll_result_t coll_comm_set_peer_host(coll_comm_t *comm, int peer, const char *host_id)
+    const char *coll_comm_peer_host(const coll_comm_t *comm, int peer)
     void coll_comm_destroy(coll_comm_t *comm)
     int COLL_UNDEFINED
     coll_result_t coll_comm_split(coll_comm_t *comm, int color, int key, double timeout,
@@ -180,6 +182,41 @@ cdef extern from "algorithms/pattern.h" nogil:
     int coll_bfly_vrank(int r, int n)
     int coll_bfly_real(int v, int n)
 
+cdef extern from "algorithms/topology.h" nogil:
+    ctypedef struct coll_topo_t:
+        int n
+        int nhosts
+        int *host
+        int *local
+        int *order
+        int *first
+        int *pos
+        int min_local
+        int max_local
+    int coll_topo_build(coll_topo_t *t, int n, const int *labels)
+    void coll_topo_free(coll_topo_t *t)
+    int coll_topo_owner(const coll_topo_t *t, int h, int j)
+    int coll_topo_two_level(const coll_topo_t *t)
+
+cdef extern from "transport/wire.h" nogil:
+    enum:
+        COLL_KIND_ALLREDUCE
+        COLL_KIND_ALLGATHERV
+        COLL_KIND_REDUCE_SCATTER
+
+cdef extern from "algorithms/algorithms.h" nogil:
+    coll_result_t coll_dryrun(int n, const int *labels, int rank, int kind, coll_algo_t algo,
+                              size_t count, coll_dtype_t dtype, size_t segment_bytes,
+                              const void *inp, void *out, long long **steps, int *nsteps,
+                              int **edges, int *nedges)
+
+cdef extern from "transport/crypt.h" nogil:
+    const char *coll_crypt_lib_error()
+    int coll_crypt_hkdf(const uint8_t *ikm, size_t nikm, const uint8_t *salt, size_t nsalt,
+                        const uint8_t *info, size_t ninfo, uint8_t *out, size_t nout)
+    int coll_crypt_seal(const uint8_t *key, const uint8_t *iv, const uint8_t *aad, size_t naad,
+                        const uint8_t *pt, size_t n, uint8_t *out)
+
 cdef extern from "reduce/sparse.h" nogil:
     coll_result_t coll_sparse_count_above(const float *x, size_t n, float threshold,
                                           size_t *count)
@@ -192,6 +229,16 @@ cdef extern from "reduce/sparse.h" nogil:
 
 
 cdef extern from "cuda/cuda.h" nogil:
+    ctypedef struct coll_cuda_stats_t:
+        uint64_t small_calls
+        uint64_t whole_calls
+        uint64_t device_runs
+        uint64_t staged_pieces
+        uint64_t staged_max_ahead
+        uint64_t staged_max_apply
+        uint64_t ipc_descs
+        uint64_t ipc_max_posted
+    coll_cuda_stats_t *coll_cuda_stats(coll_comm_t *comm)
     int coll_cuda_pointer_device(const void *p)
     const char *coll_cuda_error_text()
     coll_result_t coll_cuda_alloc(int device, size_t n, void **p)

@@ -44,6 +44,10 @@ static int wants_from(struct coll_p2p *p, int peer) {
 static coll_result_t pass(coll_comm_t *comm, int *moved) {
   struct coll_p2p *p = comm->p2p;
   coll_tcp_serve(comm);
+  /* A peer whose communicator broke told us (an abort notice on the
+   * listener), or this rank refused a link opening: waiting on would only
+   * reach the deadline, since that peer serves nobody any more. */
+  COLL_CHECK(coll_tcp_aborted(comm));
   for (int peer = 0; peer < comm->size; peer++) {
     if (peer == comm->rank) continue;
     p2p_peer_t *pp = &p->peers[peer];

@@ -1,11 +1,9 @@
 # rooted.pxi -- reduce, gatherv, scatterv (coll.h; rooted.c): module functions over a
-# Communicator, each: check -> nogil -> one checked C call. Host buffers.
+# Communicator, each: check -> nogil -> one checked C call. Host buffers, or GPU
+# buffers (staged whole through pinned memory by the core: comm/gpu_small.c).
 
 cdef _View _host(obj, str name, bint writable, dtype):
-    cdef _View v = as_view(obj, name, writable, dtype)
-    if v.device >= 0:
-        raise TypeError(f"{name} is a GPU buffer; rooted collectives take host memory")
-    return v
+    return as_view(obj, name, writable, dtype)
 
 
 cdef object _blocks(Communicator c, size_t *cc, counts, displs, size_t total, str what):
@@ -59,6 +57,7 @@ def reduce(Communicator comm, sendbuf, recvbuf, op="sum", int root=0, timeout=No
     a.op = <coll_op_t>code_of(OPS, op, "op")
     a.root = root
     a.timeout = as_timeout(timeout)
+    set_memory(&a, None, rv if rv is not None else sv, sv)
     cdef coll_result_t res
     with nogil:
         res = coll_reduce(comm.comm, &a)
@@ -115,6 +114,7 @@ def gatherv(Communicator comm, sendbuf, recvbuf, counts=None, displs=None, int r
             a.dtype = <coll_dtype_t>sv.dtype
         a.root = root
         a.timeout = as_timeout(timeout)
+        set_memory(&a, None, rv if rv is not None else sv, sv)
         with nogil:
             res = coll_gatherv(comm.comm, &a)
         CHKERR(res, comm.comm)
@@ -172,6 +172,7 @@ def scatterv(Communicator comm, sendbuf, recvbuf, counts=None, displs=None, int 
             a.dtype = <coll_dtype_t>rv.dtype
         a.root = root
         a.timeout = as_timeout(timeout)
+        set_memory(&a, None, rv if rv is not None else sv, sv)
         with nogil:
             res = coll_scatterv(comm.comm, &a)
         CHKERR(res, comm.comm)

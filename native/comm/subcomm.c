@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "base/comm_state.h"
+#include "algorithms/topology.h"
 #include "base/param.h"
 #include "base/status.h"
 #include "cuda/cuda.h"
@@ -268,6 +269,7 @@ void coll_subcomm_destroy(coll_comm_t *comm) {
     if (again) pthread_cond_wait(&root->cv, &root->mu);
   }
   pthread_mutex_unlock(&root->mu);
+  coll_comm_topo_forget(comm);
   free(comm->keep.steps);
   free(comm->keep.edges);
   free(comm->keep.scratch);

@@ -3,7 +3,8 @@
  * CUDA layer: coll_cudart_* (cuda/runtime.c: the CUDA runtime, or "built
  * without CUDA" errors) and coll_cudafake_* (cuda/fake.c: one GPU emulated in
  * host memory for tests, COLLECTIVES_CUDA_FAKE=1). cuda.c picks one per call.
- * Each has exactly cuda.h's signatures, except for CUDA IPC, where the
+ * Each has exactly cuda.h's signatures (copies and fences only in their
+ * lane form; each backend's state starts with coll_cuda_stats_t), except for CUDA IPC, where the
  * backends only open and close mappings (ipc_open, ipc_close) and cuda.c
  * keeps the process's one cache of them.
  */
@@ -24,10 +25,10 @@
   coll_result_t prefix##record_ready(int device, void *stream, void **event); \
   void prefix##event_destroy(void *event); \
   coll_result_t prefix##begin(coll_comm_t *comm, int device, void *stream, void *ready); \
-  coll_result_t prefix##copy(coll_comm_t *comm, void *dst, const void *src, size_t n); \
+  coll_result_t prefix##copy_on(coll_comm_t *comm, int lane, void *dst, const void *src, size_t n); \
   coll_result_t prefix##reduce(coll_comm_t *comm, void *out, const void *in1, const void *in2, size_t count, coll_dtype_t dtype, coll_op_t op); \
   coll_result_t prefix##scale(coll_comm_t *comm, void *out, const void *in, size_t count, coll_dtype_t dtype, double divisor); \
-  coll_result_t prefix##fence(coll_comm_t *comm, uint64_t *ticket); \
+  coll_result_t prefix##fence_on(coll_comm_t *comm, int lane, uint64_t *ticket); \
   coll_result_t prefix##poll(coll_comm_t *comm, uint64_t ticket, int *done); \
   coll_result_t prefix##wait(coll_comm_t *comm, uint64_t ticket); \
   coll_result_t prefix##finish(coll_comm_t *comm); \

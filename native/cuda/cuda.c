@@ -65,8 +65,14 @@ coll_result_t coll_cuda_begin(coll_comm_t *comm, int device, void *stream, void 
   return fake() ? coll_cudafake_begin(comm, device, stream, ready) : coll_cudart_begin(comm, device, stream, ready);
 }
 
+coll_result_t coll_cuda_copy_on(coll_comm_t *comm, int lane, void *dst, const void *src, size_t n) {
+  if (lane < 0 || lane >= COLL_CUDA_LANES)
+    return coll_error(comm, COLL_INTERNAL_ERROR, "rank %d: CUDA lane %d", comm->rank, lane);
+  return fake() ? coll_cudafake_copy_on(comm, lane, dst, src, n) : coll_cudart_copy_on(comm, lane, dst, src, n);
+}
+
 coll_result_t coll_cuda_copy(coll_comm_t *comm, void *dst, const void *src, size_t n) {
-  return fake() ? coll_cudafake_copy(comm, dst, src, n) : coll_cudart_copy(comm, dst, src, n);
+  return coll_cuda_copy_on(comm, 0, dst, src, n);
 }
 
 coll_result_t coll_cuda_reduce(coll_comm_t *comm, void *out, const void *in1, const void *in2, size_t count, coll_dtype_t dtype, coll_op_t op) {
@@ -77,8 +83,18 @@ coll_result_t coll_cuda_scale(coll_comm_t *comm, void *out, const void *in, size
   return fake() ? coll_cudafake_scale(comm, out, in, count, dtype, divisor) : coll_cudart_scale(comm, out, in, count, dtype, divisor);
 }
 
+coll_result_t coll_cuda_fence_on(coll_comm_t *comm, int lane, uint64_t *ticket) {
+  if (lane < 0 || lane >= COLL_CUDA_LANES)
+    return coll_error(comm, COLL_INTERNAL_ERROR, "rank %d: CUDA lane %d", comm->rank, lane);
+  return fake() ? coll_cudafake_fence_on(comm, lane, ticket) : coll_cudart_fence_on(comm, lane, ticket);
+}
+
 coll_result_t coll_cuda_fence(coll_comm_t *comm, uint64_t *ticket) {
-  return fake() ? coll_cudafake_fence(comm, ticket) : coll_cudart_fence(comm, ticket);
+  return coll_cuda_fence_on(comm, 0, ticket);
+}
+
+coll_cuda_stats_t *coll_cuda_stats(coll_comm_t *comm) {
+  return (coll_cuda_stats_t *)comm->cuda; /* both backends' state starts with it */
 }
 
 coll_result_t coll_cuda_poll(coll_comm_t *comm, uint64_t ticket, int *done) {

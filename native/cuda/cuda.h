@@ -66,18 +66,53 @@ coll_result_t coll_cuda_reduce(coll_comm_t *comm, void *out, const void *in1, co
                                size_t count, coll_dtype_t dtype, coll_op_t op);
 coll_result_t coll_cuda_scale(coll_comm_t *comm, void *out, const void *in, size_t count,
                               coll_dtype_t dtype, double divisor);
-/* A ticket for the work queued so far. */
+/* A ticket for the work queued so far (on lane 0, the communicator's stream). */
 coll_result_t coll_cuda_fence(coll_comm_t *comm, uint64_t *ticket);
+
+/* Lanes: independent streams of one communicator, so that work of one kind
+ * does not queue behind another's. Lane 0 is the communicator's stream
+ * (reductions, host-to-device copies, IPC reads: coll_cuda_copy/reduce/scale/
+ * fence above); lane 1 carries the device-to-host copies of staged sends, so
+ * that the copy of the next outgoing piece overlaps the reduction or copy of
+ * the last incoming one (the copy engines of each direction run at once).
+ * Nothing orders two lanes: the caller only queues work on lane 1 whose
+ * inputs a completed ticket already made final. A ticket names its lane;
+ * coll_cuda_poll/wait take tickets of any lane, and within one lane ticket t
+ * done means every earlier ticket of that lane is done. */
+#define COLL_CUDA_LANES 2
+coll_result_t coll_cuda_copy_on(coll_comm_t *comm, int lane, void *dst, const void *src, size_t n);
+coll_result_t coll_cuda_fence_on(coll_comm_t *comm, int lane, uint64_t *ticket);
 /* *done = 1 once ticket's work has finished (never blocks). */
 coll_result_t coll_cuda_poll(coll_comm_t *comm, uint64_t ticket, int *done);
 /* Sleeps until ticket's work has finished. */
 coll_result_t coll_cuda_wait(coll_comm_t *comm, uint64_t ticket);
-/* Waits for everything queued on the communicator's stream. */
+/* Waits for everything queued on the communicator's lanes. */
 coll_result_t coll_cuda_finish(coll_comm_t *comm);
+
+/* What the device paths did on this communicator since it bound its GPU
+ * (counters for tests and the bench; see schedule/device.c and
+ * comm/gpu_small.c). Each backend's state starts with this struct. */
+typedef struct {
+  uint64_t small_calls;      /* calls staged whole through pinned memory (small path) */
+  uint64_t whole_calls;      /* rooted and all-to-all calls staged whole (any size) */
+  uint64_t device_runs;      /* schedules run by the device executor */
+  uint64_t staged_pieces;    /* pieces sent on staged (pinned host) links */
+  uint64_t staged_max_ahead; /* most outgoing pieces staged on one link at once */
+  uint64_t staged_max_apply; /* most incoming pieces on the GPU of one link at once */
+  uint64_t ipc_descs;        /* CUDA IPC DESC records posted */
+  uint64_t ipc_max_posted;   /* most DESCs of one link posted and not yet acknowledged */
+} coll_cuda_stats_t;
+/* NULL before the communicator's first device call. */
+coll_cuda_stats_t *coll_cuda_stats(coll_comm_t *comm);
 
 /* Pinned host memory of at least n bytes, mapped for the device, kept and
  * grown by the communicator; `which` picks one of a few independent pools. */
 coll_result_t coll_cuda_pinned(coll_comm_t *comm, int which, size_t n, unsigned char **p);
+/* The pools: 0 and 1 staged sends and receives (device executor), 2 the
+ * small path's copy of a whole call (comm/gpu_small.c). */
+#define COLL_CUDA_PINNED_SMALL 2
+/* ... and 3 the whole-call copy of the collectives without a device schedule. */
+#define COLL_CUDA_PINNED_WHOLE 3
 /* Device scratch of at least n bytes on the bound device (kept, grown);
  * `which` picks one of two pools (0: reduce-scatter's vector, 1: the
  * device executor's IPC bounce space). */

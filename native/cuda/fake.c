@@ -6,9 +6,15 @@
  * "Device memory" is a shared-memory file per allocation, mapped where the
  * allocation lives; its "IPC handle" is the file's name, which a peer maps
  * the way cudaIpcOpenMemHandle maps a real handle. Copies are memcpy and the
- * reductions are the host kernels, run at once, so every ticket is complete
- * when it is issued; the executor's ordering is still exercised, since an
- * IPC read happens strictly between a DESC and its ACK as on a GPU.
+ * reductions are the host kernels, but run late, as a GPU would: work queued
+ * on a lane (cuda.h) only happens when a ticket covering it is waited for,
+ * or found done by a poll, and every other poll of an unfinished ticket
+ * answers "not yet" without running anything. So a caller that reads a
+ * pinned buffer before its copy's ticket, reuses one before the reduction
+ * reading it is done, or posts a CUDA IPC DESC before its bytes are final,
+ * sees stale bytes here and fails the tests, as it would on a GPU, and the
+ * executors' paths for unfinished work run. Nothing orders two lanes but the
+ * caller, as on a GPU.
  *
  * Test double only: its allocation list is a process global (the real path
  * keeps all state on the communicator), guarded by a mutex.
@@ -60,13 +66,39 @@ typedef struct {
 static fake_open_t opened[FAKE_MAX_OPEN];
 static int nopened;
 
+/* Work queued on a lane, run in order when a ticket covering it is due. */
+enum { OP_COPY, OP_REDUCE, OP_SCALE };
 typedef struct {
-  uint64_t issued;
+  int kind;
+  void *dst;
+  const void *src, *src2;
+  size_t n; /* bytes (copy) or elements */
+  coll_dtype_t dtype;
+  coll_op_t op;
+  double divisor;
+  uint64_t fence; /* the count of the first fence that covers it */
+} fake_op_t;
+
+#define FAKE_QUEUE 1024
+
+typedef struct fake_state {
+  coll_cuda_stats_t stats; /* first: cuda.c reads it without knowing the backend */
+  uint64_t issued[COLL_CUDA_LANES], completed[COLL_CUDA_LANES];
+  fake_op_t q[COLL_CUDA_LANES][FAKE_QUEUE];
+  size_t qhead[COLL_CUDA_LANES], qtail[COLL_CUDA_LANES];
+  unsigned polls;
   unsigned char *pinned[4];
   size_t pinned_bytes[4];
   void *scratch[2];
   size_t scratch_bytes[2];
+  struct fake_state *next; /* every live state, for ipc_close */
 } fake_state_t;
+
+/* The queues of every communicator of the process: closing an IPC mapping
+ * first runs all queued work (a GPU's cudaIpcCloseMemHandle path waits for
+ * the device), and that work may belong to another communicator's thread. */
+static pthread_mutex_t qmu = PTHREAD_MUTEX_INITIALIZER;
+static fake_state_t *states;
 
 static fake_state_t *state(coll_comm_t *comm) { return (fake_state_t *)comm->cuda; }
 
@@ -205,59 +237,125 @@ coll_result_t coll_cudafake_begin(coll_comm_t *comm, int device, void *stream, v
     return coll_error(comm, COLL_INVALID_ARGUMENT, "rank %d: the emulated GPU is device 0, not %d",
                       comm->rank, device);
   if (!comm->cuda) {
-    comm->cuda = calloc(1, sizeof(fake_state_t));
-    if (!comm->cuda) return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory", comm->rank);
+    fake_state_t *s = calloc(1, sizeof(fake_state_t));
+    if (!s) return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory", comm->rank);
+    comm->cuda = (struct coll_cuda *)s;
+    pthread_mutex_lock(&qmu);
+    s->next = states;
+    states = s;
+    pthread_mutex_unlock(&qmu);
   }
   return COLL_SUCCESS;
 }
 
-coll_result_t coll_cudafake_copy(coll_comm_t *comm, void *dst, const void *src, size_t n) {
-  (void)comm;
-  if (n && dst != src) memmove(dst, src, n);
+static void run_op(const fake_op_t *o) {
+  if (o->kind == OP_COPY) {
+    if (o->n && o->dst != o->src) memmove(o->dst, o->src, o->n);
+  } else if (o->kind == OP_REDUCE) {
+    coll_reduce_kernel(o->dtype, o->op)(o->dst, o->src, o->src2, o->n, NULL);
+  } else {
+    coll_scale(o->dst, o->src, o->n, o->dtype, o->divisor);
+  }
+}
+
+/* Runs lane's work covered by fence count k (all of it: k = UINT64_MAX). qmu held. */
+static void run_until(fake_state_t *s, int lane, uint64_t k) {
+  while (s->qhead[lane] < s->qtail[lane]) {
+    fake_op_t *o = &s->q[lane][s->qhead[lane] % FAKE_QUEUE];
+    if (o->fence > k) break;
+    run_op(o);
+    s->qhead[lane]++;
+  }
+  if (k != UINT64_MAX && k > s->completed[lane]) s->completed[lane] = k;
+}
+
+static void run_all(fake_state_t *s) {
+  for (int l = 0; l < COLL_CUDA_LANES; l++) {
+    run_until(s, l, UINT64_MAX);
+    s->completed[l] = s->issued[l];
+  }
+}
+
+static void enqueue(fake_state_t *s, int lane, const fake_op_t *o) {
+  pthread_mutex_lock(&qmu);
+  if (s->qtail[lane] - s->qhead[lane] == FAKE_QUEUE) { /* full: the oldest finishes early */
+    run_op(&s->q[lane][s->qhead[lane] % FAKE_QUEUE]);
+    s->qhead[lane]++;
+  }
+  fake_op_t *slot = &s->q[lane][s->qtail[lane]++ % FAKE_QUEUE];
+  *slot = *o;
+  slot->fence = s->issued[lane] + 1;
+  pthread_mutex_unlock(&qmu);
+}
+
+coll_result_t coll_cudafake_copy_on(coll_comm_t *comm, int lane, void *dst, const void *src, size_t n) {
+  if (n == 0 || dst == src) return COLL_SUCCESS;
+  fake_op_t o = {OP_COPY, dst, src, NULL, n, COLL_UINT8, COLL_SUM, 1.0, 0};
+  enqueue(state(comm), lane, &o);
   return COLL_SUCCESS;
 }
 
 coll_result_t coll_cudafake_reduce(coll_comm_t *comm, void *out, const void *in1, const void *in2,
                                    size_t count, coll_dtype_t dtype, coll_op_t op) {
-  coll_reduce_fn fn = coll_reduce_kernel(dtype, op);
-  if (!fn) return coll_error(comm, COLL_INTERNAL_ERROR, "rank %d: no kernel", comm->rank);
-  fn(out, in1, in2, count, NULL);
+  if (!coll_reduce_kernel(dtype, op)) return coll_error(comm, COLL_INTERNAL_ERROR, "rank %d: no kernel", comm->rank);
+  fake_op_t o = {OP_REDUCE, out, in1, in2, count, dtype, op, 1.0, 0};
+  enqueue(state(comm), 0, &o);
   return COLL_SUCCESS;
 }
 
 coll_result_t coll_cudafake_scale(coll_comm_t *comm, void *out, const void *in, size_t count,
                                   coll_dtype_t dtype, double divisor) {
-  (void)comm;
-  coll_scale(out, in, count, dtype, divisor);
+  fake_op_t o = {OP_SCALE, out, in, NULL, count, dtype, COLL_SUM, divisor, 0};
+  enqueue(state(comm), 0, &o);
   return COLL_SUCCESS;
 }
 
-coll_result_t coll_cudafake_fence(coll_comm_t *comm, uint64_t *ticket) {
-  *ticket = ++state(comm)->issued;
+/* Tickets as the runtime's: count * COLL_CUDA_LANES + lane. */
+coll_result_t coll_cudafake_fence_on(coll_comm_t *comm, int lane, uint64_t *ticket) {
+  fake_state_t *s = state(comm);
+  pthread_mutex_lock(&qmu);
+  uint64_t k = ++s->issued[lane];
+  pthread_mutex_unlock(&qmu);
+  *ticket = k * COLL_CUDA_LANES + (uint64_t)lane;
   return COLL_SUCCESS;
 }
 
 coll_result_t coll_cudafake_poll(coll_comm_t *comm, uint64_t ticket, int *done) {
-  (void)comm;
-  (void)ticket;
+  fake_state_t *s = state(comm);
+  int lane = (int)(ticket % COLL_CUDA_LANES);
+  uint64_t k = ticket / COLL_CUDA_LANES;
+  pthread_mutex_lock(&qmu);
   *done = 1;
+  if (k > s->completed[lane]) {
+    if (s->polls++ % 2 == 0) *done = 0; /* still "running" */
+    else run_until(s, lane, k);
+  }
+  pthread_mutex_unlock(&qmu);
   return COLL_SUCCESS;
 }
 
 coll_result_t coll_cudafake_wait(coll_comm_t *comm, uint64_t ticket) {
-  (void)comm;
-  (void)ticket;
+  fake_state_t *s = state(comm);
+  pthread_mutex_lock(&qmu);
+  uint64_t k = ticket / COLL_CUDA_LANES;
+  if (k > s->completed[ticket % COLL_CUDA_LANES]) run_until(s, (int)(ticket % COLL_CUDA_LANES), k);
+  pthread_mutex_unlock(&qmu);
   return COLL_SUCCESS;
 }
 
 coll_result_t coll_cudafake_finish(coll_comm_t *comm) {
-  (void)comm;
+  fake_state_t *s = state(comm);
+  if (!s) return COLL_SUCCESS;
+  pthread_mutex_lock(&qmu);
+  run_all(s);
+  pthread_mutex_unlock(&qmu);
   return COLL_SUCCESS;
 }
 
 coll_result_t coll_cudafake_pinned(coll_comm_t *comm, int which, size_t n, unsigned char **p) {
   fake_state_t *s = state(comm);
   if (s->pinned_bytes[which] < n) {
+    coll_cudafake_finish(comm); /* queued work may still use the old one */
     free(s->pinned[which]);
     s->pinned[which] = malloc(n);
     s->pinned_bytes[which] = s->pinned[which] ? n : 0;
@@ -270,6 +368,7 @@ coll_result_t coll_cudafake_pinned(coll_comm_t *comm, int which, size_t n, unsig
 coll_result_t coll_cudafake_scratch(coll_comm_t *comm, int which, size_t n, void **p) {
   fake_state_t *s = state(comm);
   if (s->scratch_bytes[which] < n) {
+    coll_cudafake_finish(comm); /* queued work may still use the old one */
     coll_cudafake_free(s->scratch[which]);
     s->scratch[which] = NULL;
     s->scratch_bytes[which] = 0;
@@ -351,6 +450,9 @@ coll_result_t coll_cudafake_ipc_open(coll_comm_t *comm, int peer,
 
 void coll_cudafake_ipc_close(int device, void *base, size_t size) {
   (void)device;
+  pthread_mutex_lock(&qmu); /* queued reads of it happen first */
+  for (fake_state_t *s = states; s; s = s->next) run_all(s);
+  pthread_mutex_unlock(&qmu);
   pthread_mutex_lock(&mu);
   for (int i = 0; i < nopened; i++)
     if (opened[i].base == base) {
@@ -364,6 +466,14 @@ void coll_cudafake_ipc_close(int device, void *base, size_t size) {
 void coll_cudafake_destroy(coll_comm_t *comm) {
   fake_state_t *s = state(comm);
   if (!s) return;
+  pthread_mutex_lock(&qmu);
+  run_all(s); /* its buffers may go right after */
+  for (fake_state_t **pp = &states; *pp; pp = &(*pp)->next)
+    if (*pp == s) {
+      *pp = s->next;
+      break;
+    }
+  pthread_mutex_unlock(&qmu);
   for (int i = 0; i < 4; i++) free(s->pinned[i]);
   coll_cudafake_free(s->scratch[0]);
   coll_cudafake_free(s->scratch[1]);

@@ -28,16 +28,23 @@ cudaError_t coll_cuda_launch_scale(void *out, const void *in, size_t count, coll
 #define COLL_CUDA_PINNED_POOLS 4
 
 struct coll_cuda {
+  coll_cuda_stats_t stats; /* first: cuda.c reads it without knowing the backend */
   int device, sm_count;
-  cudaStream_t stream;
+  cudaStream_t lanes[COLL_CUDA_LANES]; /* lanes[0] is the communicator's stream */
   cudaEvent_t ready; /* marks the caller's queued work (blocking calls) */
-  cudaEvent_t events[COLL_CUDA_EVENTS];
-  uint64_t issued, completed; /* tickets: issued so far, all <= completed are done */
+  cudaEvent_t events[COLL_CUDA_LANES][COLL_CUDA_EVENTS];
+  /* tickets per lane: issued so far, all <= completed are done (counts, not
+   * ticket values: ticket = count * COLL_CUDA_LANES + lane) */
+  uint64_t issued[COLL_CUDA_LANES], completed[COLL_CUDA_LANES];
   unsigned char *pinned[COLL_CUDA_PINNED_POOLS];
   size_t pinned_bytes[COLL_CUDA_PINNED_POOLS];
   void *scratch[2];
   size_t scratch_bytes[2];
 };
+
+#define TICKET(count, lane) ((count) * COLL_CUDA_LANES + (uint64_t)(lane))
+#define TICKET_LANE(t) ((int)((t) % COLL_CUDA_LANES))
+#define TICKET_COUNT(t) ((t) / COLL_CUDA_LANES)
 
 /* Records the failed call's text once, clears CUDA's last error (a sticky
  * error stays: the context is then unusable, and the next call says so). */
@@ -157,9 +164,11 @@ static coll_result_t state_create(coll_comm_t *comm, int device) {
   COLL_CUDACHECK(comm, cudaDeviceGetAttribute(&c->sm_count, cudaDevAttrMultiProcessorCount, device));
   /* Non-blocking: the legacy default stream of the framework never
    * serializes against ours (ordering is by the ready event instead). */
-  COLL_CUDACHECK(comm, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+  for (int l = 0; l < COLL_CUDA_LANES; l++)
+    COLL_CUDACHECK(comm, cudaStreamCreateWithFlags(&c->lanes[l], cudaStreamNonBlocking));
   COLL_CUDACHECK(comm, new_event(&c->ready));
-  for (int i = 0; i < COLL_CUDA_EVENTS; i++) COLL_CUDACHECK(comm, new_event(&c->events[i]));
+  for (int l = 0; l < COLL_CUDA_LANES; l++)
+    for (int i = 0; i < COLL_CUDA_EVENTS; i++) COLL_CUDACHECK(comm, new_event(&c->events[l][i]));
   COLL_INFO(COLL_LOG_CUDA, "rank %d bound to CUDA device %d (%d SMs)", comm->rank, device,
             c->sm_count);
   return COLL_SUCCESS;
@@ -193,64 +202,71 @@ coll_result_t coll_cudart_begin(coll_comm_t *comm, int device, void *stream, voi
   return COLL_SUCCESS;
 }
 
-coll_result_t coll_cudart_copy(coll_comm_t *comm, void *dst, const void *src, size_t n) {
+coll_result_t coll_cudart_copy_on(coll_comm_t *comm, int lane, void *dst, const void *src, size_t n) {
   if (n && dst != src)
-    COLL_CUDACHECK(comm, cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, comm->cuda->stream));
+    COLL_CUDACHECK(comm, cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, comm->cuda->lanes[lane]));
   return COLL_SUCCESS;
 }
 
 coll_result_t coll_cudart_reduce(coll_comm_t *comm, void *out, const void *in1, const void *in2,
                                size_t count, coll_dtype_t dtype, coll_op_t op) {
   struct coll_cuda *c = comm->cuda;
-  COLL_CUDACHECK(comm, coll_cuda_launch_reduce(out, in1, in2, count, dtype, op, c->sm_count, c->stream));
+  COLL_CUDACHECK(comm, coll_cuda_launch_reduce(out, in1, in2, count, dtype, op, c->sm_count, c->lanes[0]));
   return COLL_SUCCESS;
 }
 
 coll_result_t coll_cudart_scale(coll_comm_t *comm, void *out, const void *in, size_t count,
                               coll_dtype_t dtype, double divisor) {
   struct coll_cuda *c = comm->cuda;
-  COLL_CUDACHECK(comm, coll_cuda_launch_scale(out, in, count, dtype, divisor, c->sm_count, c->stream));
+  COLL_CUDACHECK(comm, coll_cuda_launch_scale(out, in, count, dtype, divisor, c->sm_count, c->lanes[0]));
   return COLL_SUCCESS;
 }
 
-coll_result_t coll_cudart_fence(coll_comm_t *comm, uint64_t *ticket) {
+coll_result_t coll_cudart_fence_on(coll_comm_t *comm, int lane, uint64_t *ticket) {
   struct coll_cuda *c = comm->cuda;
-  if (c->issued - c->completed >= COLL_CUDA_EVENTS)
-    COLL_CHECK(coll_cuda_wait(comm, c->issued - COLL_CUDA_EVENTS + 1));
-  uint64_t t = ++c->issued;
-  COLL_CUDACHECK(comm, cudaEventRecord(c->events[t % COLL_CUDA_EVENTS], c->stream));
-  *ticket = t;
+  if (c->issued[lane] - c->completed[lane] >= COLL_CUDA_EVENTS)
+    COLL_CHECK(coll_cuda_wait(comm, TICKET(c->issued[lane] - COLL_CUDA_EVENTS + 1, lane)));
+  uint64_t k = ++c->issued[lane];
+  COLL_CUDACHECK(comm, cudaEventRecord(c->events[lane][k % COLL_CUDA_EVENTS], c->lanes[lane]));
+  *ticket = TICKET(k, lane);
   return COLL_SUCCESS;
 }
 
 coll_result_t coll_cudart_poll(coll_comm_t *comm, uint64_t ticket, int *done) {
   struct coll_cuda *c = comm->cuda;
+  int lane = TICKET_LANE(ticket);
+  uint64_t k = TICKET_COUNT(ticket);
   *done = 1;
-  if (ticket <= c->completed) return COLL_SUCCESS;
-  cudaError_t e = cudaEventQuery(c->events[ticket % COLL_CUDA_EVENTS]);
+  if (k <= c->completed[lane]) return COLL_SUCCESS;
+  cudaError_t e = cudaEventQuery(c->events[lane][k % COLL_CUDA_EVENTS]);
   if (e == cudaErrorNotReady) {
     (void)cudaGetLastError();
     *done = 0;
     return COLL_SUCCESS;
   }
   COLL_CUDACHECK(comm, e);
-  c->completed = ticket;
+  c->completed[lane] = k;
   return COLL_SUCCESS;
 }
 
 coll_result_t coll_cudart_wait(coll_comm_t *comm, uint64_t ticket) {
   struct coll_cuda *c = comm->cuda;
-  if (ticket <= c->completed) return COLL_SUCCESS;
-  COLL_CUDACHECK(comm, cudaEventSynchronize(c->events[ticket % COLL_CUDA_EVENTS]));
-  c->completed = ticket;
+  int lane = TICKET_LANE(ticket);
+  uint64_t k = TICKET_COUNT(ticket);
+  if (k <= c->completed[lane]) return COLL_SUCCESS;
+  COLL_CUDACHECK(comm, cudaEventSynchronize(c->events[lane][k % COLL_CUDA_EVENTS]));
+  c->completed[lane] = k;
   return COLL_SUCCESS;
 }
 
 coll_result_t coll_cudart_finish(coll_comm_t *comm) {
   if (!comm->cuda) return COLL_SUCCESS;
-  uint64_t t = 0;
-  COLL_CHECK(coll_cuda_fence(comm, &t));
-  return coll_cuda_wait(comm, t);
+  for (int l = 0; l < COLL_CUDA_LANES; l++) {
+    uint64_t t = 0;
+    COLL_CHECK(coll_cuda_fence_on(comm, l, &t));
+    COLL_CHECK(coll_cuda_wait(comm, t));
+  }
+  return COLL_SUCCESS;
 }
 
 coll_result_t coll_cudart_pinned(coll_comm_t *comm, int which, size_t n, unsigned char **p) {
@@ -377,15 +393,18 @@ void coll_cudart_destroy(coll_comm_t *comm) {
   struct coll_cuda *c = comm->cuda;
   if (!c) return;
   cudaSetDevice(c->device);
-  if (c->stream) cudaStreamSynchronize(c->stream);
+  for (int l = 0; l < COLL_CUDA_LANES; l++)
+    if (c->lanes[l]) cudaStreamSynchronize(c->lanes[l]);
   if (c->ready) cudaEventDestroy(c->ready);
-  for (int i = 0; i < COLL_CUDA_EVENTS; i++)
-    if (c->events[i]) cudaEventDestroy(c->events[i]);
+  for (int l = 0; l < COLL_CUDA_LANES; l++)
+    for (int i = 0; i < COLL_CUDA_EVENTS; i++)
+      if (c->events[l][i]) cudaEventDestroy(c->events[l][i]);
   for (int i = 0; i < COLL_CUDA_PINNED_POOLS; i++)
     if (c->pinned[i]) cudaFreeHost(c->pinned[i]);
   for (int i = 0; i < 2; i++)
     if (c->scratch[i]) cudaFree(c->scratch[i]);
-  if (c->stream) cudaStreamDestroy(c->stream);
+  for (int l = 0; l < COLL_CUDA_LANES; l++)
+    if (c->lanes[l]) cudaStreamDestroy(c->lanes[l]);
   (void)cudaGetLastError();
   free(c);
   comm->cuda = NULL;
@@ -427,8 +446,8 @@ coll_result_t coll_cudart_begin(coll_comm_t *comm, int device, void *stream, voi
   (void)device; (void)stream; (void)ready;
   return not_built(comm);
 }
-coll_result_t coll_cudart_copy(coll_comm_t *comm, void *dst, const void *src, size_t n) {
-  (void)dst; (void)src; (void)n;
+coll_result_t coll_cudart_copy_on(coll_comm_t *comm, int lane, void *dst, const void *src, size_t n) {
+  (void)lane; (void)dst; (void)src; (void)n;
   return not_built(comm);
 }
 coll_result_t coll_cudart_reduce(coll_comm_t *comm, void *out, const void *in1, const void *in2,
@@ -441,7 +460,10 @@ coll_result_t coll_cudart_scale(coll_comm_t *comm, void *out, const void *in, si
   (void)out; (void)in; (void)count; (void)dtype; (void)divisor;
   return not_built(comm);
 }
-coll_result_t coll_cudart_fence(coll_comm_t *comm, uint64_t *ticket) { *ticket = 0; return not_built(comm); }
+coll_result_t coll_cudart_fence_on(coll_comm_t *comm, int lane, uint64_t *ticket) {
+  (void)lane; *ticket = 0;
+  return not_built(comm);
+}
 coll_result_t coll_cudart_poll(coll_comm_t *comm, uint64_t ticket, int *done) {
   (void)ticket; *done = 1;
   return not_built(comm);

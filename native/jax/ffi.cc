@@ -1,5 +1,15 @@
-// jax/ffi.cc -- XLA FFI handlers (CPU) that run collectives-core calls inside a
-// JAX program; the Python side is collectives/jax.py.
+// jax/ffi.cc -- XLA FFI handlers (CPU, and CUDA for allreduce, allgather,
+// broadcast and barrier) that run collectives-core calls inside a JAX program;
+// the Python side is collectives/jax/__init__.py.
+//
+// The CUDA handlers (Collectives*Cuda) take XLA's stream and device ordinal
+// from the FFI context and hand both to the core as a device call
+// (coll_args_t.memory = COLL_MEMORY_CUDA): the core waits for the work XLA
+// queued on that stream before the call, runs on its own streams, and returns
+// once its result is final (cuda.h's ordering model), so XLA's later work on
+// the stream sees it. They need no CUDA header (the stream is an opaque
+// pointer to this file), so the same compile serves CPU-only and GPU jaxlibs;
+// collectives.jax registers them for platform "CUDA" only where JAX has a GPU.
 //
 // Not built by setup.py (it globs native/**/*.c): collectives/jax.py compiles this
 // file on first use against the headers of the installed jaxlib
@@ -80,6 +90,21 @@ void data_view(const ffi::AnyBuffer &b, coll_dtype_t *dtype, size_t *count) {
   }
 }
 
+// Where a call's buffers live: host memory (CPU handlers), or device memory on
+// XLA's device and stream (CUDA handlers).
+struct Where {
+  coll_memory_t memory;
+  int device;
+  void *stream;
+};
+constexpr Where kHost = {COLL_MEMORY_HOST, 0, nullptr};
+
+void place(coll_args_t *a, const Where &w) {
+  a->memory = w.memory;
+  a->device = w.device;
+  a->stream = w.stream;
+}
+
 ffi::Error resolve(int64_t comm_attr, int64_t api_attr, const char *what, coll_comm_t **comm,
                    const coll_api_t **api) {
   *api = reinterpret_cast<const coll_api_t *>(static_cast<intptr_t>(api_attr));
@@ -135,9 +160,8 @@ void prefer_huge_pages(void *p, size_t n) {
 #endif
 }
 
-ffi::Error AllreduceImpl(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y,
-                         ffi::Result<ffi::Token>, int64_t comm_attr, int64_t api_attr,
-                         int32_t op, int32_t algo) {
+ffi::Error Allreduce(const Where &w, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
+                     int64_t comm_attr, int64_t api_attr, int32_t op, int32_t algo) {
   coll_comm_t *comm;
   const coll_api_t *api;
   if (ffi::Error e = resolve(comm_attr, api_attr, "allreduce", &comm, &api); e.failure()) return e;
@@ -151,7 +175,9 @@ ffi::Error AllreduceImpl(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffe
   a.recvbuf = y->untyped_data();
   // Not aliased (the caller keeps x): the core's out-of-place form reads x
   // once and writes y, with no copy of x first.
-  if (a.recvbuf != a.sendbuf) prefer_huge_pages(a.recvbuf, y->size_bytes());
+  if (a.recvbuf != a.sendbuf && w.memory == COLL_MEMORY_HOST)
+    prefer_huge_pages(a.recvbuf, y->size_bytes());
+  place(&a, w);
   a.count = x.element_count();
   a.op = static_cast<coll_op_t>(op);
   a.algo = static_cast<coll_algo_t>(algo);
@@ -160,9 +186,8 @@ ffi::Error AllreduceImpl(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffe
   return ffi::Error::Success();
 }
 
-ffi::Error AllgatherImpl(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y,
-                         ffi::Result<ffi::Token>, int64_t comm_attr, int64_t api_attr,
-                         int64_t size) {
+ffi::Error Allgather(const Where &w, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
+                     int64_t comm_attr, int64_t api_attr, int64_t size) {
   coll_comm_t *comm;
   const coll_api_t *api;
   if (ffi::Error e = resolve(comm_attr, api_attr, "allgather", &comm, &api); e.failure()) return e;
@@ -181,41 +206,88 @@ ffi::Error AllgatherImpl(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffe
   a.recvbuf = y->untyped_data();
   a.counts = cd.data();
   a.displs = cd.data() + size;
+  place(&a, w);
   coll_result_t res = api->allgatherv(comm, &a);
   if (res != COLL_SUCCESS) return core_error(res, api, comm, "allgather");
   return ffi::Error::Success();
 }
 
-ffi::Error BroadcastImpl(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y,
-                         ffi::Result<ffi::Token>, int64_t comm_attr, int64_t api_attr,
-                         int32_t root) {
+ffi::Error Broadcast(const Where &w, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
+                     int64_t comm_attr, int64_t api_attr, int32_t root) {
   coll_comm_t *comm;
   const coll_api_t *api;
   if (ffi::Error e = resolve(comm_attr, api_attr, "broadcast", &comm, &api); e.failure()) return e;
   if (y->size_bytes() != x.size_bytes())
     return ffi::Error::InvalidArgument("collectives broadcast: output size differs from input");
   // The lowering aliases y to x, but XLA may still hand us two buffers (when
-  // x stays live): the root's data must then be in y before it is sent.
-  if (y->untyped_data() != x.untyped_data() && x.size_bytes() > 0)
+  // x stays live): the root's data must then be in y before it is sent. On
+  // the GPU the lowering always aliases (XLA then copies x itself when it
+  // stays live), so two buffers there are an error, never a host memcpy of
+  // device memory.
+  if (y->untyped_data() != x.untyped_data() && x.size_bytes() > 0) {
+    if (w.memory != COLL_MEMORY_HOST)
+      return ffi::Error::InvalidArgument(
+          "collectives broadcast: XLA gave the GPU call separate input and output buffers "
+          "although the lowering aliases them");
     std::memcpy(y->untyped_data(), x.untyped_data(), x.size_bytes());
+  }
   coll_args_t a;
   std::memset(&a, 0, sizeof(a));
   data_view(x, &a.dtype, &a.count);
   a.sendbuf = y->untyped_data();
   a.recvbuf = y->untyped_data();
   a.root = root;
+  place(&a, w);
   coll_result_t res = api->broadcast(comm, &a);
   if (res != COLL_SUCCESS) return core_error(res, api, comm, "broadcast");
   return ffi::Error::Success();
 }
 
-ffi::Error BarrierImpl(ffi::Token, ffi::Result<ffi::Token>, int64_t comm_attr, int64_t api_attr) {
+ffi::Error Barrier(int64_t comm_attr, int64_t api_attr) {
   coll_comm_t *comm;
   const coll_api_t *api;
   if (ffi::Error e = resolve(comm_attr, api_attr, "barrier", &comm, &api); e.failure()) return e;
   coll_result_t res = api->barrier(comm, 0.0);
   if (res != COLL_SUCCESS) return core_error(res, api, comm, "barrier");
   return ffi::Error::Success();
+}
+
+// The handlers' signatures: the token in and out only order the calls.
+ffi::Error AllreduceImpl(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y,
+                         ffi::Result<ffi::Token>, int64_t comm, int64_t api, int32_t op,
+                         int32_t algo) {
+  return Allreduce(kHost, x, y, comm, api, op, algo);
+}
+ffi::Error AllreduceCudaImpl(void *stream, int32_t device, ffi::AnyBuffer x, ffi::Token,
+                             ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::Token>, int64_t comm,
+                             int64_t api, int32_t op, int32_t algo) {
+  return Allreduce(Where{COLL_MEMORY_CUDA, device, stream}, x, y, comm, api, op, algo);
+}
+ffi::Error AllgatherImpl(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y,
+                         ffi::Result<ffi::Token>, int64_t comm, int64_t api, int64_t size) {
+  return Allgather(kHost, x, y, comm, api, size);
+}
+ffi::Error AllgatherCudaImpl(void *stream, int32_t device, ffi::AnyBuffer x, ffi::Token,
+                             ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::Token>, int64_t comm,
+                             int64_t api, int64_t size) {
+  return Allgather(Where{COLL_MEMORY_CUDA, device, stream}, x, y, comm, api, size);
+}
+ffi::Error BroadcastImpl(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y,
+                         ffi::Result<ffi::Token>, int64_t comm, int64_t api, int32_t root) {
+  return Broadcast(kHost, x, y, comm, api, root);
+}
+ffi::Error BroadcastCudaImpl(void *stream, int32_t device, ffi::AnyBuffer x, ffi::Token,
+                             ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::Token>, int64_t comm,
+                             int64_t api, int32_t root) {
+  return Broadcast(Where{COLL_MEMORY_CUDA, device, stream}, x, y, comm, api, root);
+}
+ffi::Error BarrierImpl(ffi::Token, ffi::Result<ffi::Token>, int64_t comm, int64_t api) {
+  return Barrier(comm, api);
+}
+// A barrier moves no buffer: on the GPU it is the host barrier, ordered with
+// the other collectives by the token.
+ffi::Error BarrierCudaImpl(ffi::Token, ffi::Result<ffi::Token>, int64_t comm, int64_t api) {
+  return Barrier(comm, api);
 }
 
 // ---- point-to-point, rooted, alltoall (api version 2) ----
@@ -512,6 +584,52 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(CollectivesBroadcast, BroadcastImpl,
                                   .Attr<int32_t>("root"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(CollectivesBarrier, BarrierImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Token>()
+                                  .Ret<ffi::Token>()
+                                  .Attr<int64_t>("comm")
+                                  .Attr<int64_t>("api"));
+
+// ---- CUDA handlers: XLA's stream and device first (FFI context), then as on the CPU ----
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CollectivesAllreduceCuda, AllreduceCudaImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<void *>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Token>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Token>()
+                                  .Attr<int64_t>("comm")
+                                  .Attr<int64_t>("api")
+                                  .Attr<int32_t>("op")
+                                  .Attr<int32_t>("algo"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CollectivesAllgatherCuda, AllgatherCudaImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<void *>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Token>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Token>()
+                                  .Attr<int64_t>("comm")
+                                  .Attr<int64_t>("api")
+                                  .Attr<int64_t>("size"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CollectivesBroadcastCuda, BroadcastCudaImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<void *>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Token>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Token>()
+                                  .Attr<int64_t>("comm")
+                                  .Attr<int64_t>("api")
+                                  .Attr<int32_t>("root"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CollectivesBarrierCuda, BarrierCudaImpl,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::Token>()
                                   .Ret<ffi::Token>()

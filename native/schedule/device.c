@@ -12,11 +12,20 @@
  *
  *   staged (other hosts, or COLLECTIVES_CUDA_IPC=0 / COLLECTIVES_TRANSPORT=tcp):
  *     the usual header + payload on the byte stream, the payload going
- *     through pinned host memory in PIECE-sized pieces, two per direction
- *     and link, so that the device-to-host copy of piece k+1, the socket
- *     transfer of piece k and, on the receiver, the host-to-device copy or
- *     reduction of piece k-1 overlap. A reduction reads the pinned piece
- *     directly (mapped host memory), with no device copy first.
+ *     through pinned host memory in pieces of at most PIECE bytes (a piece
+ *     never spans two steps), NSLOT pinned slots per direction and link.
+ *     Sending, the device-to-host copies of the next pieces run on their
+ *     own lane (cuda.h) up to NSLOT pieces ahead of the socket, across step
+ *     boundaries: any later send step of the link whose bytes are final is
+ *     staged while the head step is still on the wire, so small segments
+ *     (COLLECTIVES_CUDA_SEGMENT_BYTES) pipeline as well as large ones.
+ *     Receiving, each piece is handed to the GPU (a host-to-device copy, or
+ *     a reduction reading the pinned piece directly: mapped host memory)
+ *     as soon as it is in, and the next piece goes into the next slot while
+ *     the GPU works; a slot is reused once its ticket is done. So the
+ *     device-to-host copy of piece k+2, the socket transfer of piece k and,
+ *     on the receiver, the copy or reduction of piece k-1 overlap, and no
+ *     call waits for the whole device (events only).
  *
  * GPU work goes on the communicator's stream and is tracked by tickets
  * (cuda.h). A step that ends in GPU work (a copy, an IPC read, a staged
@@ -42,6 +51,12 @@
  * their overhead, small enough that two per link and direction keep all
  * three stages busy within a segment (COLLECTIVES_CUDA_SEGMENT_BYTES). */
 #define PIECE ((size_t)1 << 20)
+/* Pinned slots per direction and link: one being filled (by the GPU, or by
+ * the socket), one on the wire (or on the GPU), one spare that absorbs
+ * jitter between the two (triple buffering). */
+#define NSLOT 3
+/* The lane of the device-to-host copies of staged sends (cuda.h). */
+#define D2H_LANE 1
 
 typedef struct {
   int peer;
@@ -61,20 +76,25 @@ typedef struct {
   int ndesc, launched;           /* DESCs received / reads launched */
   unsigned char in[COLL_IPC_RECORD_BYTES];
   size_t in_got;
-  /* staged send: head step sq[sh]; pieces counted across steps pick the buffer */
+  /* staged send: head step sq[sh] on the wire; pieces staged in slots, a
+   * ring: piece i in slot i % NSLOT, pieces [shead, stail) staged, not yet sent */
   int sh;
   uint8_t shdr[COLL_WIRE_HDR_BYTES];
-  size_t shdr_done, sent, staged; /* header bytes sent; payload sent; payload D2H launched */
-  unsigned char *sbuf[2];
-  uint64_t sticket[2];            /* D2H of the piece in sbuf[i] */
-  size_t spiece, sbase;           /* pieces staged so far (all steps); at the head's start */
+  size_t shdr_done, sent;         /* header bytes sent; payload of the head step sent */
   int shdr_ready;
+  int stg;                        /* next step (sq index) to stage, from byte stg_off */
+  size_t stg_off;
+  unsigned char *sbuf[NSLOT];
+  uint64_t sticket[NSLOT];        /* D2H of the piece in sbuf[i] */
+  size_t slen[NSLOT];
+  size_t shead, stail, spos;      /* pieces sent / staged; bytes of the head piece sent */
   /* staged receive: head step rq[rh] */
   int rh;
   uint8_t rhdr[COLL_WIRE_HDR_BYTES];
   size_t rhdr_got, got, applied;  /* header bytes; payload received; payload handed to the GPU */
-  unsigned char *rbuf[2];
-  uint64_t rticket[2];            /* GPU work still reading rbuf[i] */
+  unsigned char *rbuf[NSLOT];
+  uint64_t rticket[NSLOT];        /* GPU work still reading rbuf[i] */
+  int rbusy[NSLOT];               /* ... not yet seen done */
   size_t rpiece;
 } dpeer_t;
 
@@ -98,6 +118,7 @@ typedef struct {
   int nps;
   pending_t *pend;
   int phead, ptail;
+  coll_cuda_stats_t *stats;
 } dexec_t;
 
 static void complete(dexec_t *x, int id) {
@@ -120,6 +141,13 @@ static coll_result_t track(dexec_t *x, int id, int ack_peer) {
   p->desc_peer = -1;
   p->src = NULL;
   return COLL_SUCCESS;
+}
+
+static void note_posted(dexec_t *x, const dpeer_t *p) {
+  if (!x->stats) return;
+  x->stats->ipc_descs++;
+  if ((uint64_t)(p->posted - p->acked) > x->stats->ipc_max_posted)
+    x->stats->ipc_max_posted = (uint64_t)(p->posted - p->acked);
 }
 
 static void queue_record(dpeer_t *p, const unsigned char *rec) {
@@ -153,6 +181,7 @@ static coll_result_t reap(dexec_t *x, int block, int *moved) {
       queue_record(d, rec);
       d->posted++;
       d->bouncing = 0;
+      note_posted(x, d);
     }
     complete(x, p->step);
     x->phead++;
@@ -221,6 +250,7 @@ static coll_result_t ipc_progress(dexec_t *x, int pi, int *moved) {
     COLL_CHECK(coll_ipc_desc_encode(x->comm, &h, st->src, rec));
     queue_record(p, rec);
     p->posted++;
+    note_posted(x, p);
   }
   if (p->out_done < p->out_len) {
     struct iovec iov = {p->out + p->out_done, p->out_len - p->out_done};
@@ -281,50 +311,69 @@ static coll_result_t ipc_progress(dexec_t *x, int pi, int *moved) {
 
 /* ---- staged links ---- */
 
+/* Stages pieces of the link's ready send steps, in order, while a slot is
+ * free: the D2H copies run on their own lane, ahead of the socket. */
+static coll_result_t stage_ahead(dexec_t *x, dpeer_t *p, int *moved) {
+  coll_sched_t *s = x->s;
+  while (p->stail - p->shead < NSLOT && p->stg < p->nsq) {
+    coll_step_t *st = &s->steps[p->sq[p->stg]];
+    if (st->npred > 0) return COLL_SUCCESS; /* its bytes are not final yet */
+    if (p->stg_off >= st->nbytes) {
+      p->stg++;
+      p->stg_off = 0;
+      continue;
+    }
+    size_t len = st->nbytes - p->stg_off < PIECE ? st->nbytes - p->stg_off : PIECE;
+    int b = (int)(p->stail % NSLOT);
+    COLL_CHECK(coll_cuda_copy_on(x->comm, D2H_LANE, p->sbuf[b], (const char *)st->src + p->stg_off, len));
+    COLL_CHECK(coll_cuda_fence_on(x->comm, D2H_LANE, &p->sticket[b]));
+    p->slen[b] = len;
+    p->stail++;
+    p->stg_off += len;
+    if (x->stats && p->stail - p->shead > x->stats->staged_max_ahead)
+      x->stats->staged_max_ahead = p->stail - p->shead;
+    *moved = 1;
+  }
+  return COLL_SUCCESS;
+}
+
 static coll_result_t staged_send(dexec_t *x, dpeer_t *p, int *moved) {
   coll_sched_t *s = x->s;
   while (p->sh < p->nsq) {
     int id = p->sq[p->sh];
     coll_step_t *st = &s->steps[id];
     if (st->npred > 0) return COLL_SUCCESS;
+    COLL_CHECK(stage_ahead(x, p, moved));
     if (!p->shdr_ready) {
       coll_wire_hdr_t h = coll_sched_step_hdr(s, st);
       coll_wire_encode(p->shdr, &h);
       p->shdr_ready = 1;
-      p->shdr_done = p->sent = p->staged = 0;
-      p->sbase = p->spiece;
+      p->shdr_done = p->sent = 0;
     }
-    /* Stage pieces up to two ahead of the one being sent: piece k reuses the
-     * buffer of piece k - 2, which is then fully sent. */
-    while (p->staged < st->nbytes && p->staged < (p->sent / PIECE + 2) * PIECE) {
-      size_t len = st->nbytes - p->staged < PIECE ? st->nbytes - p->staged : PIECE;
-      int b = (int)(p->spiece % 2);
-      COLL_CHECK(coll_cuda_copy(x->comm, p->sbuf[b], (const char *)st->src + p->staged, len));
-      COLL_CHECK(coll_cuda_fence(x->comm, &p->sticket[b]));
-      p->staged += len;
-      p->spiece++;
-      *moved = 1;
-    }
-    /* Send from the piece holding byte `sent`, once its copy is done. */
+    /* Send from the oldest staged piece (it belongs to this step: pieces
+     * are staged in step order), once its copy is done. */
     const void *from = NULL;
     size_t len = 0;
-    if (p->sent < st->nbytes) {
-      int b = (int)((p->sbase + p->sent / PIECE) % 2);
+    int b = (int)(p->shead % NSLOT);
+    if (p->sent < st->nbytes && p->shead < p->stail) {
       int done = 0;
       COLL_CHECK(coll_cuda_poll(x->comm, p->sticket[b], &done));
       if (done) {
-        size_t in_piece = p->sent % PIECE;
-        size_t end = p->sent - in_piece + PIECE;
-        if (end > st->nbytes) end = st->nbytes;
-        from = p->sbuf[b] + in_piece;
-        len = end - p->sent;
+        from = p->sbuf[b] + p->spos;
+        len = p->slen[b] - p->spos;
       }
     }
-    size_t before = p->shdr_done + p->sent;
+    size_t before = p->shdr_done, was = p->sent;
     int full = 0;
     COLL_CHECK(coll_link_send_framed(p->link, p->shdr, &p->shdr_done, from, len, &p->sent, &full));
-    if (p->shdr_done + p->sent == before) return COLL_SUCCESS; /* link or device busy */
+    if (p->shdr_done == before && p->sent == was) return COLL_SUCCESS; /* link or device busy */
     *moved = 1;
+    p->spos += p->sent - was;
+    if (len && p->spos == p->slen[b]) { /* the piece is out: its slot is free */
+      p->shead++;
+      p->spos = 0;
+      if (x->stats) x->stats->staged_pieces++;
+    }
     if (p->shdr_done < COLL_WIRE_HDR_BYTES || p->sent < st->nbytes) {
       if (full) return COLL_SUCCESS; /* socket full */
       continue;
@@ -355,12 +404,13 @@ static coll_result_t staged_recv(dexec_t *x, int pi, int *moved) {
       p->got = p->applied = 0;
     }
     while (p->got < st->nbytes) {
-      int b = (int)(p->rpiece % 2);
-      if (p->got % PIECE == 0 && p->got == p->applied) {
-        /* Starting a piece: its buffer must be free of earlier GPU reads. */
+      int b = (int)(p->rpiece % NSLOT);
+      if (p->got == p->applied && p->rbusy[b]) {
+        /* Starting a piece: its slot must be free of earlier GPU reads. */
         int done = 0;
         COLL_CHECK(coll_cuda_poll(x->comm, p->rticket[b], &done));
         if (!done) return COLL_SUCCESS;
+        p->rbusy[b] = 0;
       }
       size_t start = p->applied, end = start + PIECE < st->nbytes ? start + PIECE : st->nbytes;
       struct iovec iov = {p->rbuf[b] + (p->got - start), end - p->got};
@@ -372,8 +422,14 @@ static coll_result_t staged_recv(dexec_t *x, int pi, int *moved) {
       if (p->got < end) return COLL_SUCCESS;
       COLL_CHECK(apply(x, st, start, p->rbuf[b], end - start));
       COLL_CHECK(coll_cuda_fence(x->comm, &p->rticket[b]));
+      p->rbusy[b] = 1;
       p->applied = end;
       p->rpiece++;
+      if (x->stats) {
+        uint64_t busy = 0;
+        for (int i = 0; i < NSLOT; i++) busy += (uint64_t)p->rbusy[i];
+        if (busy > x->stats->staged_max_apply) x->stats->staged_max_apply = busy;
+      }
     }
     /* Every piece is on the GPU: the step completes with the last one. */
     COLL_CHECK(track(x, id, -1));
@@ -451,12 +507,16 @@ static coll_result_t loop(dexec_t *x, double deadline, struct pollfd *pfs) {
     for (int i = 0; i < x->nps && !issued; i++) {
       dpeer_t *p = &x->ps[i];
       if (p->ipc) continue;
-      for (int b = 0; b < 2; b++) {
-        int done = 1;
-        if (p->sticket[b]) COLL_CHECK(coll_cuda_poll(x->comm, p->sticket[b], &done));
+      for (size_t i = p->shead; i < p->stail && !issued; i++) {
+        int done = 1, b = (int)(i % NSLOT);
+        COLL_CHECK(coll_cuda_poll(x->comm, p->sticket[b], &done));
         if (!done) issued = p->sticket[b];
-        if (p->rticket[b]) COLL_CHECK(coll_cuda_poll(x->comm, p->rticket[b], &done));
+      }
+      for (int b = 0; b < NSLOT && !issued; b++) {
+        int done = 1;
+        if (p->rbusy[b]) COLL_CHECK(coll_cuda_poll(x->comm, p->rticket[b], &done));
         if (!done) issued = p->rticket[b];
+        else p->rbusy[b] = 0;
       }
     }
     if (issued) {
@@ -564,16 +624,18 @@ coll_result_t coll_sched_run_device(coll_sched_t *s, double deadline) {
     goto out;
   }
   unsigned char *r = records, *send_pool, *recv_pool;
-  COLL_CHECK_GOTO(coll_cuda_pinned(comm, 0, 2 * PIECE * (size_t)x.nps, &send_pool), res, out);
-  COLL_CHECK_GOTO(coll_cuda_pinned(comm, 1, 2 * PIECE * (size_t)x.nps, &recv_pool), res, out);
+  COLL_CHECK_GOTO(coll_cuda_pinned(comm, 0, NSLOT * PIECE * (size_t)x.nps, &send_pool), res, out);
+  COLL_CHECK_GOTO(coll_cuda_pinned(comm, 1, NSLOT * PIECE * (size_t)x.nps, &recv_pool), res, out);
+  x.stats = coll_cuda_stats(comm);
+  if (x.stats) x.stats->device_runs++;
   for (int i = 0; i < x.nps; i++) {
     dpeer_t *p = &x.ps[i];
     p->ipc = coll_cuda_ipc_usable(comm, p->peer);
     p->out = r; r += (size_t)(p->nsq + p->nrq) * COLL_IPC_RECORD_BYTES;
     p->descs = r; r += (size_t)(p->nsq + p->nrq) * COLL_IPC_RECORD_BYTES;
-    for (int b = 0; b < 2; b++) {
-      p->sbuf[b] = send_pool + (2 * (size_t)i + (size_t)b) * PIECE;
-      p->rbuf[b] = recv_pool + (2 * (size_t)i + (size_t)b) * PIECE;
+    for (int b = 0; b < NSLOT; b++) {
+      p->sbuf[b] = send_pool + (NSLOT * (size_t)i + (size_t)b) * PIECE;
+      p->rbuf[b] = recv_pool + (NSLOT * (size_t)i + (size_t)b) * PIECE;
     }
   }
   /* Bounce space for the IPC links' bounced sends, one region per link. */

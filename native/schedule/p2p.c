@@ -57,7 +57,7 @@ coll_result_t p2p_state_get(coll_comm_t *comm) {
   if (comm->p2p) return COLL_SUCCESS;
   struct coll_p2p *p = calloc(1, sizeof *p);
   if (p) p->peers = calloc((size_t)comm->size, sizeof *p->peers);
-  if (p) p->npfs_cap = COLL_MAX_PENDING + 1 + 3 * comm->size;
+  if (p) p->npfs_cap = comm->max_pending + 1 + 3 * comm->size;
   if (p && p->peers) p->pfs = calloc((size_t)p->npfs_cap, sizeof *p->pfs);
   if (!p || !p->peers || !p->pfs) {
     if (p) { free(p->peers); free(p); }

@@ -14,6 +14,7 @@
 #include "base/comm_state.h"
 #include "base/param.h"
 #include "base/status.h"
+#include "transport/crypt.h"
 #include "transport/transport.h"
 
 /* Blocking exchange of a few bytes on a fresh link's socket, by deadline.
@@ -25,14 +26,16 @@
 static coll_result_t xfer(coll_comm_t *comm, int fd, int peer, void *buf, size_t n, int sending,
                           double deadline) {
   size_t done = 0;
-  struct pollfd pfs[COLL_MAX_PENDING + 2];
+  struct pollfd *pfs = comm->pending_pfs; /* max_pending + 2 (tcp.c) */
   while (done < n) {
     ssize_t r = sending ? send(fd, (char *)buf + done, n - done, MSG_NOSIGNAL | MSG_DONTWAIT)
                         : recv(fd, (char *)buf + done, n - done, MSG_DONTWAIT);
     if (r > 0) { done += (size_t)r; continue; }
     if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
       return coll_error(comm, COLL_REMOTE_ERROR,
-                        "rank %d: rank %d closed the connection while setting up the link", comm->rank, peer);
+                        "rank %d: rank %d closed the connection while setting up the link (it "
+                        "exited, or does not share this job's secret: a different "
+                        "COLLECTIVES_JOB_SECRET?)", comm->rank, peer);
     COLL_CHECK(coll_tcp_aborted(comm));
     pfs[0] = (struct pollfd){fd, sending ? POLLOUT : POLLIN, 0};
     int nl = coll_tcp_listen_pollfds(comm, pfs + 1);
@@ -84,7 +87,7 @@ static coll_result_t link_ready(coll_comm_t *comm, coll_link_t *link, int shm) {
     return coll_error(comm, COLL_INVALID_USAGE,
                       "rank %d: COLLECTIVES_TRANSPORT=shm but rank %d cannot share memory with it",
                       comm->rank, link->peer);
-  char buffers[80] = "";
+  char buffers[100] = "";
   if (!shm) {
     int bytes = coll_tcp_link_buffer(comm);
     if (bytes > 0) snprintf(buffers, sizeof buffers, ", socket buffers %d B", bytes);
@@ -93,6 +96,10 @@ static coll_result_t link_ready(coll_comm_t *comm, coll_link_t *link, int shm) {
   if (coll_stripe_sockets(link) > 1) {
     size_t used = strlen(buffers);
     snprintf(buffers + used, sizeof buffers - used, ", %d connections", coll_stripe_sockets(link));
+  }
+  if (link->crypt) {
+    size_t used = strlen(buffers);
+    snprintf(buffers + used, sizeof buffers - used, ", AES-256-GCM");
   }
   COLL_INFO(COLL_LOG_NET, "rank %d <-> rank %d via %s (%s:%d%s)", comm->rank, link->peer,
             link->tp->name, p->host, p->port, buffers);
@@ -115,7 +122,8 @@ static void answer_send(coll_comm_t *comm, int fd, const unsigned char *opening,
 static void refuse(coll_comm_t *comm, int peer, int fd, const unsigned char *opening,
                    const unsigned char *challenge, uint32_t reason, const char *why) {
   int sent;
-  uint32_t word = COLL_ANSWER_REFUSED | reason << 8 | (uint32_t)coll_tcp_nsocks() << 16;
+  uint32_t word = COLL_ANSWER_REFUSED | reason << 8 | (uint32_t)coll_tcp_nsocks() << 16 |
+                  (uint32_t)coll_crypt_wanted() << 24;
   answer_send(comm, fd, opening, challenge, word, &sent);
   close(fd);
   COLL_WARN("rank %d: refused a link opening from rank %d: %s", comm->rank, peer, why);
@@ -136,9 +144,28 @@ static coll_result_t refused(coll_comm_t *comm, int peer, uint32_t word) {
                       "rank %d: rank %d refused the link: it uses COLLECTIVES_NSOCKS=%u TCP "
                       "connections per link, this rank %d (set the same value on every rank)",
                       comm->rank, peer, theirs, coll_tcp_nsocks());
+  if (reason == COLL_REFUSED_ENCRYPT && (word >> 24) == (uint32_t)coll_crypt_wanted())
+    return coll_error(comm, COLL_REMOTE_ERROR,
+                      "rank %d: rank %d refused the link: it runs with COLLECTIVES_ENCRYPT=1 "
+                      "but cannot load libcrypto (its log says why)", comm->rank, peer);
+  if (reason == COLL_REFUSED_ENCRYPT)
+    return coll_error(comm, COLL_INVALID_USAGE,
+                      "rank %d: rank %d refused the link: it runs with COLLECTIVES_ENCRYPT=%u, "
+                      "this rank with %d (set the same value on every rank)",
+                      comm->rank, peer, word >> 24, coll_crypt_wanted());
   return coll_error(comm, COLL_REMOTE_ERROR,
                     "rank %d: rank %d refused the link (reason %u: a connection index it "
                     "had already, or an offer it does not take)", comm->rank, peer, reason);
+}
+
+/* Connection `sock` of a TCP link that encrypts (COLLECTIVES_ENCRYPT=1): its
+ * keys from this connection's opening nonces (transport/crypt.h). */
+static coll_result_t encrypt_socket(coll_comm_t *comm, coll_link_t *link, int sock, int k,
+                                    int dialer, const unsigned char *opening,
+                                    const unsigned char *challenge) {
+  COLL_CHECK(coll_crypt_attach(link, k));
+  return coll_crypt_new(comm, link->peer, sock, k, dialer, opening + COLL_HELLO_BYTES, challenge,
+                        &link->crypt[sock]);
 }
 
 void coll_link_adopt(coll_comm_t *comm, int peer, int fd, const unsigned char *opening,
@@ -147,7 +174,7 @@ void coll_link_adopt(coll_comm_t *comm, int peer, int fd, const unsigned char *o
   int sock = 0, k = 1, nsocks = coll_tcp_nsocks(), sent = 0;
   uint32_t kind;
   char why[200];
-  coll_hello_decode(opening, comm->id, comm->rank, &sock, &k); /* tcp.c checked it */
+  coll_hello_decode(opening, comm->link_key, comm->id, comm->rank, &sock, &k); /* tcp.c checked it */
   memcpy(&kind, opening + COLL_HELLO_PART_BYTES, 4);
   if (sock >= k) {
     snprintf(why, sizeof why, "rank %d named connection %d of a link of %d", peer, sock, k);
@@ -159,6 +186,22 @@ void coll_link_adopt(coll_comm_t *comm, int peer, int fd, const unsigned char *o
              "rank %d opens its links with COLLECTIVES_NSOCKS=%d TCP connections, this rank "
              "with %d (set the same value on every rank)", peer, k, nsocks);
     refuse(comm, peer, fd, opening, challenge, COLL_REFUSED_NSOCKS, why);
+    return;
+  }
+  uint32_t flags;
+  memcpy(&flags, opening + COLL_HELLO_PART_BYTES + COLL_OFFER_FLAGS_AT, 4);
+  int theirs = (flags & COLL_OFFER_ENCRYPT) != 0, mine = coll_crypt_wanted();
+  if (theirs != mine) {
+    snprintf(why, sizeof why,
+             "rank %d runs with COLLECTIVES_ENCRYPT=%d, this rank with %d (set the same value "
+             "on every rank)", peer, theirs, mine);
+    refuse(comm, peer, fd, opening, challenge, COLL_REFUSED_ENCRYPT, why);
+    return;
+  }
+  if (mine && coll_crypt_lib_error()) {
+    snprintf(why, sizeof why, "COLLECTIVES_ENCRYPT=1 but libcrypto cannot be used here: %s",
+             coll_crypt_lib_error());
+    refuse(comm, peer, fd, opening, challenge, COLL_REFUSED_ENCRYPT, why);
     return;
   }
   if (kind != 0 && (sock > 0 || p->joining)) {
@@ -185,8 +228,11 @@ void coll_link_adopt(coll_comm_t *comm, int peer, int fd, const unsigned char *o
       refuse(comm, peer, fd, opening, challenge, COLL_REFUSED_SOCKET, why);
       return;
     }
-    answer_send(comm, fd, opening, challenge, 0, &sent);
     coll_link_t *link = p->joining;
+    if (mine && encrypt_socket(comm, link, sock, k, 0, opening, challenge) != COLL_SUCCESS)
+      sent = 0; /* no answer: the dialer fails on the closed connection */
+    else
+      answer_send(comm, fd, opening, challenge, 0, &sent);
     if (!sent) {
       COLL_WARN("rank %d: could not set up the link from rank %d", comm->rank, peer);
       p->joining = NULL;
@@ -206,7 +252,10 @@ void coll_link_adopt(coll_comm_t *comm, int peer, int fd, const unsigned char *o
   link->fd = fd;
   int ok = 0;
   coll_shm_take_offer(link, opening + COLL_HELLO_PART_BYTES, shm_allowed(comm, peer), &ok);
-  answer_send(comm, fd, opening, challenge, ok ? 1 : 0, &sent);
+  if (!ok && mine && encrypt_socket(comm, link, 0, 1, 0, opening, challenge) != COLL_SUCCESS)
+    sent = 0;
+  else
+    answer_send(comm, fd, opening, challenge, ok ? 1 : 0, &sent);
   if (!sent || link_ready(comm, link, ok) != COLL_SUCCESS) {
     COLL_WARN("rank %d: could not set up the link from rank %d", comm->rank, peer);
     link_free(link);
@@ -258,15 +307,22 @@ static coll_result_t dial_begin(coll_comm_t *comm, int peer, double deadline, co
   link->dial = d;
   int nsocks = coll_tcp_nsocks();
   for (int i = 0; i < COLL_MAX_NSOCKS; i++) d->s[i].fd = -1;
+  uint32_t flags = coll_crypt_wanted() ? COLL_OFFER_ENCRYPT : 0;
+  if (flags && coll_crypt_load(comm) != COLL_SUCCESS) {
+    link_free(link);
+    return COLL_SYSTEM_ERROR;
+  }
   d->k = 1;
-  coll_hello_encode(d->s[0].opening, comm->id, comm->rank, peer, 0, nsocks);
+  coll_hello_encode(d->s[0].opening, comm->link_key, comm->id, comm->rank, peer, 0, nsocks);
   coll_result_t res = coll_shm_make_offer(link, shm_allowed(comm, peer),
                                           d->s[0].opening + COLL_HELLO_PART_BYTES);
   uint32_t kind = 0;
   memcpy(&kind, d->s[0].opening + COLL_HELLO_PART_BYTES, 4);
   if (res == COLL_SUCCESS && kind == 0) d->k = nsocks;
   for (int i = 0; res == COLL_SUCCESS && i < d->k; i++) {
-    if (i > 0) coll_hello_encode(d->s[i].opening, comm->id, comm->rank, peer, i, nsocks);
+    if (i > 0)
+      coll_hello_encode(d->s[i].opening, comm->link_key, comm->id, comm->rank, peer, i, nsocks);
+    memcpy(d->s[i].opening + COLL_HELLO_PART_BYTES + COLL_OFFER_FLAGS_AT, &flags, 4);
     res = coll_tcp_dial(comm, peer, deadline, d->s[i].opening, COLL_HELLO_PART_BYTES, &d->s[i].fd);
   }
   if (res != COLL_SUCCESS) {
@@ -284,7 +340,16 @@ static coll_result_t sock_step(coll_comm_t *comm, coll_link_t *link, int i, doub
   dial_sock_t *ds = &((dial_state_t *)link->dial)->s[i];
   int peer = link->peer;
   if (ds->stage == 0) {
-    COLL_CHECK(xfer(comm, ds->fd, peer, ds->challenge, sizeof ds->challenge, 0, deadline));
+    unsigned char got[COLL_CHALLENGE_BYTES], want[COLL_MAC_BYTES];
+    COLL_CHECK(xfer(comm, ds->fd, peer, got, sizeof got, 0, deadline));
+    coll_challenge_mac(comm->link_key, got, ds->opening, want);
+    if (!coll_ct_equal(want, got + COLL_NONCE_BYTES, COLL_MAC_BYTES))
+      return coll_error(comm, COLL_REMOTE_ERROR,
+                        "rank %d: the process at rank %d's address %s:%d does not prove this "
+                        "job's secret (another job, or a different COLLECTIVES_JOB_SECRET?); "
+                        "nothing more was sent to it",
+                        comm->rank, peer, comm->peers[peer].host, comm->peers[peer].port);
+    memcpy(ds->challenge, got, COLL_NONCE_BYTES);
     coll_opening_mac(comm->link_key, ds->challenge, ds->opening,
                      ds->opening + COLL_OPENING_BYTES - COLL_MAC_BYTES);
     COLL_CHECK(xfer(comm, ds->fd, peer, ds->opening + COLL_HELLO_PART_BYTES,
@@ -314,14 +379,16 @@ static coll_result_t sock_step(coll_comm_t *comm, coll_link_t *link, int i, doub
 static coll_result_t dial_finish(coll_comm_t *comm, coll_link_t *link) {
   dial_state_t *d = link->dial;
   int k = d->k, shm = d->s[0].word == 1, fds[COLL_MAX_NSOCKS];
+  coll_result_t res = COLL_SUCCESS;
   for (int i = 0; i < k; i++) fds[i] = d->s[i].fd;
+  for (int i = 0; i < k && !shm && coll_crypt_wanted() && res == COLL_SUCCESS; i++)
+    res = encrypt_socket(comm, link, i, k, 1, d->s[i].opening, d->s[i].challenge);
   free(link->dial);
   link->dial = NULL;
   coll_shm_settle(link, shm);
-  coll_result_t res = COLL_SUCCESS;
   if (k > 1) {
     link->fd = -1;
-    res = coll_stripe_new(link, k);
+    res = res == COLL_SUCCESS ? coll_stripe_new(link, k) : res;
     for (int i = 0; i < k; i++)
       if (res != COLL_SUCCESS) close(fds[i]);
       else coll_stripe_fill(link, i, fds[i]);
@@ -367,8 +434,9 @@ coll_result_t coll_link_dial_poll(coll_comm_t *comm, int peer, int *done) {
   for (int i = 0; i < d->k; i++) {
     dial_sock_t *ds = &d->s[i];
     while (ds->stage < 2) {
-      unsigned char peek[COLL_ANSWER_BYTES > COLL_NONCE_BYTES ? COLL_ANSWER_BYTES : COLL_NONCE_BYTES];
-      size_t want = ds->stage == 0 ? COLL_NONCE_BYTES : COLL_ANSWER_BYTES;
+      unsigned char peek[COLL_ANSWER_BYTES > COLL_CHALLENGE_BYTES ? COLL_ANSWER_BYTES
+                                                                   : COLL_CHALLENGE_BYTES];
+      size_t want = ds->stage == 0 ? COLL_CHALLENGE_BYTES : COLL_ANSWER_BYTES;
       ssize_t r = recv(ds->fd, peek, want, MSG_PEEK | MSG_DONTWAIT);
       if (!(r == (ssize_t)want || r == 0 ||
             (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)))

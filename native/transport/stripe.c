@@ -43,6 +43,7 @@
 #include "base/comm_state.h"
 #include "base/param.h"
 #include "base/status.h"
+#include "transport/crypt.h"
 #include "transport/transport.h"
 
 /* iovec pieces one sendmsg/readv takes at most; a caller's longer list is
@@ -146,7 +147,10 @@ static coll_result_t stripe_send(coll_link_t *link, const struct iovec *iov, int
     msg.msg_iov = sub;
     msg.msg_iovlen = (size_t)m;
     ssize_t w;
-    do { w = sendmsg(s->fds[sock], &msg, MSG_NOSIGNAL | MSG_DONTWAIT); } while (w < 0 && errno == EINTR);
+    if (link->crypt) /* each connection seals its own records (transport/crypt.c) */
+      COLL_CHECK(coll_crypt_send(link->comm, link->crypt[sock], s->fds[sock], sub, m, &w));
+    else
+      do { w = sendmsg(s->fds[sock], &msg, MSG_NOSIGNAL | MSG_DONTWAIT); } while (w < 0 && errno == EINTR);
     if (w < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
       *n = moved;
@@ -171,7 +175,10 @@ static coll_result_t stripe_recv(coll_link_t *link, const struct iovec *iov, int
     int m = piece(iov, iovcnt, i, off, COLL_STRIPE_UNIT - s->rpos % COLL_STRIPE_UNIT, sub, &want);
     int sock = (int)((s->rpos / COLL_STRIPE_UNIT) % (uint64_t)s->k);
     ssize_t r;
-    do { r = readv(s->fds[sock], sub, m); } while (r < 0 && errno == EINTR);
+    if (link->crypt)
+      COLL_CHECK(coll_crypt_recv(link->comm, link->crypt[sock], s->fds[sock], sub, m, &r));
+    else
+      do { r = readv(s->fds[sock], sub, m); } while (r < 0 && errno == EINTR);
     if (r <= 0) {
       if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
       *n = moved;
@@ -196,6 +203,7 @@ static void stripe_close(coll_link_t *link) {
   link->priv = NULL;
   link->fd = -1;
   link->wake_fd = -1;
+  coll_crypt_drop(link);
 }
 
 /* Names the sockets to sleep on (see the top): link->fd is the one the next
@@ -206,8 +214,9 @@ static void stripe_close(coll_link_t *link) {
 static int stripe_wait_events(coll_link_t *link, int sending, int receiving) {
   stripe_t *s = link->priv;
   int out = s->fds[(s->spos / COLL_STRIPE_UNIT) % (uint64_t)s->k];
-  int in = s->fds[(s->rpos / COLL_STRIPE_UNIT) % (uint64_t)s->k];
+  int isock = (int)((s->rpos / COLL_STRIPE_UNIT) % (uint64_t)s->k), in = s->fds[isock];
   link->wake_fd = -1;
+  if (receiving && link->crypt && coll_crypt_readable(link->crypt[isock])) return -1;
   if (sending && receiving && out != in) {
     link->fd = in;
     link->wake_fd = out;

@@ -35,6 +35,7 @@
 
 #include "base/comm_state.h"
 #include "base/status.h"
+#include "transport/crypt.h"
 #include "transport/transport.h"
 #include "transport/wire.h"
 
@@ -91,8 +92,18 @@ coll_result_t coll_tcp_listen(coll_comm_t *comm, const char *bind_host) {
   if (fd < 0)
     return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: cannot listen on '%s': %s", comm->rank,
                       bind_host, strerror(errno));
-  comm->pending = calloc(COLL_MAX_PENDING, sizeof *comm->pending);
-  if (!comm->pending) {
+  /* Every lower rank may dial all its connections before this rank first
+   * serves the listener (a rank that reaches its first collective late):
+   * 16 ranks x 16 connections filled a fixed table of 256, and the openings
+   * it evicted failed their dialers. */
+  comm->max_pending = COLL_MAX_PENDING + comm->rank * coll_tcp_nsocks();
+  comm->pending = calloc((size_t)comm->max_pending, sizeof *comm->pending);
+  comm->pending_pfs = calloc((size_t)comm->max_pending + 2, sizeof *comm->pending_pfs);
+  if (!comm->pending || !comm->pending_pfs) {
+    free(comm->pending);
+    free(comm->pending_pfs);
+    comm->pending = NULL;
+    comm->pending_pfs = NULL;
     close(fd);
     return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory", comm->rank);
   }
@@ -112,6 +123,8 @@ void coll_tcp_shutdown(coll_comm_t *comm) {
   comm->npending = 0;
   free(comm->pending);
   comm->pending = NULL;
+  free(comm->pending_pfs);
+  comm->pending_pfs = NULL;
   if (comm->listen_fd >= 0) close(comm->listen_fd);
   comm->listen_fd = -1;
 }
@@ -223,18 +236,27 @@ static int classify(coll_comm_t *comm, int i) {
   typeof(comm->pending[0]) *pd = &comm->pending[i];
   int kind = coll_opening_kind(pd->buf);
   if (kind == 2) return 1;
-  int from = kind == 1 ? coll_hello_decode(pd->buf, comm->id, comm->rank, NULL, NULL) : -1;
+  int from = kind == 1 ? coll_hello_decode(pd->buf, comm->link_key, comm->id, comm->rank, NULL, NULL) : -1;
   if (from < 0 || from >= comm->rank) {
-    drop_warn(comm, i, "it did not open with a valid hello for this job and rank");
+    /* The hello names the communicator under the job's key (wire.h): one
+     * that does not is another job's, or a rank with another secret's. */
+    drop_warn(comm, i, kind == 1 ? "its hello is not for this rank of this job under this "
+                                   "job's secret (another job, or one that does not prove this "
+                                   "job's secret: a different COLLECTIVES_JOB_SECRET?)"
+                                 : "it did not open with a valid hello for this job and rank");
     return 0;
   }
   if (coll_random_bytes(pd->challenge, sizeof pd->challenge) != 0) {
     drop_warn(comm, i, "no random bytes for its challenge");
     return 0;
   }
-  /* Sixteen bytes on a fresh socket always fit its buffer. */
-  if (send(pd->fd, pd->challenge, sizeof pd->challenge, MSG_NOSIGNAL | MSG_DONTWAIT) !=
-      (ssize_t)sizeof pd->challenge) {
+  /* The nonce and a MAC proving the key over it and the hello: the dialer
+   * sends its offer only once this checks out (wire.h). Forty-eight bytes on
+   * a fresh socket always fit its buffer. */
+  unsigned char msg[COLL_CHALLENGE_BYTES];
+  memcpy(msg, pd->challenge, COLL_NONCE_BYTES);
+  coll_challenge_mac(comm->link_key, pd->challenge, pd->buf, msg + COLL_NONCE_BYTES);
+  if (send(pd->fd, msg, sizeof msg, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof msg) {
     close(pd->fd);
     drop_pending(comm, i);
     return 0;
@@ -268,7 +290,7 @@ static void complete(coll_comm_t *comm, int i) {
     drop_warn(comm, i, "its hello does not prove this job's secret");
     return;
   }
-  int from = coll_hello_decode(pd->buf, comm->id, comm->rank, NULL, NULL);
+  int from = coll_hello_decode(pd->buf, comm->link_key, comm->id, comm->rank, NULL, NULL);
   if (comm->peers[from].link) {
     COLL_WARN("rank %d: rank %d connected twice; keeping the first link", comm->rank, from);
     close(pd->fd);
@@ -312,15 +334,29 @@ static void service_pending(coll_comm_t *comm, int i) {
   }
 }
 
+/* The table is full: drop the oldest connection that has not shown a hello
+ * for this rank (a rank's dialer sends it with the connect, so such a one is
+ * a stranger, a probe or an abort notice still arriving), else the oldest.
+ * drop_pending moves the last entry into the hole, so "oldest" is only
+ * roughly the order of arrival; what matters is that the job's own openings,
+ * which classify() challenged at once, are the last to go. */
+static void evict(coll_comm_t *comm) {
+  int victim = 0;
+  for (int i = 0; i < comm->npending; i++)
+    if (!comm->pending[i].challenged) { victim = i; break; }
+  if (comm->pending[victim].challenged)
+    COLL_WARN("rank %d: %d half-open connections on port %d, all with a hello for this rank; "
+              "dropped one", comm->rank, comm->npending, comm->port);
+  close(comm->pending[victim].fd);
+  drop_pending(comm, victim);
+}
+
 static void accept_all(coll_comm_t *comm) {
   for (;;) {
     int fd = accept4(comm->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) break;
     set_buffers(comm, fd);
-    if (comm->npending == COLL_MAX_PENDING) { /* evict the oldest half-open one */
-      close(comm->pending[0].fd);
-      drop_pending(comm, 0);
-    }
+    if (comm->npending == comm->max_pending) evict(comm);
     comm->pending[comm->npending].fd = fd;
     comm->pending[comm->npending].got = 0;
     comm->pending[comm->npending].challenged = 0;
@@ -357,7 +393,7 @@ coll_result_t coll_tcp_aborted(coll_comm_t *comm) {
 }
 
 coll_result_t coll_tcp_accept_until(coll_comm_t *comm, int peer, double deadline) {
-  struct pollfd pfs[COLL_MAX_PENDING + 1];
+  struct pollfd *pfs = comm->pending_pfs;
   while (!comm->peers[peer].link) {
     COLL_CHECK(coll_tcp_aborted(comm));
     pfs[0].fd = comm->listen_fd;
@@ -397,7 +433,10 @@ static coll_result_t tcp_send(coll_link_t *link, const struct iovec *iov, int io
   msg.msg_iov = (struct iovec *)iov;
   msg.msg_iovlen = (size_t)iovcnt;
   ssize_t w;
-  do { w = sendmsg(link->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT); } while (w < 0 && errno == EINTR);
+  if (link->crypt) /* an encrypted link (transport/crypt.c) */
+    COLL_CHECK(coll_crypt_send(link->comm, link->crypt[0], link->fd, iov, iovcnt, &w));
+  else
+    do { w = sendmsg(link->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT); } while (w < 0 && errno == EINTR);
   if (w >= 0) { *n = (size_t)w; return COLL_SUCCESS; }
   *n = 0;
   if (errno == EAGAIN || errno == EWOULDBLOCK) return COLL_SUCCESS;
@@ -406,7 +445,10 @@ static coll_result_t tcp_send(coll_link_t *link, const struct iovec *iov, int io
 
 static coll_result_t tcp_recv(coll_link_t *link, const struct iovec *iov, int iovcnt, size_t *n) {
   ssize_t r;
-  do { r = readv(link->fd, iov, iovcnt); } while (r < 0 && errno == EINTR);
+  if (link->crypt)
+    COLL_CHECK(coll_crypt_recv(link->comm, link->crypt[0], link->fd, iov, iovcnt, &r));
+  else
+    do { r = readv(link->fd, iov, iovcnt); } while (r < 0 && errno == EINTR);
   if (r > 0) { *n = (size_t)r; return COLL_SUCCESS; }
   *n = 0;
   if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return COLL_SUCCESS;
@@ -416,10 +458,11 @@ static coll_result_t tcp_recv(coll_link_t *link, const struct iovec *iov, int io
 static void tcp_close(coll_link_t *link) {
   if (link->fd >= 0) close(link->fd);
   link->fd = -1;
+  coll_crypt_drop(link);
 }
 
 static int tcp_wait_events(coll_link_t *link, int sending, int receiving) {
-  (void)link;
+  if (receiving && link->crypt && coll_crypt_readable(link->crypt[0])) return -1; /* decrypted already */
   return (sending ? POLLOUT : 0) | (receiving ? POLLIN : 0);
 }
 

@@ -47,6 +47,11 @@ struct coll_link { /* typedef coll_link_t: base/comm_state.h */
   unsigned char *unread;
   size_t unread_len, unread_off;
   void *dial;       /* a dial in progress (select.c), NULL otherwise */
+  /* COLLECTIVES_ENCRYPT: the record state of each of the link's TCP
+   * connections, indexed like its sockets (transport/crypt.c); NULL on an
+   * unencrypted link (shared memory, or encryption off). */
+  struct coll_crypt **crypt;
+  int ncrypt;
 };
 
 struct coll_transport {
@@ -114,6 +119,10 @@ int coll_stripe_sockets(const coll_link_t *link);
  * after the hello. The offer is COLL_SHM_OFFER_BYTES; the connecting side
  * builds it (shm or tcp), the accepting side answers with one u32. */
 #define COLL_SHM_OFFER_BYTES 96
+/* Bytes 4..7 of every connection's offer: u32 flags the dialer sends whatever
+ * the transport (checked by the acceptor once the MAC proved them). */
+#define COLL_OFFER_FLAGS_AT 4
+#define COLL_OFFER_ENCRYPT 1u /* the dialer runs with COLLECTIVES_ENCRYPT=1 */
 coll_result_t coll_shm_make_offer(coll_link_t *link, int want_shm, unsigned char *offer);
 /* Accepting side: maps the offered segment if it can; *ok = 1 then. */
 coll_result_t coll_shm_take_offer(coll_link_t *link, const unsigned char *offer, int allowed, int *ok);
@@ -147,7 +156,7 @@ coll_result_t coll_link_dial_start(coll_comm_t *comm, int peer, double deadline)
 coll_result_t coll_link_dial_poll(coll_comm_t *comm, int peer, int *done);
 /* Accepts and answers whatever openings have arrived, without waiting
  * (transport/tcp.c); listener and half-open descriptors go in pfs (at most
- * COLL_MAX_PENDING + 1) for a caller's poll(). */
+ * comm->max_pending + 1) for a caller's poll(). */
 void coll_tcp_serve(coll_comm_t *comm);
 /* COLL_SUCCESS, or the error naming the rank whose abort notice reached us. */
 coll_result_t coll_tcp_aborted(coll_comm_t *comm);
@@ -164,11 +173,14 @@ int coll_links_all_shm(coll_comm_t *comm);
 #define COLL_OPENING_BYTES (COLL_HELLO_PART_BYTES + COLL_SHM_OFFER_BYTES + COLL_MAC_BYTES)
 /* The accepting side's answer: u32 + MAC. The u32 is 0 (tcp), 1 (shared
  * memory taken) or a refusal, COLL_ANSWER_REFUSED | reason << 8 | the
- * acceptor's COLLECTIVES_NSOCKS << 16 (transport/select.c). */
+ * acceptor's COLLECTIVES_NSOCKS << 16 | its COLLECTIVES_ENCRYPT << 24
+ * (transport/select.c). */
 #define COLL_ANSWER_BYTES (4 + COLL_MAC_BYTES)
 #define COLL_ANSWER_REFUSED 2u
 #define COLL_REFUSED_NSOCKS 1u /* the two ranks' COLLECTIVES_NSOCKS differ */
 #define COLL_REFUSED_SOCKET 2u /* a connection index taken twice, or shm offered on a later one */
+#define COLL_REFUSED_ENCRYPT 3u /* the two ranks' COLLECTIVES_ENCRYPT differ (the acceptor's
+                                   is bit 24 of the answer), or the acceptor cannot encrypt */
 /* An accepted connection whose opening has not fully arrived (comm->pending). */
 struct coll_pending {
   int fd, got, challenged;

@@ -151,22 +151,30 @@ coll_result_t coll_wire_check(coll_comm_t *comm, int peer, const uint8_t got[COL
   return COLL_SUCCESS;
 }
 
-static void opening_encode(uint8_t *out, uint32_t magic, const uint8_t comm_id[16], int from,
-                           int to, int sock, int nsocks) {
+/* The first 16 bytes of HMAC(K, "collectives hello" comm_id nonce). */
+static void comm_tag(const uint8_t key[COLL_KEY_BYTES], const uint8_t comm_id[16],
+                     const uint8_t nonce[COLL_NONCE_BYTES], uint8_t out[16]) {
+  uint8_t mac[COLL_MAC_BYTES];
+  coll_hmac3(key, COLL_KEY_BYTES, "collectives hello", comm_id, 16, nonce, COLL_NONCE_BYTES, mac);
+  memcpy(out, mac, 16);
+}
+
+static void opening_encode(uint8_t *out, const uint8_t key[COLL_KEY_BYTES], uint32_t magic,
+                           const uint8_t comm_id[16], int from, int to, int sock, int nsocks) {
   put32(out, magic);
   put32(out + 4, COLL_OPENING_VERSION);
   out[6] = (uint8_t)sock;
   out[7] = (uint8_t)(nsocks - 1);
-  memcpy(out + 8, comm_id, 16);
   put32(out + 24, (uint32_t)from);
   put32(out + 28, (uint32_t)to);
   /* A nonce that cannot be had is a zero one: the MACs still need the key. */
   if (coll_random_bytes(out + COLL_HELLO_BYTES, COLL_NONCE_BYTES) != 0)
     memset(out + COLL_HELLO_BYTES, 0, COLL_NONCE_BYTES);
+  comm_tag(key, comm_id, out + COLL_HELLO_BYTES, out + 8);
 }
 
-static int opening_decode(const uint8_t *in, uint32_t magic, const uint8_t comm_id[16], int to,
-                          int *sock, int *nsocks) {
+static int opening_decode(const uint8_t *in, const uint8_t key[COLL_KEY_BYTES], uint32_t magic,
+                          const uint8_t comm_id[16], int to, int *sock, int *nsocks) {
   /* The version is the low 16 bits. The socket bytes are only passed on
    * (0..255 and 1..256): the accepting side checks them against its own
    * COLLECTIVES_NSOCKS once the MAC has proved who sent them, so that a rank
@@ -174,7 +182,9 @@ static int opening_decode(const uint8_t *in, uint32_t magic, const uint8_t comm_
   if (get32(in) != magic || (get32(in + 4) & 0xffffu) != COLL_OPENING_VERSION) return -1;
   if (sock) *sock = in[6];
   if (nsocks) *nsocks = in[7] + 1;
-  if (memcmp(in + 8, comm_id, 16) != 0) return -1;
+  uint8_t tag[16];
+  comm_tag(key, comm_id, in + COLL_HELLO_BYTES, tag);
+  if (!coll_ct_equal(tag, in + 8, 16)) return -1;
   if ((int)get32(in + 28) != to) return -1;
   uint32_t from = get32(in + 24);
   return from > 0x7fffffffu ? -1 : (int)from;
@@ -185,14 +195,20 @@ int coll_opening_kind(const uint8_t in[COLL_HELLO_PART_BYTES]) {
   return magic == COLL_HELLO_MAGIC ? 1 : magic == COLL_ABORT_MAGIC ? 2 : 0;
 }
 
-void coll_hello_encode(uint8_t out[COLL_HELLO_PART_BYTES], const uint8_t comm_id[16], int from,
-                       int to, int sock, int nsocks) {
-  opening_encode(out, COLL_HELLO_MAGIC, comm_id, from, to, sock, nsocks);
+void coll_hello_encode(uint8_t out[COLL_HELLO_PART_BYTES], const uint8_t key[COLL_KEY_BYTES],
+                       const uint8_t comm_id[16], int from, int to, int sock, int nsocks) {
+  opening_encode(out, key, COLL_HELLO_MAGIC, comm_id, from, to, sock, nsocks);
 }
 
-int coll_hello_decode(const uint8_t in[COLL_HELLO_BYTES], const uint8_t comm_id[16], int to,
-                      int *sock, int *nsocks) {
-  return opening_decode(in, COLL_HELLO_MAGIC, comm_id, to, sock, nsocks);
+int coll_hello_decode(const uint8_t in[COLL_HELLO_PART_BYTES], const uint8_t key[COLL_KEY_BYTES],
+                      const uint8_t comm_id[16], int to, int *sock, int *nsocks) {
+  return opening_decode(in, key, COLL_HELLO_MAGIC, comm_id, to, sock, nsocks);
+}
+
+void coll_challenge_mac(const uint8_t key[COLL_KEY_BYTES], const uint8_t nonce[COLL_NONCE_BYTES],
+                        const uint8_t hello[COLL_HELLO_PART_BYTES], uint8_t out[COLL_MAC_BYTES]) {
+  coll_hmac3(key, COLL_KEY_BYTES, "collectives challenge", nonce, COLL_NONCE_BYTES, hello,
+             COLL_HELLO_PART_BYTES, out);
 }
 
 void coll_opening_mac(const uint8_t key[COLL_KEY_BYTES], const uint8_t challenge[COLL_NONCE_BYTES],
@@ -220,7 +236,7 @@ static void abort_mac(const uint8_t key[COLL_KEY_BYTES], const uint8_t *in,
 void coll_abort_encode(uint8_t out[COLL_ABORT_BYTES], const uint8_t key[COLL_KEY_BYTES],
                        const uint8_t comm_id[16], int from, int to, const char *reason) {
   char *text = (char *)out + COLL_HELLO_PART_BYTES;
-  opening_encode(out, COLL_ABORT_MAGIC, comm_id, from, to, 0, 1);
+  opening_encode(out, key, COLL_ABORT_MAGIC, comm_id, from, to, 0, 1);
   memset(text, 0, COLL_ABORT_REASON_BYTES);
   size_t n = strlen(reason);
   if (n < COLL_ABORT_REASON_BYTES) {
@@ -235,7 +251,7 @@ void coll_abort_encode(uint8_t out[COLL_ABORT_BYTES], const uint8_t key[COLL_KEY
 int coll_abort_decode(const uint8_t in[COLL_ABORT_BYTES], const uint8_t key[COLL_KEY_BYTES],
                       const uint8_t comm_id[16], int to, char reason[COLL_ABORT_REASON_BYTES]) {
   int sock = 0, nsocks = 1;
-  int from = opening_decode(in, COLL_ABORT_MAGIC, comm_id, to, &sock, &nsocks);
+  int from = opening_decode(in, key, COLL_ABORT_MAGIC, comm_id, to, &sock, &nsocks);
   if (from < 0 || from == to || sock != 0 || nsocks != 1) return -1;
   uint8_t mac[COLL_MAC_BYTES];
   abort_mac(key, in, mac);

@@ -40,14 +40,21 @@
  * steps on the new connection (transport/select.c, transport/tcp.c):
  *   connecting side: hello, 32 bytes
  *       u32 magic "CLHI" | u16 COLL_OPENING_VERSION | u8 socket | u8 nsocks - 1 |
- *       u8 comm_id[16] | u32 from | u32 to
+ *       u8 comm_tag[16] | u32 from | u32 to
+ *     (comm_tag = the first 16 bytes of HMAC(K, "collectives hello" comm_id
+ *     nonce_c): the acceptor recognizes its communicator, and a process at a
+ *     poisoned address learns nothing of the comm_id)
  *     (socket: which of the link's nsocks TCP connections this is, 0 for the
  *     first, COLLECTIVES_NSOCKS, transport/stripe.c; a one-socket link's
  *     hello thus reads u32 version 2, as before sockets were counted; the
  *     accepting side refuses socket >= nsocks or an nsocks other than its
  *     own once the MAC is checked, transport/select.c)
  *     then its nonce_c[16]                        (COLL_HELLO_PART_BYTES in all)
- *   accepting side, once the hello is for it: a challenge, nonce_a[16]
+ *   accepting side, once the hello is for it: a challenge, nonce_a[16] |
+ *     HMAC(K, "collectives challenge" nonce_a hello nonce_c) (COLL_CHALLENGE_BYTES):
+ *     the connecting side checks it before it sends anything more, so the
+ *     offer (a shared-memory segment's name) never reaches a process that
+ *     does not prove K, such as one at an address poisoned outside the store
  *   connecting side: transport offer[96] | mac = HMAC(K, "collectives open" nonce_a
  *     hello nonce_c offer)                       (COLL_OPENING_BYTES in all)
  *   accepting side: u32 answer | HMAC(K, "collectives answer" nonce_a hello nonce_c answer)
@@ -82,11 +89,12 @@
 #define COLL_HELLO_MAGIC 0x49484c43u /* "CLHI" */
 #define COLL_WIRE_VERSION 2
 #define COLL_WIRE_HDR_BYTES 48
-#define COLL_OPENING_VERSION 2
+#define COLL_OPENING_VERSION 3
 #define COLL_HELLO_BYTES 32
 #define COLL_NONCE_BYTES 16
 #define COLL_MAC_BYTES 32
 #define COLL_HELLO_PART_BYTES (COLL_HELLO_BYTES + COLL_NONCE_BYTES)
+#define COLL_CHALLENGE_BYTES (COLL_NONCE_BYTES + COLL_MAC_BYTES)
 /* The most TCP connections one link may have (COLLECTIVES_NSOCKS). */
 #define COLL_MAX_NSOCKS 16
 #define COLL_ABORT_MAGIC 0x42414c43u /* "CLAB" */
@@ -134,13 +142,17 @@ coll_result_t coll_wire_check(coll_comm_t *comm, int peer, const uint8_t got[COL
 int coll_opening_kind(const uint8_t in[COLL_HELLO_PART_BYTES]);
 /* The hello of socket `sock` of a link of `nsocks` sockets, and a fresh
  * nonce (COLL_HELLO_PART_BYTES). */
-void coll_hello_encode(uint8_t out[COLL_HELLO_PART_BYTES], const uint8_t comm_id[16], int from,
-                       int to, int sock, int nsocks);
+void coll_hello_encode(uint8_t out[COLL_HELLO_PART_BYTES], const uint8_t key[COLL_KEY_BYTES],
+                       const uint8_t comm_id[16], int from, int to, int sock, int nsocks);
 /* Returns the sender's rank, or -1 if the bytes are not a hello for this
  * communicator and this rank; *sock (0..255) and *nsocks (1..256), where not
  * NULL, get the hello's, unchecked (the caller bounds them). */
-int coll_hello_decode(const uint8_t in[COLL_HELLO_BYTES], const uint8_t comm_id[16], int to,
-                      int *sock, int *nsocks);
+int coll_hello_decode(const uint8_t in[COLL_HELLO_PART_BYTES], const uint8_t key[COLL_KEY_BYTES],
+                      const uint8_t comm_id[16], int to, int *sock, int *nsocks);
+/* The MAC after the accepting side's challenge nonce (it proves K before the
+ * connecting side sends its offer). */
+void coll_challenge_mac(const uint8_t key[COLL_KEY_BYTES], const uint8_t nonce[COLL_NONCE_BYTES],
+                        const uint8_t hello[COLL_HELLO_PART_BYTES], uint8_t out[COLL_MAC_BYTES]);
 /* The MAC that ends an opening (over its first COLL_OPENING_BYTES - COLL_MAC_BYTES). */
 void coll_opening_mac(const uint8_t key[COLL_KEY_BYTES], const uint8_t challenge[COLL_NONCE_BYTES],
                       const uint8_t *opening, uint8_t out[COLL_MAC_BYTES]);

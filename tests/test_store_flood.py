@@ -1,0 +1,65 @@
+"""A job starts while outsiders flood its store port (issue 37, section 4).
+
+Outside processes (tests/_store_flood.py) open connections to the store's
+port on loopback as fast as they can, holding the newest of them open
+without a byte, from before the store listens until after the job should
+have started (bounded in time and count). A 4-rank job with a secret must
+still start and run, well before the flood ends.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import TESTS, base_env, free_port, run_world
+
+pytestmark = pytest.mark.timeout(150)
+
+SECRET = "flood-secret-" + "0123456789abcdef" * 2
+# The flood lasts FLOOD_S; the job must have started well before it ends (it
+# started only once the flood stopped before the store served its clients
+# first and turned surplus handshakes away).
+FLOOD_S, START_BOUND_S = 20, 10
+
+BODY = r"""
+from collectives import MPI
+t0 = time.monotonic()
+comm = MPI.COMM_WORLD
+x = np.full(4, comm.rank + 1.0)
+y = np.zeros(4)
+comm.Allreduce(x, y)
+expect(y.tolist() == [10.0] * 4, "allreduce", f"got {y.tolist()}")
+emit("started", seconds=time.monotonic() - t0)
+"""
+
+
+def _store_env(port: int):
+    def env(rank: int, n: int) -> dict:
+        return {"COLLECTIVES_RANK": rank, "COLLECTIVES_SIZE": n, "COLLECTIVES_LOCAL_RANK": rank,
+                "COLLECTIVES_LOCAL_SIZE": n, "COLLECTIVES_STORE_ADDR": f"127.0.0.1:{port}",
+                "COLLECTIVES_JOB_SECRET": SECRET, "COLLECTIVES_START_TIMEOUT": "30"}
+    return env
+
+
+@pytest.mark.parametrize("hold", [0, 2000])
+def test_a_job_starts_while_its_store_port_is_flooded(hold):
+    port = free_port()
+    flooders = [subprocess.Popen([sys.executable, str(TESTS / "_store_flood.py"), "connect",
+                                  "127.0.0.1", str(port), str(FLOOD_S), "400000", str(hold)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=base_env())
+                for _ in range(2)]
+    try:
+        res = run_world(4, BODY, timeout=60, rank_env=_store_env(port))
+    finally:
+        stats = []
+        for f in flooders:
+            out, _ = f.communicate(timeout=40)
+            stats += [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
+    report = res.report() + "\n--- flooders\n" + json.dumps(stats)
+    assert sum(s["attempts"] for s in stats) > 20000, report  # it was a flood
+    res.assert_ok()
+    for r in range(4):
+        assert res[r].one("started")["seconds"] < START_BOUND_S, report
