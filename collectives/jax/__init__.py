@@ -114,8 +114,7 @@ import numpy as np
 try:
     import jax
 except ModuleNotFoundError as _exc:  # say which extra brings it
-    raise ModuleNotFoundError(f"collectives.jax needs JAX ({_exc}): pip install "
-                              f"'collectives[jax]' (or '.[jax]' from a clone)", name="jax") from None
+    raise ModuleNotFoundError(f"collectives.jax needs JAX ({_exc}): pip install 'collectives[jax]'", name="jax") from None
 import jax.numpy as jnp
 from jax.extend.core import Effect, Primitive
 from jax.interpreters import ad, batching, mlir
