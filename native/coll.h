@@ -267,7 +267,13 @@ coll_result_t coll_barrier(coll_comm_t *comm, double timeout);
  *   count differs from the root's counts[rank] fails, both values named.
  * scatterv: the root sends counts[i] elements from sendbuf + displs[i] to
  *   rank i, which receives count elements into recvbuf; recvbuf ==
- *   sendbuf + displs[root] at the root is in place. */
+ *   sendbuf + displs[root] at the root is in place.
+ * A rank that refused its own arguments (a front end's check, before any byte
+ * moved) still calls the same collective, with root COLL_ROOT_REFUSED and
+ * count 0: it runs only the root agreement, so every other rank fails at once
+ * with COLL_INVALID_USAGE naming it ("refused its arguments"), nothing is
+ * sent, the communicator stays usable, and it returns COLL_INVALID_ARGUMENT. */
+#define COLL_ROOT_REFUSED (-3)
 coll_result_t coll_reduce(coll_comm_t *comm, const coll_args_t *args);
 coll_result_t coll_gatherv(coll_comm_t *comm, const coll_args_t *args);
 coll_result_t coll_scatterv(coll_comm_t *comm, const coll_args_t *args);
@@ -287,6 +293,11 @@ coll_result_t coll_alltoallv(coll_comm_t *comm, const coll_args_t *args);
 coll_result_t coll_iallreduce(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req);
 coll_result_t coll_iallgatherv(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req);
 coll_result_t coll_ibroadcast(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req);
+/* Non-blocking reduce, gatherv, scatterv: the same contracts as the blocking calls, run on
+ * the progress thread in submission order (counts and displs are copied). */
+coll_result_t coll_ireduce(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req);
+coll_result_t coll_igatherv(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req);
+coll_result_t coll_iscatterv(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req);
 coll_result_t coll_ireduce_scatter_block(coll_comm_t *comm, const coll_args_t *args,
                                          coll_request_t **req);
 coll_result_t coll_ibarrier(coll_comm_t *comm, double timeout, coll_request_t **req);

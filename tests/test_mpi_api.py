@@ -29,8 +29,9 @@ def test_names_exist():
     assert e.Get_error_code() == 5 and e.Get_error_class() == 5 and "boom" in e.Get_error_string()
     assert isinstance(MPI.Wtime(), float) and 0 < MPI.Wtick() < 1
     assert MPI.Wtime() <= MPI.Wtime()
+    assert MPI.Comm() == MPI.COMM_NULL and MPI.Comm() is not MPI.COMM_NULL  # mpi4py's null
     with pytest.raises(TypeError):
-        MPI.Comm()
+        MPI.Comm((1, 2, 3))
     with pytest.raises(AttributeError):
         MPI.NO_SUCH_NAME  # noqa: B018
 

@@ -31,6 +31,8 @@ from ..rendezvous import world as _world
 from ._request import Request
 from ._comms import COMM_NULL
 
+REQUEST_NULL = Request()
+
 __all__ = [
     "COMM_WORLD", "COMM_SELF", "Comm", "Request", "Op", "Datatype", "Exception", "IN_PLACE",
     "SUM", "PROD", "MIN", "MAX", "AVG", "Wtime", "Wtick", "Get_processor_name",
@@ -39,13 +41,53 @@ __all__ = [
 ]
 
 from ._types import (  # noqa: F401 -- mpi4py's names, re-exported
-    ANY_SOURCE, ANY_TAG, AVG, BYTE, CHAR, DOUBLE, FLOAT, IN_PLACE, INT, INT8_T, INT32_T, INT64_T,
-    LONG, LONG_LONG, MAX, MIN, PROC_NULL, PROD, SIGNED_CHAR, SUM, TAG_UB, UINT8_T, UNDEFINED,
-    UNSIGNED_CHAR, ArgumentError, Datatype, Op, Status, _buf, _dtype_name, _ITEMSIZE, _no_none,
-    _op, _pair, _vbuf)
+    ANY_SOURCE, ANY_TAG, AVG, BAND, BOR, BXOR, BYTE, CHAR, DATATYPE_NULL, DOUBLE, FLOAT,
+    IN_PLACE, INT, INT8_T, INT32_T, INT64_T, LAND, LONG, LONG_LONG, LOR, LXOR, MAX, MAXLOC, MIN,
+    MINLOC, NO_OP, OP_NULL, PROC_NULL, PROD, REPLACE, SIGNED_CHAR, SUM, TAG_UB, UINT8_T,
+    UNDEFINED, UNSIGNED_CHAR, FLOAT16_T, BFLOAT16_T, FLOAT32_T, FLOAT64_T, ArgumentError,
+    Datatype, Op, Status, _ITEMSIZE, _NULL_TYPES, _op)
+from ._types import (  # noqa: F401
+    SUCCESS, ERR_ARG, ERR_OTHER, ERR_INTERN, ERR_BUFFER, ERR_COUNT, ERR_TYPE, ERR_TAG, ERR_COMM,
+    ERR_RANK, ERR_REQUEST, ERR_ROOT, ERR_GROUP, ERR_OP, ERR_TRUNCATE, ERR_UNKNOWN, ERR_PENDING,
+    ERR_IN_STATUS, ERR_INFO, ERR_KEYVAL, ERR_ERRHANDLER, ERR_WIN, ERR_SESSION,
+    ERR_UNSUPPORTED_OPERATION, ERR_PROC_FAILED, ERR_NOT_SAME, ERR_TOPOLOGY, ERR_DIMS,
+    ERR_NO_MEM, ERR_INFO_KEY, ERR_INFO_VALUE, ERR_INFO_NOKEY, ERR_LASTCODE)
+from ._specs import BOTTOM, _buf, _dtype_name, _no_none, _pair, _vbuf  # noqa: F401
+from ._names import (  # noqa: F401
+    APPNUM, COMM_TYPE_SHARED, CONGRUENT, IDENT, INFO_NULL, KEYVAL_INVALID, MAX_OBJECT_NAME,
+    MAX_PROCESSOR_NAME, SIMILAR, SUBVERSION, THREAD_FUNNELED, THREAD_MULTIPLE, THREAD_SERIALIZED,
+    THREAD_SINGLE, UNEQUAL, VERSION, Get_library_version, Get_version, Init_thread,
+    Is_thread_main, Query_thread, get_vendor)
+
+globals().update({_n: DATATYPE_NULL for _n in _NULL_TYPES})  # SHORT, INT16_T, ...: see Datatype
 
 Exception = CollectivesError  # noqa: A001 -- mpi4py's name for its error class
 Exception.__doc__ = CollectivesError.__doc__
+
+
+# Whether this process used point-to-point (send or receive) on any communicator: then
+# finalization waits (bounded by the timeout) until every rank has finalized too, as
+# MPI_Finalize does, so that a message whose send completed here is read there before this
+# process closes its links (a send completes once the link took its bytes; closing the link
+# right after could lose them: issue 39's send-free-exit pattern).
+_p2p_used = [False]
+
+
+def _drain_at_finalize() -> None:
+    if not _p2p_used[0] or not _world.is_initialized():
+        return
+    core = _init_world()._core
+    if core.size > 1 and not core.closed and not core.broken:
+        core.barrier()
+
+
+_world.add_finalize_hook(_drain_at_finalize)
+
+
+def _msg(spec: Any) -> tuple:
+    """A point-to-point message spec: None is an empty message (mpi4py)."""
+    _p2p_used[0] = True
+    return _buf(BOTTOM if spec is None else spec, "buf")
 
 
 class Comm(_mpi_extras.CommExtras, _CommBase):
@@ -55,8 +97,42 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
     it without a Python frame: at 8 bytes the call overhead is the latency.
     """
 
-    def __init__(self) -> None:
-        raise TypeError("communicators come from MPI.COMM_WORLD or collectives.init()")
+    def __new__(cls, comm: Any = None) -> Any:
+        """mpi4py's constructor: ``Comm()`` is a null communicator (equal to COMM_NULL),
+        ``Comm(comm)`` a new handle to the same communicator (equal to it)."""
+        if comm is None or isinstance(comm, _mpi_comms._CommNull):
+            return _mpi_comms._CommNull()
+        if not isinstance(comm, Comm):
+            raise TypeError(f"Comm() takes a communicator, not {type(comm).__name__}")
+        other = cls._from_core(comm._core, comm._local_rank, comm._local_size)
+        other._name = comm._name
+        return other
+
+    def __init__(self, comm: Any = None) -> None:
+        pass  # __new__ did it
+
+    def __eq__(self, other: Any) -> bool:
+        if isinstance(other, _mpi_comms._CommNull):
+            return self._core.closed  # a freed communicator is COMM_NULL, as in MPI
+        return isinstance(other, Comm) and other._core is self._core
+
+    def __ne__(self, other: Any) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return id(self._core)
+
+    def __bool__(self) -> bool:
+        return not self._core.closed
+
+    def __reduce__(self) -> Any:
+        """COMM_WORLD and COMM_SELF pickle by name (as in mpi4py); others cannot."""
+        for name in ("COMM_WORLD", "COMM_SELF"):
+            if self._name == "MPI_" + name and globals()["__getattr__"](name) == self:
+                if globals()["__getattr__"](name) is self:
+                    return (_predefined, (name,))
+                return (Comm, (_predefined(name),))  # a second handle to it
+        raise ValueError(f"cannot pickle {self!r}: only COMM_WORLD and COMM_SELF travel")
 
     @classmethod
     def _from_core(cls, core: Any, local_rank: int, local_size: int) -> "Comm":
@@ -101,7 +177,10 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
         except CollectivesError as exc:
             raise self._explained(exc) from None
         except ValueError as exc:  # a bad rank, tag, root, count: mpi4py raises MPI.Exception
-            raise ArgumentError(1, str(exc)) from None
+            text = str(exc)  # with the error class MPI gives (the core's words name the kind)
+            cls = ERR_ROOT if text.startswith("root ") else ERR_RANK if " rank " in \
+                f" {text}" and "out of range" in text else ERR_TAG if "tag" in text else ERR_ARG
+            raise ArgumentError(1, text, cls) from None
 
     def _explained(self, exc: CollectivesError) -> CollectivesError:
         """exc, or the same error with the cause other ranks reported appended."""
@@ -114,7 +193,11 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
 
     def _Allreduce_spec(self, sendbuf: Any, recvbuf: Any, op: Op, algorithm: str,
                         timeout: Optional[float]) -> None:
-        """Allreduce with [buf, datatype] specs (the base handles plain buffers)."""
+        """Allreduce with [buf, datatype] specs or a user op (the base handles plain buffers
+        with a predefined op)."""
+        if isinstance(op, Op) and op._user is not None:
+            _mpi_extras.user_allreduce(self, sendbuf, recvbuf, op, timeout)
+            return
         sbuf, rbuf, dtype = _pair(sendbuf, recvbuf)
         self._call(self._core.allreduce, sbuf, rbuf, _op(op), algorithm, timeout, dtype)
 
@@ -136,7 +219,9 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
         return Request(self._call(self._core.ibroadcast, b, root, timeout, dtype), self)
 
     def _allgather_args(self, sendbuf: Any, recvbuf: Any) -> tuple:
-        sbuf, rbuf, dtype = _pair(sendbuf, recvbuf)
+        # mpi4py: no sendbuf (None) is the in-place form here
+        sbuf, rbuf, dtype = _pair(IN_PLACE if sendbuf is None else sendbuf, recvbuf, 0,
+                                  self.size)
         n = self.size
         total = count_of(rbuf, dtype)
         if total % n:
@@ -200,72 +285,143 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
     barrier = Barrier
 
     # -- rooted collectives ---------------------------------------------------
+    def _rooted(self, kind: str, timeout: Optional[float], parse: Callable[[], tuple],
+                fn: Callable[..., Any]) -> None:
+        """fn(core, *parse()); an argument this rank refuses (often at the root alone, the
+        only rank that reads a v-spec or a recvbuf) is first told to the other ranks, which
+        then fail at once naming this one (_core.refuse_rooted), and then raised here."""
+        try:
+            args = parse()
+        except Exception:
+            if not self._core.closed:
+                _core.refuse_rooted(self._core, kind, timeout)
+            raise
+        return self._call(fn, self._core, *args)
+
+    def _reduce(self, sendbuf: Any, recvbuf: Any, op: Op, root: int, timeout: Optional[float],
+                fn: Callable[..., Any]) -> Any:
+        """recvbuf at root = op over every rank's sendbuf (IN_PLACE at the root; recvbuf
+        is ignored elsewhere and may be None)."""
+        def parse() -> tuple:
+            sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf)
+            rbuf, rtype = (None, None) if recvbuf is None or self.rank != root else _buf(recvbuf)
+            return sbuf, rbuf, _op(op), root, timeout, _dtype_name(stype, rtype)
+        return self._rooted("reduce", timeout, parse, fn)
+
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0, *,
                timeout: Optional[float] = None) -> None:
         """recvbuf at root = op over every rank's sendbuf (IN_PLACE at the root; recvbuf
         is ignored elsewhere and may be None)."""
-        sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf)
-        rbuf, rtype = (None, None) if recvbuf is None else _buf(recvbuf)
-        if self.rank != root:
-            rbuf = rtype = None
-        self._call(_core.reduce, self._core, sbuf, rbuf, _op(op), root, timeout,
-                   _dtype_name(stype, rtype))
+        self._reduce(sendbuf, recvbuf, op, root, timeout, _core.reduce)
+
+    def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0, *,
+                timeout: Optional[float] = None) -> Request:
+        """Start a Reduce; returns a Request (the buffers stay in use until it completes)."""
+        return Request(self._reduce(sendbuf, recvbuf, op, root, timeout, _core.ireduce), self)
 
     def _even_blocks(self, buf: Any, dtype: Optional[str], what: str) -> list:
         total = count_of(buf, dtype)
         if total % self.size:
-            raise ValueError(f"{what}: the root's buffer has {total} elements, not a multiple "
-                             f"of {self.size} ranks")
+            raise ArgumentError(1, f"{what}: the root's buffer has {total} elements, not a "
+                                   f"multiple of {self.size} ranks")
         return [total // self.size] * self.size
+
+    def _gather(self, sendbuf: Any, recvbuf: Any, root: int, timeout: Optional[float],
+                fn: Callable[..., Any]) -> Any:
+        """The root gets every rank's sendbuf in rank order in recvbuf (IN_PLACE at the root)."""
+        def parse() -> tuple:
+            sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf)
+            rbuf, counts, dtype = None, None, stype
+            if self.rank == root:
+                rbuf, rtype = _buf(recvbuf, "recvbuf", self.size)
+                dtype = _dtype_name(stype, rtype)
+                counts = self._even_blocks(rbuf, dtype, "Gather")
+            return sbuf, rbuf, counts, None, root, timeout, dtype
+        return self._rooted("gather", timeout, parse, fn)
 
     def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
                timeout: Optional[float] = None) -> None:
         """The root gets every rank's sendbuf in rank order in recvbuf (IN_PLACE at the root)."""
-        sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf)
-        rbuf, counts, dtype = None, None, stype
-        if self.rank == root:
-            rbuf, rtype = _buf(recvbuf)
-            dtype = _dtype_name(stype, rtype)
-            counts = self._even_blocks(rbuf, dtype, "Gather")
-        self._call(_core.gatherv, self._core, sbuf, rbuf, counts, None, root, timeout, dtype)
+        self._gather(sendbuf, recvbuf, root, timeout, _core.gatherv)
+
+    def Igather(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
+                timeout: Optional[float] = None) -> Request:
+        """Start a Gather; returns a Request (the buffers stay in use until it completes)."""
+        return Request(self._gather(sendbuf, recvbuf, root, timeout, _core.igatherv), self)
+
+    def _gatherv(self, sendbuf: Any, recvbuf: Any, root: int, timeout: Optional[float],
+                 fn: Callable[..., Any]) -> Any:
+        """Gather blocks of different sizes: recvbuf at the root is [buf, counts(, displs)]."""
+        def parse() -> tuple:
+            sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf)
+            rbuf = counts = displs = None
+            dtype = stype
+            if self.rank == root:
+                rbuf, counts, displs, rtype = _vbuf(recvbuf, self.size, "recvbuf")
+                dtype = _dtype_name(stype, rtype)
+            return sbuf, rbuf, counts, displs, root, timeout, dtype
+        return self._rooted("gather", timeout, parse, fn)
 
     def Gatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
                 timeout: Optional[float] = None) -> None:
         """Gather blocks of different sizes: recvbuf at the root is [buf, counts(, displs)]."""
-        sbuf, stype = (None, None) if sendbuf is IN_PLACE else _buf(sendbuf)
-        rbuf = counts = displs = None
-        dtype = stype
-        if self.rank == root:
-            rbuf, counts, displs, rtype = _vbuf(recvbuf, self.size)
-            dtype = _dtype_name(stype, rtype)
-        self._call(_core.gatherv, self._core, sbuf, rbuf, counts, displs, root, timeout, dtype)
+        self._gatherv(sendbuf, recvbuf, root, timeout, _core.gatherv)
+
+    def Igatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
+                 timeout: Optional[float] = None) -> Request:
+        """Start a Gatherv; returns a Request (the buffers stay in use until it completes)."""
+        return Request(self._gatherv(sendbuf, recvbuf, root, timeout, _core.igatherv), self)
+
+    def _scatter(self, sendbuf: Any, recvbuf: Any, root: int, timeout: Optional[float],
+                 fn: Callable[..., Any]) -> Any:
+        """Rank i gets block i of the root's sendbuf in recvbuf (IN_PLACE recvbuf at the root)."""
+        def parse() -> tuple:
+            rbuf, rtype = (None, None) if recvbuf is IN_PLACE else _buf(recvbuf)
+            sbuf, counts, dtype = None, None, rtype
+            if self.rank == root:
+                sbuf, stype = _buf(sendbuf, "sendbuf", self.size)
+                dtype = _dtype_name(stype, rtype)
+                counts = self._even_blocks(sbuf, dtype, "Scatter")
+            return sbuf, rbuf, counts, None, root, timeout, dtype
+        return self._rooted("scatter", timeout, parse, fn)
 
     def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
                 timeout: Optional[float] = None) -> None:
         """Rank i gets block i of the root's sendbuf in recvbuf (IN_PLACE recvbuf at the root)."""
-        rbuf, rtype = (None, None) if recvbuf is IN_PLACE else _buf(recvbuf)
-        sbuf, counts, dtype = None, None, rtype
-        if self.rank == root:
-            sbuf, stype = _buf(sendbuf)
-            dtype = _dtype_name(stype, rtype)
-            counts = self._even_blocks(sbuf, dtype, "Scatter")
-        self._call(_core.scatterv, self._core, sbuf, rbuf, counts, None, root, timeout, dtype)
+        self._scatter(sendbuf, recvbuf, root, timeout, _core.scatterv)
+
+    def Iscatter(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
+                 timeout: Optional[float] = None) -> Request:
+        """Start a Scatter; returns a Request (the buffers stay in use until it completes)."""
+        return Request(self._scatter(sendbuf, recvbuf, root, timeout, _core.iscatterv), self)
+
+    def _scatterv(self, sendbuf: Any, recvbuf: Any, root: int, timeout: Optional[float],
+                  fn: Callable[..., Any]) -> Any:
+        """Scatter blocks of different sizes: sendbuf at the root is [buf, counts(, displs)]."""
+        def parse() -> tuple:
+            rbuf, rtype = (None, None) if recvbuf is IN_PLACE else _buf(recvbuf)
+            sbuf = counts = displs = None
+            dtype = rtype
+            if self.rank == root:
+                sbuf, counts, displs, stype = _vbuf(sendbuf, self.size, "sendbuf")
+                dtype = _dtype_name(stype, rtype)
+            return sbuf, rbuf, counts, displs, root, timeout, dtype
+        return self._rooted("scatter", timeout, parse, fn)
 
     def Scatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
                  timeout: Optional[float] = None) -> None:
         """Scatter blocks of different sizes: sendbuf at the root is [buf, counts(, displs)]."""
-        rbuf, rtype = (None, None) if recvbuf is IN_PLACE else _buf(recvbuf)
-        sbuf = counts = displs = None
-        dtype = rtype
-        if self.rank == root:
-            sbuf, counts, displs, stype = _vbuf(sendbuf, self.size)
-            dtype = _dtype_name(stype, rtype)
-        self._call(_core.scatterv, self._core, sbuf, rbuf, counts, displs, root, timeout, dtype)
+        self._scatterv(sendbuf, recvbuf, root, timeout, _core.scatterv)
+
+    def Iscatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
+                  timeout: Optional[float] = None) -> Request:
+        """Start a Scatterv; returns a Request (the buffers stay in use until it completes)."""
+        return Request(self._scatterv(sendbuf, recvbuf, root, timeout, _core.iscatterv), self)
 
     def Alltoall(self, sendbuf: Any, recvbuf: Any, *, timeout: Optional[float] = None) -> None:
         """Block j of sendbuf goes to rank j; block i of recvbuf comes from rank i (sendbuf
         may be IN_PLACE)."""
-        sbuf, rbuf, dtype = _pair(sendbuf, recvbuf)
+        sbuf, rbuf, dtype = _pair(sendbuf, recvbuf, self.size, self.size)
         counts = self._even_blocks(rbuf, dtype, "Alltoall")
         if sbuf is not None and count_of(sbuf, dtype) != sum(counts):
             raise ValueError(f"Alltoall: sendbuf has {count_of(sbuf, dtype)} elements, "
@@ -295,13 +451,13 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
     # -- point-to-point ------------------------------------------------------
     def Send(self, buf: Any, dest: int, tag: int = 0, *, timeout: Optional[float] = None) -> None:
         """Send buf to rank dest; returns once its bytes are handed to the link."""
-        b, dtype = _buf(buf)
+        b, dtype = _msg(buf)
         self._call(_core.p2p_send, self._core, b, dest, tag, timeout, dtype)
 
     def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG,
              status: Optional[Status] = None, *, timeout: Optional[float] = None) -> None:
         """Receive into buf a message from source with tag (ANY_SOURCE/ANY_TAG match any)."""
-        b, dtype = _buf(buf)
+        b, dtype = _msg(buf)
         src, tg, count = self._call(_core.p2p_recv, self._core, b, source, tag, timeout, dtype)
         if status is not None:
             status._fill((src, tg, count, None, count * _ITEMSIZE[dtype or _core.dtype_of(b)]))
@@ -309,13 +465,13 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
     def Isend(self, buf: Any, dest: int, tag: int = 0, *,
               timeout: Optional[float] = None) -> Request:
         """Start a Send; returns a Request (buf stays in use until it completes)."""
-        b, dtype = _buf(buf)
+        b, dtype = _msg(buf)
         return Request(self._call(_core.p2p_isend, self._core, b, dest, tag, timeout, dtype), self)
 
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, *,
               timeout: Optional[float] = None) -> Request:
         """Start a Recv into buf; returns a Request."""
-        b, dtype = _buf(buf)
+        b, dtype = _msg(buf)
         return Request(self._call(_core.p2p_irecv, self._core, b, source, tag, timeout, dtype),
                        self)
 
@@ -323,10 +479,8 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
                  source: int = ANY_SOURCE, recvtag: int = ANY_TAG,
                  status: Optional[Status] = None, *, timeout: Optional[float] = None) -> None:
         """Send sendbuf to dest and receive into recvbuf at once (neither waits for the other)."""
-        if recvbuf is None:
-            raise ValueError("Sendrecv needs a recvbuf")
-        sbuf, stype = _buf(sendbuf)
-        rbuf, rtype = _buf(recvbuf)
+        sbuf, stype = _msg(sendbuf)
+        rbuf, rtype = _msg(recvbuf)
         dtype = _dtype_name(stype, rtype)
         src, tg, count = self._call(_core.p2p_sendrecv, self._core, sbuf, dest, sendtag, rbuf,
                                     source, recvtag, timeout, dtype)
@@ -339,7 +493,11 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
 
     def recv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG,
              status: Optional[Status] = None) -> Any:
-        """Receive a Python object sent with send/isend (buf is ignored, as in mpi4py 4)."""
+        """Receive a Python object sent with send/isend (buf is ignored, with a UserWarning,
+        as in mpi4py 4)."""
+        if buf is not None:
+            import warnings
+            warnings.warn("recv: the buf argument is ignored", UserWarning, stacklevel=2)
         return self.irecv(None, source, tag).wait(status)
 
     def isend(self, obj: Any, dest: int, tag: int = 0) -> Request:
@@ -348,6 +506,7 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
 
     def irecv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         """Start receiving a Python object; the Request's wait() returns it."""
+        _p2p_used[0] = True
         req = self._call(_core.p2p_irecv, self._core, None, source, tag)
         return Request(req, self, pickled=True)
 
@@ -413,9 +572,38 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
         by rank here; color UNDEFINED gives COMM_NULL. It shares this one's links."""
         return _mpi_comms.split(self, color, key)
 
-    def Dup(self) -> "Comm":
-        """Collective: a new communicator over the same ranks with its own context."""
+    def Dup(self, info: Any = None) -> "Comm":
+        """Collective: a new communicator over the same ranks with its own context (info
+        hints are accepted and ignored, which MPI allows)."""
         return _mpi_comms.dup(self)
+
+    def Split_type(self, split_type: int, key: int = 0, info: Any = None) -> Any:
+        """Collective: COMM_TYPE_SHARED gives the ranks of this host (same host id: host
+        name and boot id), ordered by key then rank; UNDEFINED gives COMM_NULL. Other
+        split types (MPI 4's hardware kinds) are not provided."""
+        if split_type not in (UNDEFINED, COMM_TYPE_SHARED):
+            raise _missing.NotProvidedError(f"Split_type({split_type}): only "
+                                            f"COMM_TYPE_SHARED and UNDEFINED are provided")
+        hosts = self.allgather(_world.host_id())
+        color = UNDEFINED if split_type == UNDEFINED else hosts.index(hosts[self.rank])
+        return self.Split(color, key)
+
+    def Clone(self) -> "Comm":
+        """Same as Dup() (mpi4py's name)."""
+        return _mpi_comms.dup(self)
+
+    def Compare(self, comm: Any) -> int:
+        """IDENT (the same communicator), CONGRUENT (same ranks, same order: a Dup),
+        SIMILAR (same ranks, another order) or UNEQUAL."""
+        if not isinstance(comm, Comm):
+            raise TypeError(f"Compare takes a communicator, not {type(comm).__name__}")
+        if comm._core is self._core:
+            return IDENT
+        mine = _mpi_comms.world_ranks(self)[1] or list(range(self.size))
+        theirs = _mpi_comms.world_ranks(comm)[1] or list(range(comm.size))
+        if mine == theirs:
+            return CONGRUENT
+        return SIMILAR if sorted(mine) == sorted(theirs) else UNEQUAL
 
     def Shrink(self) -> "Comm":
         """ULFM's MPIX_Comm_shrink on the world communicator: the live ranks' new world
@@ -438,6 +626,14 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
         """mpi4py names not provided (yet): NotImplementedError naming them (see _missing)."""
         raise _missing.missing("collectives.MPI.Comm", name, _missing.MPI4PY_COMM,
                                "mpi4py's MPI.Comm", instance=True)
+
+
+def _predefined(name: str) -> "Comm":
+    """COMM_WORLD or COMM_SELF by name (what their pickles hold)."""
+    return globals()["__getattr__"](name)
+
+
+Intracomm = Comm  # every communicator here is an intracommunicator
 
 
 def Wtime() -> float:

@@ -9,6 +9,7 @@ programs issue them (the same order on every rank).
 from typing import Any, Optional
 
 from .. import _core
+from ._types import ERR_COMM as _ERR_COMM
 
 
 class _CommNull:
@@ -18,17 +19,41 @@ class _CommNull:
     def __bool__(self) -> bool:
         return False
 
+    def __eq__(self, other: Any) -> bool:
+        if isinstance(other, _CommNull):
+            return True
+        core = getattr(other, "_core", None)  # a freed communicator is COMM_NULL
+        return core is not None and core.closed
+
+    def __ne__(self, other: Any) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __reduce__(self) -> Any:
+        return "COMM_NULL" if self is COMM_NULL else (_CommNull, ())
+
     def __repr__(self) -> str:
         return "<collectives.MPI.COMM_NULL>"
 
+    def Get_name(self) -> str:
+        """MPI's name for the null communicator."""
+        return "MPI_COMM_NULL"
+
+    @property
+    def name(self) -> str:
+        """Get_name() as a property."""
+        return "MPI_COMM_NULL"
+
     def Free(self) -> None:
         """Freeing COMM_NULL is an error in MPI."""
-        raise _core.CollectivesError(2, "Free: invalid communicator MPI.COMM_NULL")
+        raise _core.CollectivesError(2, "Free: invalid communicator MPI.COMM_NULL", _ERR_COMM)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
-        raise _core.CollectivesError(2, f"{name}: invalid communicator MPI.COMM_NULL")
+        raise _core.CollectivesError(2, f"{name}: invalid communicator MPI.COMM_NULL", _ERR_COMM)
 
 
 COMM_NULL = _CommNull()

@@ -10,21 +10,71 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from .. import _core
 from .._core import ANY_SOURCE, ANY_TAG, check_root
-from ._types import AVG, IN_PLACE, SUM, Datatype, Op, _buf, _no_none, _op
+from ._specs import _buf, _no_none
+from ._types import AVG, IN_PLACE, SUM, Datatype, Op, _op
 
 # the buffer forms' reductions, in rank order (Op name -> numpy ufunc)
 _UFUNCS = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
 
 
-def _array(spec: Any, name: str) -> np.ndarray:
-    """The numpy view of a buffer spec (buf, [buf, type], [buf, count, type]) that writes
-    through to the caller's memory."""
+def _array(spec: Any, name: str, writable: bool = False) -> np.ndarray:
+    """A 1-D numpy array over the memory of a buffer spec (buf, [buf, type], [buf, count,
+    type]): whatever the buffer is (numpy, array.array, __dlpack__, ...), writes go to the
+    caller's memory, never to a copy (_core.host_array). bfloat16, which numpy cannot add,
+    is refused here."""
     buf, dtype = _buf(spec, name)
-    arr = np.asarray(buf)
-    if dtype is not None and dtype != "bfloat16" and arr.dtype != np.dtype(dtype):
-        arr = arr.reshape(-1).view(np.dtype(dtype))
+    arr = _core.host_array(buf, name, writable, dtype)
+    if arr.dtype == np.uint16:  # host_array's bfloat16 (the core carries no uint16)
+        raise TypeError(f"{name} is bfloat16, which this call does not reduce (use Allreduce)")
     return arr
+
+
+def reduce_local(op: Op, inbuf: Any, inoutbuf: Any) -> None:
+    """Op.Reduce_local: inoutbuf = op(inbuf, inoutbuf) element-wise, in this process."""
+    out = _array(inoutbuf, "inoutbuf", True)
+    src = _array(inbuf, "inbuf")
+    if src.size != out.size or src.dtype != out.dtype:
+        raise ValueError(f"inbuf ({src.size} x {src.dtype}) and inoutbuf ({out.size} x "
+                         f"{out.dtype}) differ")
+    if op._user is not None:
+        op._user(src, out, None)
+        return
+    ufunc = _UFUNCS.get(_op(op))
+    if ufunc is None:
+        raise ValueError(f"{op!r} has no local form")
+    ufunc(src, out, out=out)
+
+
+Op._reduce_local = staticmethod(reduce_local)
+
+# core dtype -> the Datatype a user op's function is given
+_DATATYPES = {"int8": "SIGNED_CHAR", "uint8": "BYTE", "int32": "INT", "int64": "LONG",
+              "float16": "FLOAT16_T", "float32": "FLOAT", "float64": "DOUBLE"}
+
+
+def user_allreduce(comm: Any, sendbuf: Any, recvbuf: Any, op: Op,
+                   timeout: Optional[float]) -> None:
+    """Allreduce with an Op.Create op: every rank gathers every rank's buffer and folds
+    them in rank order, x0 op (x1 op (... op x(n-1))), calling function(inbuf, inoutbuf,
+    datatype) on byte views, so every rank computes the same result in MPI's order."""
+    from . import _types
+    _no_none(sendbuf)
+    out = _array(recvbuf, "recvbuf", True)
+    mine = out.copy() if sendbuf is IN_PLACE else _array(sendbuf, "sendbuf")
+    if mine.size != out.size or mine.dtype != out.dtype:
+        raise ValueError(f"sendbuf ({mine.size} x {mine.dtype}) and recvbuf ({out.size} x "
+                         f"{out.dtype}) differ")
+    spec_type = recvbuf[-1] if isinstance(recvbuf, (list, tuple)) and \
+        isinstance(recvbuf[-1], Datatype) else None
+    datatype = spec_type or getattr(_types, _DATATYPES[str(out.dtype)])
+    parts = np.empty((comm.size, mine.size), mine.dtype)
+    comm.Allgather(mine, parts.reshape(-1), timeout=timeout)
+    acc = parts[-1].copy()
+    for k in range(comm.size - 2, -1, -1):
+        op._user(memoryview(parts[k]).cast("B"), memoryview(acc).cast("B"), datatype)
+    out[...] = acc
 
 
 class CommExtras:
@@ -97,28 +147,49 @@ class CommExtras:
 
     # -- buffer forms ------------------------------------------------------
     def _prefix(self, sendbuf: Any, recvbuf: Any, op: Any, timeout: Optional[float],
-                exclusive: bool) -> None:
+                exclusive: bool, start: bool = False) -> Any:
+        """Scan/Exscan: every rank's sendbuf by Allgather, then the prefix in rank order
+        into recvbuf; start=True: an Iallgather whose Request computes the prefix once
+        complete (Iscan/Iexscan), returned."""
         _no_none(sendbuf)
         name = _op(op)
         if name not in _UFUNCS:
             raise ValueError(f"{name.upper()} has no prefix form (Scan/Exscan take SUM, PROD, "
                              f"MIN or MAX)")
-        out = _array(recvbuf, "recvbuf")
+        out = _array(recvbuf, "recvbuf", True)
         mine = out if sendbuf is IN_PLACE else _array(sendbuf, "sendbuf")
         if mine.size != out.size or mine.dtype != out.dtype:
             raise ValueError(f"sendbuf ({mine.size} x {mine.dtype}) and recvbuf "
                              f"({out.size} x {out.dtype}) differ")
-        if not out.flags.writeable:
-            raise ValueError("recvbuf is read-only")
         parts = np.empty((self.size, mine.size), mine.dtype)
-        self.Allgather(np.ascontiguousarray(mine).reshape(-1), parts.reshape(-1), timeout=timeout)
         upto = self.rank if exclusive else self.rank + 1
-        if upto == 0:
-            return  # Exscan at rank 0: recvbuf is left as it was (undefined in MPI)
-        acc = parts[0].copy()
-        for k in range(1, upto):
-            _UFUNCS[name](acc, parts[k], out=acc)
-        out[...] = acc.reshape(out.shape)
+
+        def fold() -> None:
+            if upto == 0:
+                return  # Exscan at rank 0: recvbuf is left as it was (undefined in MPI)
+            acc = parts[0].copy()
+            for k in range(1, upto):
+                _UFUNCS[name](acc, parts[k], out=acc)
+            out[...] = acc
+
+        send = mine.copy() if sendbuf is IN_PLACE or start else mine
+        if start:
+            req = self.Iallgather(send, parts.reshape(-1), timeout=timeout)
+            req._then = fold
+            return req
+        self.Allgather(send, parts.reshape(-1), timeout=timeout)
+        fold()
+        return None
+
+    def Iscan(self, sendbuf: Any, recvbuf: Any, op: Any = None, *,
+              timeout: Optional[float] = None) -> Any:
+        """Start a Scan; returns a Request (recvbuf is written when it completes)."""
+        return self._prefix(sendbuf, recvbuf, SUM if op is None else op, timeout, False, True)
+
+    def Iexscan(self, sendbuf: Any, recvbuf: Any, op: Any = None, *,
+                timeout: Optional[float] = None) -> Any:
+        """Start an Exscan; returns a Request (recvbuf is written when it completes)."""
+        return self._prefix(sendbuf, recvbuf, SUM if op is None else op, timeout, True, True)
 
     def Scan(self, sendbuf: Any, recvbuf: Any, op: Any = None, *,
              timeout: Optional[float] = None) -> None:
@@ -144,7 +215,7 @@ class CommExtras:
         _no_none(sendbuf)
         op = SUM if op is None else op
         _op(op)
-        out = _array(recvbuf, "recvbuf")
+        out = _array(recvbuf, "recvbuf", True)
         n, r = self.size, self.rank
         if recvcounts is None:
             counts = [int(c) for c in self.allgather(out.size)] if sendbuf is not IN_PLACE \
@@ -165,25 +236,19 @@ class CommExtras:
             self.Reduce_scatter_block(sendbuf, recvbuf, op, timeout=timeout)
             return
         full = np.empty(total, src.dtype)
-        self.Allreduce(np.ascontiguousarray(src).reshape(-1), full, op, timeout=timeout)
+        self.Allreduce(src, full, op, timeout=timeout)
         start = sum(counts[:r])
-        part = full[start:start + counts[r]]
-        if out.flags.c_contiguous:
-            out.reshape(-1)[:counts[r]] = part
-        else:
-            flat = out.ravel()
-            flat[:counts[r]] = part
-            out[...] = flat.reshape(out.shape)
+        out[:counts[r]] = full[start:start + counts[r]]
 
     def Sendrecv_replace(self, buf: Any, dest: int, sendtag: int = 0,
                          source: int = ANY_SOURCE, recvtag: int = ANY_TAG, status: Any = None, *,
                          timeout: Optional[float] = None) -> None:
         """Send buf to dest and receive into the same buf from source (the message sent
         is a copy taken first)."""
-        arr = _array(buf, "buf")
-        if not arr.flags.writeable:
-            raise ValueError("buf is read-only")
+        if buf is None:
+            buf = np.empty(0, np.uint8)  # mpi4py: no buffer is an empty message
+        arr = _array(buf, "buf", True)
         copy = arr.copy()
         spec = [copy, buf[-1]] if isinstance(buf, (list, tuple)) and \
-            isinstance(buf[-1], Datatype) else copy
-        self.Sendrecv(spec, dest, sendtag, buf, source, recvtag, status, timeout=timeout)
+            isinstance(buf[-1], (Datatype, str)) else copy
+        self.Sendrecv(spec, dest, sendtag, arr, source, recvtag, status, timeout=timeout)

@@ -34,14 +34,31 @@ class Request(metaclass=_RequestType):
     calls skip it.
     """
 
-    def __init__(self, core_request: _CoreRequest, comm: Any, pickled: bool = False) -> None:
+    def __init__(self, core_request: Any = None, comm: Any = None, pickled: bool = False) -> None:
+        # Request() is a null request (inactive, equal to REQUEST_NULL); Request(req) a
+        # second handle to req (mpi4py's constructors).
+        if isinstance(core_request, Request):  # (its _then stays with the original)
+            core_request, comm, pickled = core_request._req, core_request._comm, \
+                core_request._pickled
+        elif core_request is not None and not isinstance(core_request, _CoreRequest):
+            raise TypeError(f"Request() takes a request, not {type(core_request).__name__}")
         self._req = core_request
         self._comm = comm
         self._pickled = pickled
-        self._active = True
+        self._active = core_request is not None
+        self._then: Optional[Any] = None  # run once on success (Iscan's local fold)
 
     def __bool__(self) -> bool:
         return self._active
+
+    def __eq__(self, other: Any) -> bool:
+        if not isinstance(other, Request):
+            return NotImplemented
+        return (not self._active and not other._active) or \
+            (self._active and other._active and self._req is other._req)
+
+    def __hash__(self) -> int:
+        return id(self._req) if self._active else 0
 
     def __getattr__(self, name: str) -> Any:
         raise _missing.missing("collectives.MPI.Request", name, _missing.MPI4PY_REQUEST,
@@ -69,6 +86,9 @@ class Request(metaclass=_RequestType):
             except CollectivesError:
                 self._active = False
                 raise
+            then, self._then = self._then, None
+            if then is not None:
+                then()
         return self._outcome(status)
 
     def _done(self) -> bool:
@@ -126,7 +146,10 @@ class Request(metaclass=_RequestType):
 
     @staticmethod
     def waitall(requests: Sequence["Request"], statuses: Optional[list] = None) -> list:
-        """Wait for every request; returns each one's object (see wait)."""
+        """Wait for every request; returns each one's object (see wait). A statuses list
+        shorter than requests is extended with new Status objects (as mpi4py does)."""
+        if isinstance(statuses, list):
+            statuses.extend(Status() for _ in range(len(requests) - len(statuses)))
         objs, first = [], None
         for i, r in enumerate(requests):
             st = statuses[i] if statuses is not None and i < len(statuses) else None

@@ -67,8 +67,12 @@ static void roots_text(const uint8_t *table, int n, char *out, size_t cap) {
     }
     if (next == UINT32_MAX) return;
     for (int k = 0; k < n; k++) count += get32(table + 4 * (size_t)k) == next;
-    len += (size_t)snprintf(out + len, cap - len, "%sroot %u: rank%s", len ? "; " : "",
-                            (unsigned)(next - 1), count > 1 ? "s" : "");
+    if (next == (uint32_t)COLL_ROOT_REFUSED + 1)
+      len += (size_t)snprintf(out + len, cap - len, "%srefused its arguments: rank%s",
+                              len ? "; " : "", count > 1 ? "s" : "");
+    else
+      len += (size_t)snprintf(out + len, cap - len, "%sroot %u: rank%s", len ? "; " : "",
+                              (unsigned)(next - 1), count > 1 ? "s" : "");
     int first = 1;
     for (int k = 0; k < n && len < cap; k++) {
       if (get32(table + 4 * (size_t)k) != next) continue;
@@ -90,7 +94,13 @@ coll_result_t coll_root_agree(coll_comm_t *comm, const coll_args_t *args, coll_k
   *done = 0;
   for (int dist = 1; dist < n; dist <<= 1) rounds++;
   coll_args_t h = *args; /* what the header carries */
-  if (kind != COLL_KIND_BROADCAST && kind != COLL_KIND_REDUCE) h.count = 0; /* ranks' own blocks */
+  if (kind != COLL_KIND_BROADCAST) {
+    /* Rooted collectives agree on the root alone here; their data messages carry and
+     * check count and dtype. So a rank that refused its own arguments
+     * (COLL_ROOT_REFUSED: its count and dtype mean nothing) takes part like any. */
+    h.count = 0;
+    h.dtype = COLL_UINT8;
+  }
   const coll_args_t *a = &h;
   size_t nbytes = a->count * coll_dtype_size(a->dtype);
   int fused = kind == COLL_KIND_BROADCAST && a->memory == COLL_MEMORY_HOST &&

@@ -42,6 +42,11 @@
 static coll_result_t check_rooted(coll_comm_t *comm, const coll_args_t *a, const char *what,
                                   int needs_op) {
   comm->err_set = 0;
+  if (a->root == COLL_ROOT_REFUSED) {
+    if (a->count)
+      return coll_error(comm, COLL_INVALID_ARGUMENT, "%s: a refusing rank passes count 0", what);
+    return COLL_SUCCESS; /* run_refused: the agreement only */
+  }
   if ((unsigned)a->dtype >= COLL_NUM_DTYPES)
     return coll_error(comm, COLL_INVALID_ARGUMENT, "%s: invalid dtype %d", what, (int)a->dtype);
   if (needs_op && (unsigned)a->op >= COLL_NUM_OPS)
@@ -86,6 +91,19 @@ static void block_steps(coll_sched_t *s, int peer, char *dst, const char *src, s
   }
 }
 
+/* This rank refused its arguments (COLL_ROOT_REFUSED, coll.h): the root agreement alone,
+ * which fails on every rank that did not refuse, naming the ranks that did. */
+static coll_result_t run_refused(coll_comm_t *comm, const coll_args_t *a, coll_kind_t kind) {
+  int done;
+  if (comm->size > 1) {
+    coll_result_t res = coll_root_agree(comm, a, kind, &done);
+    if (res != COLL_SUCCESS && res != COLL_INVALID_USAGE) return res;
+  }
+  return coll_error(comm, COLL_INVALID_ARGUMENT,
+                    "rank %d: %s: this rank refused its arguments; the other ranks were told "
+                    "and nothing was sent", comm->rank, coll_kind_name(kind));
+}
+
 /* ---- reduce ---- */
 
 coll_result_t coll_check_reduce(coll_comm_t *comm, const coll_args_t *a) {
@@ -96,6 +114,7 @@ coll_result_t coll_check_reduce(coll_comm_t *comm, const coll_args_t *a) {
 }
 
 coll_result_t coll_run_reduce(coll_comm_t *comm, const coll_args_t *a) {
+  if (a->root == COLL_ROOT_REFUSED) return run_refused(comm, a, COLL_KIND_REDUCE);
   size_t nbytes = a->count * coll_dtype_size(a->dtype);
   int root = a->root, r = comm->rank, n = comm->size;
   if (n == 1) {
@@ -156,6 +175,7 @@ coll_result_t coll_check_gatherv(coll_comm_t *comm, const coll_args_t *a) {
 }
 
 coll_result_t coll_run_gatherv(coll_comm_t *comm, const coll_args_t *a) {
+  if (a->root == COLL_ROOT_REFUSED) return run_refused(comm, a, COLL_KIND_GATHER);
   size_t elem = coll_dtype_size(a->dtype);
   int root = a->root, r = comm->rank, done;
   if (comm->size > 1) COLL_CHECK(coll_root_agree(comm, a, COLL_KIND_GATHER, &done));
@@ -187,6 +207,7 @@ coll_result_t coll_check_scatterv(coll_comm_t *comm, const coll_args_t *a) {
 }
 
 coll_result_t coll_run_scatterv(coll_comm_t *comm, const coll_args_t *a) {
+  if (a->root == COLL_ROOT_REFUSED) return run_refused(comm, a, COLL_KIND_SCATTER);
   size_t elem = coll_dtype_size(a->dtype);
   int root = a->root, r = comm->rank, done;
   if (comm->size > 1) COLL_CHECK(coll_root_agree(comm, a, COLL_KIND_SCATTER, &done));

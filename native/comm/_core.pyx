@@ -545,8 +545,8 @@ cdef class CommBase:
         if isinstance(recvbuf, (list, tuple)) or isinstance(sendbuf, (list, tuple)):
             return self._Allreduce_spec(sendbuf, recvbuf, op, algorithm, timeout)
         code = _mpi_ops.get(op)
-        if code is None:
-            raise TypeError(f"op must be an MPI.Op such as MPI.SUM, not {type(op).__name__}")
+        if code is None:  # not an op, one without a kernel, a user op: the subclass says
+            return self._Allreduce_spec(sendbuf, recvbuf, op, algorithm, timeout)
         cdef Communicator core = self._core
         if core is None:
             raise ValueError("this communicator has no core (make one with collectives.init())")

@@ -13,7 +13,7 @@ cimport cython
 from cpython.buffer cimport (PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_WRITABLE,
                              PyBuffer_Release, PyObject_CheckBuffer, PyObject_GetBuffer)
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
-from libc.stdint cimport int32_t, int64_t, uint16_t, uint64_t, uintptr_t
+from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t, uint64_t, uintptr_t
 cimport numpy as cnp
 
 cnp.import_array()
@@ -54,6 +54,25 @@ cdef extern from *:
         uint64_t byte_offset
     ctypedef struct coll_DLManagedTensor:
         coll_DLTensor dl_tensor
+
+cdef extern from *:
+    """
+    /* DLPack 1.0's versioned tensor (capsule "dltensor_versioned"). */
+    typedef struct { uint32_t major; uint32_t minor; } coll_DLPackVersion;
+    typedef struct {
+      coll_DLPackVersion version; void *manager_ctx; void (*deleter)(void *);
+      uint64_t flags; coll_DLTensor dl_tensor;
+    } coll_DLManagedTensorVersioned;
+    #define COLL_DLPACK_FLAG_READ_ONLY 1ULL
+    """
+    ctypedef struct coll_DLPackVersion:
+        uint32_t major
+        uint32_t minor
+    ctypedef struct coll_DLManagedTensorVersioned:
+        coll_DLPackVersion version
+        uint64_t flags
+        coll_DLTensor dl_tensor
+    uint64_t COLL_DLPACK_FLAG_READ_ONLY
 
 DTYPES = {
     "int8": COLL_INT8, "uint8": COLL_UINT8, "int32": COLL_INT32, "int64": COLL_INT64,
@@ -121,6 +140,10 @@ cdef class _View:
         if self.held:
             PyBuffer_Release(&self.buf)
             self.held = False
+        # Dropped here, where Cython has set aside any exception in flight: a DLPack
+        # producer's deleter may run Python code (a ctypes callback), which must not run
+        # with an exception set (that raised SystemError, or worse).
+        self.owner = None
 
 
 cdef object _is_gpu(obj):
@@ -221,9 +244,16 @@ cdef int _gpu_view(_View v, obj, str name, bint writable, object dtype) except -
         v.owner = capsule
     v.readonly = False
     v.nbytes = count * itemsize
-    v.device = coll_cuda_pointer_device(v.ptr) if v.nbytes else 0
-    if v.device < 0:
+    v.device = coll_cuda_pointer_device(v.ptr) if v.nbytes else \
+        (0 if coll_cuda_device_count() > 0 else -1)
+    if v.device < 0 and cai is None:
         raise TypeError(f"{name}: the CUDA runtime does not know its memory as device memory")
+    if v.device < 0:
+        # __cuda_array_interface__ over memory the CUDA runtime does not know as device
+        # memory (none at all without a driver): host memory, read in place as mpi4py hands
+        # the pointer to MPI. Checked here, before any CUDA call: nothing can break.
+        v.stream = 0
+        v.readonly = bool(ro)
     if dtype is not None:
         if dtype not in DTYPES:
             raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(DTYPES)}")
@@ -259,10 +289,19 @@ def not_contiguous(str name):
                       f"numpy.ascontiguousarray(a) for a numpy array")
 
 
+ERR_TYPE = 12  # MPI's error class for a bad datatype (collectives.MPI.ERR_TYPE is this)
+
+
+class DatatypeError(CollectivesError, TypeError):
+    """A buffer whose element type the core does not carry: an ``MPI.Exception`` with
+    error class ERR_TYPE (as mpi4py raises for a datatype) and a ``TypeError``."""
+
+
 def unsupported_dtype(str name, str dtype_name):
-    """The TypeError for an element type the core has no kernel for."""
-    return TypeError(f"{name} has element type {dtype_name}, which collectives does not "
-                     f"support; supported: {', '.join(DTYPES)}")
+    """The DatatypeError for an element type the core has no kernel for."""
+    return DatatypeError(COLL_INVALID_ARGUMENT,
+                         f"{name} has element type {dtype_name}, which collectives does not "
+                         f"support; supported: {', '.join(DTYPES)}", ERR_TYPE)
 
 
 cdef str _format_dtype_name(target, const char *fmt, Py_ssize_t itemsize):
@@ -314,8 +353,88 @@ cdef int _ndarray_dtype(cnp.ndarray arr) noexcept:
     return char_dtype(d.type, cnp.PyDataType_ELSIZE(d))
 
 
+cdef object _dlpack_host(_View v, obj, str name, bint writable, object dtype):
+    """Fill v from a CPU __dlpack__ object, reading its capsule in place: DLPack 1.0's
+    "dltensor_versioned" (asked for first) or the legacy "dltensor". Returns None, or the
+    exception to raise: the capsule is dropped first, so that the producer's deleter never
+    runs while an exception is in flight."""
+    cdef coll_DLTensor *t = NULL
+    cdef coll_DLManagedTensorVersioned *mv
+    cdef size_t itemsize, count = 1
+    cdef bint ro = False
+    try:
+        capsule = obj.__dlpack__(max_version=(1, 0))
+    except TypeError:  # a producer older than DLPack 1.0: no keyword
+        capsule = obj.__dlpack__()
+    if PyCapsule_IsValid(capsule, b"dltensor_versioned"):
+        mv = <coll_DLManagedTensorVersioned *>PyCapsule_GetPointer(capsule, b"dltensor_versioned")
+        if mv.version.major != 1:
+            capsule = None
+            return TypeError(f"{name}: DLPack version {mv.version.major} is not supported")
+        t = &mv.dl_tensor
+        ro = (mv.flags & COLL_DLPACK_FLAG_READ_ONLY) != 0
+    elif PyCapsule_IsValid(capsule, b"dltensor"):
+        t = &(<coll_DLManagedTensor *>PyCapsule_GetPointer(capsule, b"dltensor")).dl_tensor
+    else:
+        capsule = None
+        return TypeError(f"{name}: __dlpack__ did not return a DLPack tensor capsule")
+    err = None
+    if t.device.device_type not in (1, 3):  # kDLCPU, kDLCUDAHost (pinned host memory)
+        err = TypeError(f"{name} is on DLPack device type {t.device.device_type}, not host memory")
+    elif t.dtype.lanes != 1:
+        err = TypeError(f"{name} has vector elements (lanes {t.dtype.lanes})")
+    elif writable and ro:
+        err = ValueError(f"{name} is read-only")
+    if err is None:
+        itemsize = t.dtype.bits // 8
+        shape = tuple(t.shape[i] for i in range(t.ndim))
+        for n in shape:
+            count *= n
+        strides = None
+        if t.strides != NULL:
+            strides = tuple(t.strides[i] * itemsize for i in range(t.ndim))
+        if not _c_contiguous(shape, strides, itemsize):
+            err = not_contiguous(name)
+    if err is None:
+        code = _DL_TYPES.get((t.dtype.code, t.dtype.bits), -1)
+        if dtype is not None:
+            code = DTYPES.get(dtype, -1)
+            if code < 0:
+                err = ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(DTYPES)}")
+        elif code < 0:
+            err = unsupported_dtype(name, _gpu_dtype_name(obj, (t.dtype.code, t.dtype.bits)))
+    if err is None and (count * itemsize) % coll_dtype_size(<coll_dtype_t>code):
+        err = ValueError(f"{name} has {count * itemsize} bytes, not a whole number of {dtype}")
+    if err is not None:
+        capsule = None
+        return err
+    v.ptr = <void *>(<char *>t.data + t.byte_offset)
+    v.nbytes = count * itemsize
+    v.dtype = code
+    v.count = v.nbytes // coll_dtype_size(<coll_dtype_t>code)
+    v.readonly = ro
+    v.device = -1
+    v.owner = capsule  # kept, not renamed "used_": its destructor calls the deleter
+    return None
+
+
+cdef char _zero_bytes[8]  # where an empty buffer without memory points (never read)
+
+
 cdef _View as_view(obj, str name, bint writable, object dtype):
-    """Resolve obj into a contiguous view; `name` is used in messages."""
+    """Resolve obj into a contiguous view; `name` is used in messages. An empty buffer
+    always has a non-NULL pointer: the core reads NULL as "no buffer" (a rooted block with
+    a NULL destination is a send), and an empty array.array or DLPack tensor may have none."""
+    cdef _View v = _as_view(obj, name, writable, dtype)
+    if v.ptr == NULL:
+        if v.nbytes:
+            v = None
+            raise ValueError(f"{name}: NULL data pointer for a non-empty buffer")
+        v.ptr = <void *>_zero_bytes
+    return v
+
+
+cdef _View _as_view(obj, str name, bint writable, object dtype):
     if obj is None:
         raise not_a_buffer(name, obj)
     cdef _View v = _View()
@@ -364,13 +483,11 @@ cdef _View as_view(obj, str name, bint writable, object dtype):
                 _gpu_view(v, obj, name, writable, dtype)
                 return v
             if attempt == 0 and hasattr(obj, "__dlpack__"):
-                import numpy
-                try:
-                    target = numpy.from_dlpack(obj)
-                except Exception as exc:
-                    raise TypeError(f"{name}: cannot view {type(obj).__name__} as host memory: "
-                                    f"{exc}") from None
-                continue
+                err = _dlpack_host(v, obj, name, writable, dtype)
+                if err is not None:
+                    v = None  # drop what the view holds before raising (see _dlpack_host)
+                    raise err
+                return v
             raise not_a_buffer(name, obj) from None
     v.held = True
     v.owner = target
@@ -444,3 +561,27 @@ cdef int check_overlap(_View a, _View b, str what) except -1:
     if pa < pb + b.nbytes and pb < pa + a.nbytes:
         raise ValueError(f"{what}: sendbuf and recvbuf overlap; use IN_PLACE instead")
     return 0
+
+
+# dtype code -> numpy type number, for host_array (bfloat16: numpy has none; its bits).
+_NP_TYPES = {COLL_INT8: cnp.NPY_INT8, COLL_UINT8: cnp.NPY_UINT8, COLL_INT32: cnp.NPY_INT32,
+             COLL_INT64: cnp.NPY_INT64, COLL_FLOAT16: cnp.NPY_FLOAT16,
+             COLL_BFLOAT16: cnp.NPY_UINT16, COLL_FLOAT32: cnp.NPY_FLOAT32,
+             COLL_FLOAT64: cnp.NPY_FLOAT64}
+
+
+def host_array(obj, str name="buffer", bint writable=False, dtype=None):
+    """A 1-D numpy array over obj's own memory (no copy) for any host buffer as_view takes
+    (buffer protocol, __dlpack__, __cuda_array_interface__ over host memory), so that Python
+    code writes into the caller's memory, never into a copy. It keeps obj's view alive;
+    read-only when obj is. bfloat16 comes as uint16 (its bits). TypeError for GPU memory."""
+    cdef _View v = as_view(obj, name, writable, dtype)
+    if v.device >= 0:
+        raise TypeError(f"{name} is a GPU buffer; this call takes host memory")
+    cdef cnp.npy_intp n = <cnp.npy_intp>v.count
+    cdef cnp.ndarray arr = cnp.PyArray_SimpleNewFromData(1, &n, _NP_TYPES[v.dtype],
+                                                         v.ptr if v.ptr != NULL else <void *>&n)
+    cnp.set_array_base(arr, v)
+    if v.readonly:
+        arr.flags.writeable = False
+    return arr

@@ -633,6 +633,15 @@ coll_result_t coll_ireduce_scatter_block(coll_comm_t *comm, const coll_args_t *a
                                          coll_request_t **req) {
   return submit(comm, a, check_reduce_scatter, run_reduce_scatter, req);
 }
+coll_result_t coll_ireduce(coll_comm_t *comm, const coll_args_t *a, coll_request_t **req) {
+  return submit(comm, a, coll_check_reduce, coll_run_reduce, req);
+}
+coll_result_t coll_igatherv(coll_comm_t *comm, const coll_args_t *a, coll_request_t **req) {
+  return submit(comm, a, coll_check_gatherv, coll_run_gatherv, req);
+}
+coll_result_t coll_iscatterv(coll_comm_t *comm, const coll_args_t *a, coll_request_t **req) {
+  return submit(comm, a, coll_check_scatterv, coll_run_scatterv, req);
+}
 coll_result_t coll_ibarrier(coll_comm_t *comm, double timeout, coll_request_t **req) {
   coll_args_t a;
   memset(&a, 0, sizeof a);

@@ -9,17 +9,21 @@ class CollectivesError(RuntimeError):
     and both sides' values where they differ.
     """
 
-    def __init__(self, error_code: int, message: str) -> None:
+    def __init__(self, error_code: int = 2, message: str = None, error_class: int = None) -> None:
+        if message is None:
+            message = f"MPI error class {int(error_code)}"
         super().__init__(message)
         self.error_code = int(error_code)
+        self.error_class = int(error_code if error_class is None else error_class)
 
     def Get_error_code(self) -> int:
         """The core's result code (mpi4py name)."""
         return self.error_code
 
     def Get_error_class(self) -> int:
-        """Same as Get_error_code (mpi4py name)."""
-        return self.error_code
+        """MPI's error class (collectives.MPI.ERR_*): the code, unless the refusing call
+        named a class (ERR_TYPE, ERR_OP, ERR_COMM...)."""
+        return self.error_class
 
     def Get_error_string(self) -> str:
         """The message (mpi4py name)."""

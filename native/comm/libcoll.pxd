@@ -78,6 +78,7 @@ cdef extern from "coll.h" nogil:
         COLL_ANY_SOURCE
         COLL_ANY_TAG
         COLL_PROC_NULL
+        COLL_ROOT_REFUSED
         COLL_TAG_MAX
     const size_t COLL_COUNT_ANY
 
@@ -134,6 +135,9 @@ cdef extern from "coll.h" nogil:
     coll_result_t coll_iallreduce(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req)
     coll_result_t coll_iallgatherv(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req)
     coll_result_t coll_ibroadcast(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req)
+    coll_result_t coll_ireduce(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req)
+    coll_result_t coll_igatherv(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req)
+    coll_result_t coll_iscatterv(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req)
     coll_result_t coll_ireduce_scatter_block(coll_comm_t *comm, const coll_args_t *args,
                                              coll_request_t **req)
     coll_result_t coll_ibarrier(coll_comm_t *comm, double timeout, coll_request_t **req)

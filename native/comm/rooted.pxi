@@ -6,6 +6,14 @@ cdef _View _host(obj, str name, bint writable, dtype):
     return as_view(obj, name, writable, dtype)
 
 
+cdef int _host_only(int memory, str what) except -1:
+    """The non-blocking rooted forms take host buffers (GPU ones are staged by the blocking
+    entry points only)."""
+    if memory != COLL_MEMORY_HOST:
+        raise TypeError(f"i{what} takes host buffers; use the blocking form for GPU memory")
+    return 0
+
+
 cdef object _blocks(Communicator c, size_t *cc, counts, displs, size_t total, str what):
     """Fills cc (2 * size entries) with counts and displs (packed when None); checks that
     every block lies within total elements."""
@@ -30,11 +38,8 @@ cdef object _blocks(Communicator c, size_t *cc, counts, displs, size_t total, st
     return counts
 
 
-def reduce(Communicator comm, sendbuf, recvbuf, op="sum", int root=0, timeout=None,
-           dtype=None) -> None:
-    """recvbuf at root = op over every rank's sendbuf (sendbuf None at the root: in place,
-    recvbuf holds its input). recvbuf is ignored (may be None) elsewhere."""
-    comm._live()
+cdef object _reduce(Communicator comm, sendbuf, recvbuf, op, int root, timeout, dtype,
+                    Request r=None):
     if not (0 <= root < comm._size):
         raise ValueError(f"root {root} out of range for {comm._size} ranks")
     cdef bint is_root = comm._rank == root
@@ -59,16 +64,17 @@ def reduce(Communicator comm, sendbuf, recvbuf, op="sum", int root=0, timeout=No
     a.timeout = as_timeout(timeout)
     set_memory(&a, None, rv if rv is not None else sv, sv)
     cdef coll_result_t res
+    if r is not None:  # non-blocking: the request keeps the buffers alive
+        _host_only(a.memory, "reduce")
+        r.views = (sv, rv)
+        return coll_ireduce(comm.comm, &a, &r.req)
     with nogil:
         res = coll_reduce(comm.comm, &a)
-    CHKERR(res, comm.comm)
+    return res
 
 
-def gatherv(Communicator comm, sendbuf, recvbuf, counts=None, displs=None, int root=0,
-            timeout=None, dtype=None) -> None:
-    """The root gets rank i's sendbuf at recvbuf[displs[i]:displs[i] + counts[i]] (counts,
-    displs and recvbuf matter at the root only; sendbuf None there: in place)."""
-    comm._live()
+cdef object _gatherv(Communicator comm, sendbuf, recvbuf, counts, displs, int root, timeout,
+                     dtype, Request r=None):
     if not (0 <= root < comm._size):
         raise ValueError(f"root {root} out of range for {comm._size} ranks")
     cdef int n = comm._size
@@ -115,18 +121,19 @@ def gatherv(Communicator comm, sendbuf, recvbuf, counts=None, displs=None, int r
         a.root = root
         a.timeout = as_timeout(timeout)
         set_memory(&a, None, rv if rv is not None else sv, sv)
+        if r is not None:  # non-blocking: counts are copied, the request keeps the views
+            _host_only(a.memory, "gatherv")
+            r.views = (sv, rv)
+            return coll_igatherv(comm.comm, &a, &r.req)
         with nogil:
             res = coll_gatherv(comm.comm, &a)
-        CHKERR(res, comm.comm)
+        return res
     finally:
         free(cc)
 
 
-def scatterv(Communicator comm, sendbuf, recvbuf, counts=None, displs=None, int root=0,
-             timeout=None, dtype=None) -> None:
-    """Rank i gets the root's sendbuf[displs[i]:displs[i] + counts[i]] in recvbuf (counts,
-    displs and sendbuf matter at the root only; recvbuf None there: in place)."""
-    comm._live()
+cdef object _scatterv(Communicator comm, sendbuf, recvbuf, counts, displs, int root, timeout,
+                      dtype, Request r=None):
     if not (0 <= root < comm._size):
         raise ValueError(f"root {root} out of range for {comm._size} ranks")
     cdef int n = comm._size
@@ -173,8 +180,128 @@ def scatterv(Communicator comm, sendbuf, recvbuf, counts=None, displs=None, int 
         a.root = root
         a.timeout = as_timeout(timeout)
         set_memory(&a, None, rv if rv is not None else sv, sv)
+        if r is not None:  # non-blocking: counts are copied, the request keeps the views
+            _host_only(a.memory, "scatterv")
+            r.views = (sv, rv)
+            return coll_iscatterv(comm.comm, &a, &r.req)
         with nogil:
             res = coll_scatterv(comm.comm, &a)
-        CHKERR(res, comm.comm)
+        return res
     finally:
         free(cc)
+
+
+# A rank that refuses its own arguments to a rooted collective still takes part in the
+# call's root agreement as COLL_ROOT_REFUSED (coll.h), so that the other ranks fail at once,
+# naming it, instead of waiting out the timeout or running into its next call.
+_ROOTED = {"reduce": 0, "gather": 1, "scatter": 2}
+
+
+def refuse_rooted(Communicator comm, str kind, timeout=None) -> None:
+    """Tell the other ranks of a reduce/gather/scatter ("kind", Gatherv/Scatterv included)
+    that this rank refused its arguments; they fail with MPI.Exception naming it, nothing is
+    sent. Returns normally here (the caller raises its own error). Collective."""
+    cdef coll_args_t a
+    cdef int which = _ROOTED[kind]
+    cdef coll_result_t res
+    if comm.comm == NULL:
+        return
+    memset(&a, 0, sizeof(coll_args_t))
+    a.root = COLL_ROOT_REFUSED
+    a.dtype = COLL_UINT8
+    try:
+        a.timeout = as_timeout(timeout)
+    except (TypeError, ValueError):
+        a.timeout = 0
+    with nogil:
+        if which == 0:
+            res = coll_reduce(comm.comm, &a)
+        elif which == 1:
+            res = coll_gatherv(comm.comm, &a)
+        else:
+            res = coll_scatterv(comm.comm, &a)
+
+
+cdef int _rooted_call(Communicator comm, str kind, timeout, fn, tuple args) except -1:
+    """Run fn(comm, *args) -> coll_result_t; a refusal before anything moved (a Python check,
+    or the core's COLL_INVALID_ARGUMENT) is told to the other ranks first, then raised."""
+    comm._live()
+    try:
+        res = fn(comm, *args)
+    except Exception:
+        refuse_rooted(comm, kind, timeout)
+        raise
+    if res == COLL_INVALID_ARGUMENT:
+        text = coll_comm_last_error(comm.comm).decode("utf-8", "replace")
+        refuse_rooted(comm, kind, timeout)
+        raise ValueError(text)
+    CHKERR(res, comm.comm)
+    return 0
+
+
+def _reduce_py(Communicator comm, sendbuf, recvbuf, op, int root, timeout, dtype, r=None):
+    return _reduce(comm, sendbuf, recvbuf, op, root, timeout, dtype, r)
+
+
+def _gatherv_py(Communicator comm, sendbuf, recvbuf, counts, displs, int root, timeout, dtype,
+                r=None):
+    return _gatherv(comm, sendbuf, recvbuf, counts, displs, root, timeout, dtype, r)
+
+
+def _scatterv_py(Communicator comm, sendbuf, recvbuf, counts, displs, int root, timeout, dtype,
+                 r=None):
+    return _scatterv(comm, sendbuf, recvbuf, counts, displs, root, timeout, dtype, r)
+
+
+def reduce(Communicator comm, sendbuf, recvbuf, op="sum", root=0, timeout=None,
+           dtype=None) -> None:
+    """recvbuf at root = op over every rank's sendbuf (sendbuf None at the root: in place,
+    recvbuf holds its input). recvbuf is ignored (may be None) elsewhere. A rank that
+    refuses its arguments tells the others (refuse_rooted) before raising."""
+    _rooted_call(comm, "reduce", timeout, _reduce_py,
+                 (sendbuf, recvbuf, op, root, timeout, dtype))
+
+
+def gatherv(Communicator comm, sendbuf, recvbuf, counts=None, displs=None, root=0,
+            timeout=None, dtype=None) -> None:
+    """The root gets rank i's sendbuf at recvbuf[displs[i]:displs[i] + counts[i]] (counts,
+    displs and recvbuf matter at the root only; sendbuf None there: in place). A rank that
+    refuses its arguments tells the others (refuse_rooted) before raising."""
+    _rooted_call(comm, "gather", timeout, _gatherv_py,
+                 (sendbuf, recvbuf, counts, displs, root, timeout, dtype))
+
+
+def scatterv(Communicator comm, sendbuf, recvbuf, counts=None, displs=None, root=0,
+             timeout=None, dtype=None) -> None:
+    """Rank i gets the root's sendbuf[displs[i]:displs[i] + counts[i]] in recvbuf (counts,
+    displs and sendbuf matter at the root only; recvbuf None there: in place). A rank that
+    refuses its arguments tells the others (refuse_rooted) before raising."""
+    _rooted_call(comm, "scatter", timeout, _scatterv_py,
+                 (sendbuf, recvbuf, counts, displs, root, timeout, dtype))
+
+
+def ireduce(Communicator comm, sendbuf, recvbuf, op="sum", root=0, timeout=None,
+            dtype=None) -> Request:
+    """Start a reduce (see reduce) on the progress thread; returns a Request."""
+    cdef Request r = comm._request(None)
+    _rooted_call(comm, "reduce", timeout, _reduce_py,
+                 (sendbuf, recvbuf, op, root, timeout, dtype, r))
+    return r
+
+
+def igatherv(Communicator comm, sendbuf, recvbuf, counts=None, displs=None, root=0,
+             timeout=None, dtype=None) -> Request:
+    """Start a gatherv (see gatherv) on the progress thread; returns a Request."""
+    cdef Request r = comm._request(None)
+    _rooted_call(comm, "gather", timeout, _gatherv_py,
+                 (sendbuf, recvbuf, counts, displs, root, timeout, dtype, r))
+    return r
+
+
+def iscatterv(Communicator comm, sendbuf, recvbuf, counts=None, displs=None, root=0,
+              timeout=None, dtype=None) -> Request:
+    """Start a scatterv (see scatterv) on the progress thread; returns a Request."""
+    cdef Request r = comm._request(None)
+    _rooted_call(comm, "scatter", timeout, _scatterv_py,
+                 (sendbuf, recvbuf, counts, displs, root, timeout, dtype, r))
+    return r
