@@ -7,6 +7,51 @@ on first use (``MPI.COMM_WORLD``) or by ``init()``.
 """
 from __future__ import annotations
 
+
+def _defer_to_installed() -> bool:
+    """In a checkout whose native core is not built, become the installed package.
+
+    ``python -m pytest`` or ``python -m collectives.config`` run from a clone's root
+    put the clone first on sys.path, so its ``collectives/`` (source only, no
+    ``_core``) would shadow the package ``pip install .`` built. When this
+    directory has no ``_core`` extension and a later directory on sys.path holds
+    a ``collectives`` that has one, that package's directory becomes this
+    package's ``__path__`` (and ``__file__``): every submodule (``collectives.config``,
+    ``collectives.run``, ``collectives._core``) is then the installed one. A
+    checkout built in place (or installed editable) is used as it is.
+    """
+    import importlib.machinery
+    import os
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+
+    def has_core(directory: str) -> bool:
+        return any(os.path.isfile(os.path.join(directory, "_core" + suffix))
+                   for suffix in importlib.machinery.EXTENSION_SUFFIXES)
+
+    if has_core(here):
+        return False
+    for entry in sys.path:
+        candidate = os.path.join(os.path.abspath(entry or os.curdir), "collectives")
+        init = os.path.join(candidate, "__init__.py")
+        try:
+            if os.path.samefile(candidate, here) or not (os.path.isfile(init) and has_core(candidate)):
+                continue
+        except OSError:  # no such directory
+            continue
+        __path__[:] = [candidate]  # noqa: F821 (this package's search path)
+        spec = globals().get("__spec__")
+        if spec is not None:
+            spec.submodule_search_locations = __path__  # noqa: F821
+            spec.origin = init
+        globals()["__file__"] = init
+        return True
+    return False
+
+
+_defer_to_installed()
+
 __version__ = "0.1.0"
 __all__ = ["init", "finalize", "is_initialized", "shrink", "grow", "join", "cuda_available",
            "cuda_built", "__version__"]
@@ -119,3 +164,32 @@ def cuda_available() -> bool:
     from . import _core
 
     return _core.cuda_built() and _core.cuda_device_count() > 0
+
+
+def _register_torch_backend() -> None:
+    """torch's ``torch.backends`` entry point (pyproject.toml): make the backend
+    ``"collectives"`` known to ``torch.distributed`` at ``import torch``.
+
+    torch calls it at the end of its own import, for every package that declares
+    one, so it must be cheap and must never raise (an exception here would make
+    ``import torch`` fail): it registers a creator that imports
+    ``collectives.torch.distributed`` on the first ``init_process_group("collectives")``
+    or ``new_group(backend="collectives")``, and nothing else. Set
+    ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` to turn torch's autoloading off (then
+    ``import collectives.torch`` registers the backend, as before).
+    """
+    try:
+        import torch.distributed as dist
+
+        if not dist.is_available() or "COLLECTIVES" in getattr(dist.Backend, "_plugins", {}):
+            return
+
+        def create(*args, **kwargs):
+            from .torch.distributed.backend import _create_group
+
+            return _create_group(*args, **kwargs)
+
+        dist.Backend.register_backend("collectives", create, extended_api=True,
+                                      devices=["cpu", "cuda"])
+    except Exception:  # noqa: BLE001 (never break `import torch`)
+        pass

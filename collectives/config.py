@@ -129,15 +129,64 @@ def checker(allowed: str) -> Check:
     raise ValueError(f"cannot read the allowed values {allowed!r}")
 
 
+# COLLECTIVES_* variables read by the Python side alone (the launcher, the tests and
+# the timeline), which the core does not declare: not misspellings.
+OTHER_VARS = {
+    "COLLECTIVES_TIMELINE": "collectives.torch: write a Chrome-trace timeline to this file",
+    "COLLECTIVES_FAILURE_DIR": "set by collectives-run: where a rank that failed says which "
+                               "rank its failure began at (the launcher names that rank)",
+    "COLLECTIVES_TEST_INSTALLED": "tests: 1 refuses to test the checkout instead of an install",
+    "COLLECTIVES_TEST_REQUIRE": "tests: frameworks that must import (torch,jax)",
+    "COLLECTIVES_TEST_ENV": "tests: NAME=VALUE,... given to every process the tests start",
+    "COLLECTIVES_DIST_DIR": "tests: the directory of the sdist and wheel to check",
+    "COLLECTIVES_FUZZ_SECONDS": "tests: how long the fuzz tests run",
+    "COLLECTIVES_FUZZ_SEED": "tests: the fuzz tests' seed",
+}
+
 _checks: Optional[Dict[str, Check]] = None
+_warned_unknown: set = set()
 
 
-def check_env(environ: Optional[Mapping[str, str]] = None) -> None:
+def unknown_vars(environ: Mapping[str, str]) -> List[Tuple[str, Optional[str]]]:
+    """(name, closest declared name or None) for every set COLLECTIVES_* variable that
+    nothing reads: a misspelling (an S too many) would otherwise be ignored silently."""
+    import difflib
+
+    declared = [name for name, _, _, _ in params()]
+    known = set(declared) | set(OTHER_VARS)
+    # Compared without the prefix, which every candidate shares.
+    tails = {name[len("COLLECTIVES_"):]: name for name in declared + list(OTHER_VARS)}
+    out = []
+    for name in sorted(environ):
+        if name.startswith("COLLECTIVES_") and name not in known:
+            close = difflib.get_close_matches(name[len("COLLECTIVES_"):], list(tails), n=1,
+                                              cutoff=0.6)
+            out.append((name, tails[close[0]] if close else None))
+    return out
+
+
+def _warn_unknown(environ: Mapping[str, str]) -> None:
+    from .rendezvous import auth
+
+    if auth._launcher_rank() not in (None, 0):  # once per job: rank 0 says it
+        return
+    for name, close in unknown_vars(environ):
+        if name in _warned_unknown:
+            continue
+        _warned_unknown.add(name)
+        hint = f"; did you mean {close}?" if close else " (python -m collectives.config lists them)"
+        auth.warn(f"{name} is set but is not a variable collectives reads: ignored{hint}")
+
+
+def check_env(environ: Optional[Mapping[str, str]] = None, warn_unknown: bool = True) -> None:
     """ValueError, naming the variable and its allowed values, for the first set
     COLLECTIVES_* tunable whose value its declaration does not allow.
 
     An empty value means the default (as the core reads it). Called by
-    ``collectives.init()`` and ``collectives-run`` before any connection.
+    ``collectives.init()`` and ``collectives-run`` before any connection. A
+    COLLECTIVES_* variable that is set but declared nowhere is warned about once
+    (by rank 0), naming the closest declared variable, unless warn_unknown is
+    False (the launcher: its rank 0 warns).
     """
     global _checks
     if _checks is None:
@@ -147,6 +196,8 @@ def check_env(environ: Optional[Mapping[str, str]] = None) -> None:
         text = env.get(name, "")
         if text.strip():
             check(name, text)
+    if warn_unknown:
+        _warn_unknown(env)
 
 
 if __name__ == "__main__":

@@ -101,6 +101,17 @@ def _ray_train_loop(config: dict) -> None:
               f"step_ms={1e3 * statistics.median(times):.2f}", flush=True)
 
 
+def worker_env() -> dict:
+    """The variables Ray's workers get: the driver's PYTHONPATH, as it is.
+
+    The workers import collectives where the driver does (the installed package,
+    or a checkout the user put on PYTHONPATH), never from this clone, whose
+    collectives/ has no built core after a plain ``pip install .``.
+    """
+    path = os.environ.get("PYTHONPATH", "")
+    return {"PYTHONPATH": path} if path else {}
+
+
 def main() -> None:
     """Parse the mode and run the training."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -124,23 +135,10 @@ def main() -> None:
 
     import ray
 
-    import site
-
-    import collectives
-
-    # The workers import the collectives this script imported: an installed one is on
-    # their path already; one from elsewhere (a checkout built in place) is put there.
-    # Never the checkout by default: after `pip install .` it has no built core.
-    root = os.path.realpath(os.path.dirname(os.path.dirname(collectives.__file__)))
-    installed = {os.path.realpath(p) for p in site.getsitepackages() + [site.getusersitepackages()]}
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if root not in installed and root not in paths:
-        paths.insert(0, root)
-    env_vars = {"PYTHONPATH": os.pathsep.join(paths)} if paths else {}
     # A local cluster gets a CPU per worker even on a smaller machine (oversubscribed).
     cpus = None if args.address else max(os.cpu_count() or 1, args.workers + 1)
     ray.init(address=args.address, num_cpus=cpus, include_dashboard=False,
-             log_to_driver=args.ray_train, runtime_env={"env_vars": env_vars})
+             log_to_driver=args.ray_train, runtime_env={"env_vars": worker_env()})
     if args.ray_train:
         import tempfile
 

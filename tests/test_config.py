@@ -124,3 +124,41 @@ def test_launcher_refuses_before_starting_any_rank(tmp_path, args, env, needle) 
     assert res.returncode == 2, (res.returncode, res.stderr)
     assert needle in res.stderr, res.stderr
     assert not marker.exists(), "a rank was started"
+
+
+def test_every_variable_the_package_reads_is_declared() -> None:
+    """A COLLECTIVES_* name in the package's source is declared (core or OTHER_VARS):
+    else the misspelling warning would fire on a variable that is read."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(config.__file__).resolve().parent
+    names = set()
+    for path in root.rglob("*.py"):
+        names |= set(re.findall(r"\b(COLLECTIVES_[A-Z0-9_]*[A-Z0-9])\b", path.read_text()))
+    declared = {n for n, _, _, _ in config.params()} | set(config.OTHER_VARS)
+    assert not sorted(names - declared), "read but not declared"
+
+
+def test_unknown_vars_names_the_closest() -> None:
+    env = {"COLLECTIVES_TIMEOUTS": "5", "COLLECTIVES_TIMEOUT": "5", "COLLECTIVES_IFNAM": "lo",
+           "COLLECTIVES_ZZZ_QQQ": "1", "HOME": "/"}
+    assert config.unknown_vars(env) == [("COLLECTIVES_IFNAM", "COLLECTIVES_IFNAME"),
+                                        ("COLLECTIVES_TIMEOUTS", "COLLECTIVES_TIMEOUT"),
+                                        ("COLLECTIVES_ZZZ_QQQ", None)]
+
+
+@pytest.mark.timeout(60)
+def test_a_misspelled_variable_is_warned_once_per_job() -> None:
+    """Issue 38 item 7: COLLECTIVES_TIMEOUTS=5 is warned about once (rank 0), naming
+    COLLECTIVES_TIMEOUT, and the job runs."""
+    from conftest import run_world
+
+    body = ("from collectives import MPI\nc = MPI.COMM_WORLD\nc.Barrier()\n"
+            "import collectives; collectives.finalize(); collectives.init().Barrier()\n"
+            "emit('done')\n")
+    res = run_world(2, body, timeout=40, env={"COLLECTIVES_TIMEOUTS": "5"}).assert_ok()
+    warned = [res[r].stderr.count("COLLECTIVES_TIMEOUTS is set but is not a variable "
+                                  "collectives reads: ignored; did you mean COLLECTIVES_TIMEOUT?")
+              for r in range(2)]
+    assert warned == [1, 0], res.report()

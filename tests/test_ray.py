@@ -429,3 +429,20 @@ def test_ray_modules_have_docstrings():
         pass
     missing = [m for n in names for m in _missing(n)]
     assert not missing, missing
+
+
+def test_ray_example_runs_as_the_readme_gives_it(tmp_path_factory):
+    """`python examples/ray_train.py --workers N` from the clone's root after the README's
+    install (issue 38, item 2): the workers import the installed collectives, not the
+    clone's collectives/ (no built core), which the example no longer puts on their path."""
+    import subprocess
+
+    import _clone
+
+    root, env = _clone.user_clone(tmp_path_factory)
+    env["RAY_ADDRESS"] = "local"  # a cluster of its own, not one another job left running
+    res = subprocess.run([sys.executable, *_clone.PYTHON_FLAGS, "examples/ray_train.py",
+                          "--workers", "2", "--steps", "5"], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "loss=" in res.stdout, res.stdout[-3000:]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import importlib.util
 import os
 import socket
 import struct
@@ -404,12 +405,35 @@ def test_require_auth_refuses_without_a_secret():
         assert "COLLECTIVES_REQUIRE_AUTH=1 but neither COLLECTIVES_JOB_SECRET" in res[r].stderr
 
 
-def test_without_a_secret_a_rank_warns_once_and_runs():
+def test_without_a_secret_the_job_warns_once_and_runs():
+    """Once per job (rank 0), not once per rank (issue 38, item 6)."""
     body = ("from collectives import MPI\nimport numpy as np\nc = MPI.COMM_WORLD\n"
             "for _ in range(3): c.Barrier()\nemit('done')\n")
-    res = run_world(2, body, timeout=30).assert_ok()
-    for r in range(2):
-        assert res[r].stderr.count("this job is unauthenticated") == 1, res.report()
+    res = run_world(3, body, timeout=30).assert_ok()
+    counts = [res[r].stderr.count("this job is unauthenticated") for r in range(3)]
+    assert counts == [1, 0, 0], res.report()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
+def test_torchrun_job_without_a_secret_warns_once():
+    """A torch.distributed script under torchrun's variables: one warning for the job."""
+    body = """
+        import torch, torch.distributed as dist
+        import collectives.torch
+        dist.init_process_group("collectives")
+        t = torch.ones(2); dist.all_reduce(t)
+        expect(t.tolist() == [3.0, 3.0], "sum", str(t))
+        dist.destroy_process_group()
+        emit("done")
+    """
+    port = free_port()
+
+    def torchrun(rank, n):
+        return {"RANK": rank, "WORLD_SIZE": n, "LOCAL_RANK": rank, "LOCAL_WORLD_SIZE": n,
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+    res = run_world(3, body, rank_env=torchrun, timeout=90).assert_ok()
+    counts = [res[r].stderr.count("this job is unauthenticated") for r in range(3)]
+    assert counts == [1, 0, 0], res.report()
 
 
 def test_short_secret_and_unreadable_file_are_refused(tmp_path, monkeypatch):

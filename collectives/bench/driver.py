@@ -2,6 +2,7 @@
 
     collectives-bench allreduce -np 4 -b 8 -e 256M -f 4 --compare gloo,mpi
     collectives-run -np 4 collectives-bench allgather -b 1K -e 64M --check
+    collectives-bench allreduce -np 2 -b 8 -e 8 --frontend torch   # what a torch script pays
 
 With ``-np N`` outside a launched world this process is the *driver*: it
 starts the N workers with ``collectives-run`` (and the peers' workers for
@@ -42,6 +43,7 @@ from .rows import (ALONE, LiveRows, Row, bus_factor, median_rows,
                    print_comparison, print_table, row_message, run_ratios, tune_table,
                    write_csv, write_json, write_plot, write_tune_file)
 from .turns import turn_orders, turn_rounds
+from .frontends import FRONTENDS, make_backend
 
 __all__ = ["Row", "parse_size", "bus_factor", "sweep_sizes", "element_count", "rank_input",
            "expected_output", "sweep", "print_table", "run_ratios", "print_comparison", "tune_table",
@@ -120,6 +122,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the buffers live; cuda: each rank on GPU local_rank %% count, "
                         "CUDA IPC between same-host ranks (compared with the device's copy "
                         "bandwidth; the peers run on host memory only and are skipped)")
+    p.add_argument("--frontend", default="mpi", choices=FRONTENDS,
+                   help="the API the calls go through, to measure what a script pays: mpi "
+                        "(collectives.MPI), core (the native communicator), torch "
+                        "(torch.distributed on the backend, with the floor of a backend that "
+                        "does nothing), hvd (Horovod's API), jax (collectives.jax in jax.jit)")
+    p.add_argument("--verbose", "-v", action="store_true",
+                   help="also print each size's rows as it is measured (# measured lines), "
+                        "before the tables")
     p.add_argument("--worker-json", default=None, help=argparse.SUPPRESS)
     p.add_argument("--turns", default=None, help=argparse.SUPPRESS)  # HOST:PORT,JOB (_bench_turns)
     p.add_argument("--progress", action="store_true", help=argparse.SUPPRESS)
@@ -147,6 +157,10 @@ def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error("--runs must be >= 1")
     if args.b2b < 0:
         p.error("--b2b must be >= 0")
+    if args.device == "cuda" and args.frontend not in ("mpi", "core"):
+        p.error(f"--device cuda: measured through --frontend mpi or core only")
+    if args.tune and args.frontend != "mpi":
+        p.error("--tune measures the core's algorithms: --frontend mpi")
     try:
         args.sizes = sweep_sizes(args.minbytes, args.maxbytes, args.stepfactor)
     except ValueError as exc:
@@ -159,7 +173,8 @@ def worker_args(args: argparse.Namespace, algos: Optional[Sequence[str]] = None)
     out = [args.coll, "--algo", ",".join(algos or args.algos), "--dtype", args.dtype, "--op", args.op,
            "--root", str(args.root), "-b", str(args.minbytes), "-e", str(args.maxbytes),
            "-f", str(args.stepfactor), "--iters", str(args.iters), "--warmup", str(args.warmup),
-           "--turn-iters", str(args.turn_iters), "--device", args.device, "--b2b", str(args.b2b)]
+           "--turn-iters", str(args.turn_iters), "--device", args.device, "--b2b", str(args.b2b),
+           "--frontend", args.frontend]
     return out + (["--check"] if args.check else [])
 
 
@@ -184,7 +199,8 @@ def run_worker(args: argparse.Namespace, backend: Backend) -> int:
         gate = TurnGate(args.turns, backend.rank, backend.size)
     # Each size as soon as it is measured: to the driver, or printed here as it would.
     shown = None if args.worker_json else LiveRows(len(args.sizes), "", sys.stderr.isatty(),
-                                                   lambda: draw_progress(1, 1, ""))
+                                                   lambda: draw_progress(1, 1, ""),
+                                                   verbose=args.verbose)
 
     def live(rows: list) -> None:
         if shown is not None:
@@ -308,7 +324,8 @@ def drive(args: argparse.Namespace) -> int:
             suffix = "" if args.runs == 1 else f" (run {run + 1}/{args.runs})"
             nsteps = sum(len(turn_rounds(args.iters, args.turn_iters, nbytes))
                          for nbytes in args.sizes)
-            live = LiveRows(len(args.sizes), suffix, show, lambda: draw_progress(1, 1, ""))
+            live = LiveRows(len(args.sizes), suffix, show, lambda: draw_progress(1, 1, ""),
+                            verbose=args.verbose)
             codes = _bench_turns.run_in_turns(
                 jobs, env, nsteps, turn_orders,  # rows printed as they come, else progress
                 lambda name, line: live.handle(name, line) or _child_stderr(show, name + suffix,
@@ -365,7 +382,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.peers and not args.worker_json:
         print("# --compare runs only in driver mode (collectives-bench ... -np N); ignored",
               file=sys.stderr)
-    return run_worker(args, CollectivesBackend())
+    return run_worker(args, make_backend(args.frontend))
 
 
 if __name__ == "__main__":

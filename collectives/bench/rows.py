@@ -234,12 +234,15 @@ def row_message(rows: Sequence[Row]) -> str:
 
 
 class LiveRows:
-    """The driver's side of row_message, for one run (`suffix`, e.g. " (run 2/3)"): prints
-    each measured size at once on stdout and, when stderr is not a terminal (no progress
-    bar there), one progress line on stderr per size and job."""
+    """The driver's side of row_message, for one run (`suffix`, e.g. " (run 2/3)"): with
+    `verbose`, prints each measured size at once on stdout ("# measured" lines, which the
+    tables repeat) and, when stderr is not a terminal (no progress bar there), one
+    progress line on stderr per size and job."""
 
-    def __init__(self, nsizes: int, suffix: str, bar_shown: bool, erase_bar: Any = None) -> None:
+    def __init__(self, nsizes: int, suffix: str, bar_shown: bool, erase_bar: Any = None,
+                 verbose: bool = False) -> None:
         self.nsizes = nsizes
+        self.verbose = verbose  # print the "# measured" lines (the tables repeat them)
         self.suffix = suffix
         self.bar_shown = bar_shown
         self.erase_bar = erase_bar
@@ -256,9 +259,9 @@ class LiveRows:
         if job == ALONE:
             rows = [replace(r, impl=ALONE) for r in rows]
         try:
-            if self.bar_shown and self.erase_bar is not None:
+            if self.verbose and self.bar_shown and self.erase_bar is not None:
                 self.erase_bar()
-            if not self.closed:
+            if self.verbose and not self.closed:
                 print("\n".join(live_lines(rows, self.suffix.strip(" ()"))), flush=True)
         except OSError:  # a closed pipe must not stop the reader that drains the job
             self.closed = True

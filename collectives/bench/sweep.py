@@ -228,7 +228,8 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def call(self, coll: str, algo: str, op: str, send: Optional[np.ndarray], recv: np.ndarray,
              root: int) -> tuple[Optional[Callable[[], None]], np.ndarray]:
-        """(the call to time, or None if unsupported; the view where the result lands)."""
+        """(the call to time, or None if unsupported; the view where the result lands,
+        or None for a call that has no result to check, such as a floor)."""
 
     def finish(self) -> None:
         """Release the library."""
@@ -520,7 +521,7 @@ def _sweep_size(plan: _SweepPlan, nbytes: int, rows: dict, notes: list, timed: d
                 _fill_row(row, coll, size, n, float(sec))
         for (fn, result), row, times in zip(cases, t.rows, t.times):
             _fill_row(row, coll, size, n, float(np.median(times)))
-            if plan.check:
+            if plan.check and result is not None:  # None: a case with no result (a floor)
                 refill()
                 if dev is not None:
                     dev.refill()
@@ -562,7 +563,7 @@ def _time_loops(plan: _SweepPlan, cases: list, order: list, loop_times: np.ndarr
         for _ in range(plan.b2b):
             fn()
         loop_times[k, i] = (time.perf_counter() - t0) / plan.b2b
-        if want is not None and i == plan.iters - 1:
+        if want is not None and i == plan.iters - 1 and cases[k][1] is not None:
             if dev is not None:
                 dev.fetch()
             bad = np.array([float(np.count_nonzero(cases[k][1] != want))])

@@ -111,7 +111,10 @@ from typing import Any, Optional
 
 import numpy as np
 
-import jax
+try:
+    import jax
+except ModuleNotFoundError as _exc:  # say which extra brings it
+    raise ModuleNotFoundError(f"collectives.jax needs JAX ({_exc}): pip install 'collectives[jax]'", name="jax") from None
 import jax.numpy as jnp
 from jax.extend.core import Effect, Primitive
 from jax.interpreters import ad, batching, mlir

@@ -33,16 +33,19 @@ import os
 import random
 import selectors
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import IO, Mapping, Optional, Sequence
 
 from .. import config
+from ..rendezvous import blame as _blame
 from ..rendezvous.env import format_addr
 from . import engines
 
@@ -60,6 +63,9 @@ __all__ = [
 ]
 
 DEFAULT_GRACE_S = 5.0
+# Seconds the launcher waits for the rank that the first failed rank named as where
+# its failure began (a survivor often exits first) before it stops the job.
+BLAME_WAIT_S = 3.0
 _LOCAL_NAMES = {"localhost", "localhost.localdomain", "127.0.0.1", "::1"}
 
 
@@ -509,8 +515,11 @@ def launch(ranks: Sequence[RankCommand], grace: float = DEFAULT_GRACE_S,
            verbose: bool = False, tolerate: Sequence[int] = ()) -> int:
     """Run the ranks to completion and return the job's exit code.
 
-    0 when every rank exits 0; otherwise the code of the first rank to fail
-    (128 + signal number for a signal), after stopping the others: SIGTERM to
+    0 when every rank exits 0; otherwise the code of the rank where the failure
+    began (128 + signal number for a signal), after stopping the others. That is
+    the first rank to fail, unless its error echoes another rank's failure (it
+    names that rank in COLLECTIVES_FAILURE_DIR, collectives/rendezvous/blame.py):
+    the launcher then waits up to BLAME_WAIT_S for that rank's own exit. Stopping: SIGTERM to
     each rank's process group, SIGKILL after ``grace`` seconds. SIGINT and
     SIGTERM received by the launcher are forwarded the same way (a second
     SIGINT kills at once). No process is left running on any path.
@@ -547,10 +556,17 @@ def launch(ranks: Sequence[RankCommand], grace: float = DEFAULT_GRACE_S,
         old_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     first_failure: Optional[tuple[int, int, int]] = None  # rank, code, others stopped
     tolerated: Optional[tuple[int, int]] = None  # rank, code
+    # Where local ranks say which rank their failure began at (rendezvous/blame.py).
+    reports = tempfile.mkdtemp(prefix="collectives-run-")
+    # The first rank to fail named another: (its rank, its code, the rank it named,
+    # the time until which we wait for that rank's own exit).
+    named: Optional[tuple[int, int, int, float]] = None
     try:
         for rc in ranks:
             env = dict(os.environ)
             env.update(rc.env)
+            if rc.local:
+                env[_blame.DIR_VAR] = reports
             if verbose:
                 where = "local" if rc.local else rc.host
                 print(f"collectives-run: rank {rc.rank} on {where}: {shlex.join(rc.argv)}",
@@ -584,6 +600,8 @@ def launch(ranks: Sequence[RankCommand], grace: float = DEFAULT_GRACE_S,
             timeout = 1.0 if watched else 0.05
             if state["kill_at"] is not None:
                 timeout = max(0.0, min(timeout, state["kill_at"] - time.monotonic()))
+            if named is not None:
+                timeout = max(0.0, min(timeout, named[3] - time.monotonic()))
             for key, _ in sel.select(timeout=timeout):
                 if isinstance(key.data, tuple):  # an output pipe, not a pidfd
                     pump.read(key)
@@ -597,9 +615,30 @@ def launch(ranks: Sequence[RankCommand], grace: float = DEFAULT_GRACE_S,
                     print(f"collectives-run: rank {rank} {_describe(code)}; the job goes on "
                           f"without it (a parameter-server worker)", file=sys.stderr, flush=True)
                     tolerated = tolerated or (rank, code)
-                elif code != 0 and first_failure is None and not state["signal"]:
-                    first_failure = (rank, code, len(alive))
+                elif named is not None and rank == named[2] and first_failure is None:
+                    # The rank the first failure named, exiting by itself: the failure
+                    # began there (or, had it exited 0, at the rank that named it).
+                    first_failure = (rank, code, len(alive)) if code != 0 else \
+                        (named[0], named[1], len(alive))
+                    named = None
                     stop_all(signal.SIGTERM)
+                elif code != 0 and first_failure is None and named is None \
+                        and not state["signal"]:
+                    origin = _blame.read_report(reports, rank)
+                    if origin is not None and origin in alive:
+                        # Its error echoes rank `origin` (a closed connection...): that
+                        # rank is still exiting; wait a moment for it to say so itself.
+                        named = (rank, code, origin, time.monotonic() + BLAME_WAIT_S)
+                    else:
+                        first_failure = (rank, code, len(alive))
+                        stop_all(signal.SIGTERM)
+            if named is not None and time.monotonic() >= named[3]:
+                first_failure = (named[0], named[1], len(alive))
+                print(f"collectives-run: rank {named[0]} failed naming rank {named[2]} as "
+                      f"where the failure began, which did not exit within "
+                      f"{BLAME_WAIT_S:g} s", file=sys.stderr, flush=True)
+                named = None
+                stop_all(signal.SIGTERM)
             if state["kill_at"] is not None and time.monotonic() >= state["kill_at"]:
                 stop_all(signal.SIGKILL)
                 state["kill_at"] = float("inf")
@@ -629,6 +668,7 @@ def launch(ranks: Sequence[RankCommand], grace: float = DEFAULT_GRACE_S,
         sel.close()
         for sig, handler in old_handlers.items():
             signal.signal(sig, handler)
+        shutil.rmtree(reports, ignore_errors=True)
 
     if first_failure is not None:
         rank, code, stopped = first_failure
@@ -775,7 +815,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     try:
         # Every rank would refuse a bad COLLECTIVES_* setting: say it once, before starting any.
-        config.check_env({**os.environ, **exports})
+        config.check_env({**os.environ, **exports}, warn_unknown=False)
     except ValueError as exc:
         parser.error(str(exc))
     if args.elastic:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 import sys
 import threading
 import time
@@ -137,7 +138,11 @@ class Server:
             self.cv.notify_all()
 
     def save(self, path: str) -> None:
-        """Write this shard (values, version, optimizer state, layout) to path (.npz)."""
+        """Write this shard (values, version, optimizer state, layout) to path (.npz), making
+        its directory if needed (checkpoint="ckpt/ps" in a fresh directory)."""
+        folder = os.path.dirname(path)
+        if folder:
+            os.makedirs(folder, exist_ok=True)
         with self.cv:
             state = {f"opt_{k}": v for k, v in self.optimizer.state().items()}
             np.savez(path, params=self.params, version=np.int64(self.version),

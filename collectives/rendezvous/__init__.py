@@ -1,4 +1,4 @@
-"""Rendezvous: from the environment to a world communicator.
+"""Rendezvous: from the environment to a world communicator; ``blame`` tells ``collectives-run`` which rank a failure began at.
 
 ``env`` reads the launcher's variables (ours, torchrun's, Open MPI's, Slurm's,
 ...) into rank, size and a store address; ``store`` is the small
@@ -11,3 +11,5 @@ Layer: just above the native core (``collectives._core``). It may import the
 core and ``collectives.config``; never a front end, the elastic machinery or
 the launcher.
 """
+
+from . import blame  # noqa: E402,F401 (at exit, a failed rank's report for collectives-run)

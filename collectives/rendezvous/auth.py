@@ -66,8 +66,31 @@ def _read_secret_file(path: str) -> bytes:
     return data.strip()
 
 
-def job_secret() -> bytes:
-    """This job's secret as bytes; b"" when none is set (warned once).
+# The rank variables of the launchers env.detect() knows, in its order: the first
+# one set says which process of the job this is.
+_RANK_VARS = ("COLLECTIVES_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID",
+              "PMI_RANK")
+
+
+def _launcher_rank() -> Optional[int]:
+    for name in _RANK_VARS:
+        text = os.environ.get(name, "").strip()
+        if text:
+            try:
+                return int(text)
+            except ValueError:
+                return None
+    return None
+
+
+def job_secret(rank: Optional[int] = None) -> bytes:
+    """This job's secret as bytes; b"" when none is set (warned once per job).
+
+    Args:
+        rank: this process's rank in the job, when the caller knows it (else read
+            from the launcher's variables): without a secret, only rank 0 (or a
+            process no launcher started) warns, so a job of n ranks warns once,
+            not n times.
 
     Raises:
         ValueError: the secret is shorter than MIN_SECRET_BYTES, its file
@@ -87,13 +110,16 @@ def job_secret() -> bytes:
             raise ValueError(f"{REQUIRE_VAR}=1 but neither {SECRET_VAR} nor {SECRET_FILE_VAR} "
                              f"is set: give every rank the same job secret (collectives-run "
                              f"does this itself)")
+        if rank is None:
+            rank = _launcher_rank()
         with _warn_lock:
-            if not _warned_unauthenticated:
+            if not _warned_unauthenticated and rank in (None, 0):
                 _warned_unauthenticated = True
                 warn(f"no {SECRET_VAR} or {SECRET_FILE_VAR}: this job is unauthenticated, "
                      f"anyone who can reach the store or a rank's port can read the job's "
-                     f"addresses, join it or inject data (set {REQUIRE_VAR}=1 to refuse)",
-                     key="unauthenticated")
+                     f"addresses, join it or inject data (set {REQUIRE_VAR}=1 to refuse; "
+                     f"set a secret as the README's Security section shows; said by rank 0 "
+                     f"only)", key="unauthenticated")
         return b""
     if len(secret) < MIN_SECRET_BYTES:
         raise ValueError(f"the job secret from {where} is {len(secret)} bytes; at least "

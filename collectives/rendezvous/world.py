@@ -29,7 +29,7 @@ import threading
 import time
 from typing import Callable, Optional, Sequence
 
-from . import auth as _auth, env as _env, store as _store
+from . import auth as _auth, blame as _blame, env as _env, store as _store
 from .. import config
 
 _lock = threading.RLock()
@@ -427,7 +427,7 @@ def store_external() -> bool:
 def _rendezvous(info: _env.WorldInfo, timeout: float, generation: int = 0):
     from .._core import Communicator
 
-    secret = _auth.job_secret()
+    secret = _auth.job_secret(info.rank)
     server = None
     p = f"w{generation}/" if store_external() else ""
     if info.rank == 0 and not p:
@@ -609,6 +609,7 @@ def explain_failure(rank: int, message: str, peers: Optional[Sequence[int]] = No
     effort, bounded by REPORT_S in all: a store that does not answer within
     it (rank 0 stopped, cut off or gone) is itself the cause reported.
     """
+    _blame.note(message)
     state = _state
     if state is None or state.client is None:
         return message

@@ -11,6 +11,13 @@ in ``backend``, Horovod's elastic API in ``elastic`` (``hvd.elastic``).
 """
 from __future__ import annotations
 
+try:
+    import torch as _torch  # noqa: F401
+except ModuleNotFoundError as _exc:  # say which extra brings it
+    raise ModuleNotFoundError(f"collectives.torch needs PyTorch ({_exc}): install the torch "
+                              f"build for your machine, then pip install 'collectives[torch]' "
+                              f"(README, 'The two commands')", name="torch") from None
+
 from .compression import Compression, Compressor, FP16Compressor, NoneCompressor
 from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                         broadcast_parameters)

@@ -516,49 +516,58 @@ coll_result_t coll_barrier(coll_comm_t *comm, double timeout) {
 
 /* ---- non-blocking requests on the progress thread ---- */
 
+/* Runs the request at the head of the queue, which the caller took (busy set,
+ * the mutex released): on the progress thread, or on a thread that waits for
+ * it (coll_request_wait). Returns with the mutex held, the request done and
+ * off the queue. */
+static void run_head(coll_comm_t *comm, coll_request_t *req) {
+  /* A subcommunicator's requests are queued here too (comm_state.h): each runs
+   * on the communicator it was made on. */
+  coll_comm_t *rc = req->comm;
+  comm->err_set = 0;
+  comm->err[0] = 0;
+  rc->err_set = 0;
+  rc->err[0] = 0;
+  coll_result_t res;
+  if (rc->broken || comm->broken) {
+    snprintf(rc->err, sizeof rc->err, "rank %d: the communicator is broken by an earlier failure",
+             rc->rank);
+    res = COLL_INVALID_USAGE;
+    coll_cuda_event_destroy(req->args.ready_event);
+  } else {
+    res = coll_p2p_quiesce(rc, coll_comm_deadline(rc, 0));
+    if (res == COLL_SUCCESS) res = req->run(rc, &req->args);
+    /* As coll_comm_leave: errors every rank saw alike leave it usable. */
+    if (res != COLL_SUCCESS && res != COLL_INVALID_ARGUMENT && res != COLL_INVALID_USAGE)
+      coll_comm_break(rc, res);
+    else if (res != COLL_SUCCESS)
+      coll_subcomm_explain(rc);
+  }
+
+  pthread_mutex_lock(&comm->mu);
+  comm->qhead = req->next;
+  if (!comm->qhead) comm->qtail = NULL;
+  req->result = res;
+  req->done = 1;
+  comm->busy = 0;
+  pthread_cond_broadcast(&comm->cv);
+}
+
 static void *progress_main(void *arg) {
   coll_comm_t *comm = arg;
   pthread_mutex_lock(&comm->mu);
   for (;;) {
     /* Waits for `busy` too: a point-to-point wait on another thread holds
-     * the links (as does a blocking collective there). */
+     * the links (as does a blocking collective there, or a waiter running
+     * its own request, coll_request_wait). */
     while ((!comm->qhead || comm->busy) && !comm->stopping) pthread_cond_wait(&comm->cv, &comm->mu);
     if (!comm->qhead && comm->stopping) break;
     while (comm->busy) pthread_cond_wait(&comm->cv, &comm->mu);
+    if (!comm->qhead) continue;  /* a waiter ran it meanwhile */
     coll_request_t *req = comm->qhead;
     comm->busy = 1;
     pthread_mutex_unlock(&comm->mu);
-
-    /* A subcommunicator's requests are queued here too (comm_state.h): each runs
-     * on the communicator it was made on. */
-    coll_comm_t *rc = req->comm;
-    comm->err_set = 0;
-    comm->err[0] = 0;
-    rc->err_set = 0;
-    rc->err[0] = 0;
-    coll_result_t res;
-    if (rc->broken || comm->broken) {
-      snprintf(rc->err, sizeof rc->err, "rank %d: the communicator is broken by an earlier failure",
-               rc->rank);
-      res = COLL_INVALID_USAGE;
-      coll_cuda_event_destroy(req->args.ready_event);
-    } else {
-      res = coll_p2p_quiesce(rc, coll_comm_deadline(rc, 0));
-      if (res == COLL_SUCCESS) res = req->run(rc, &req->args);
-      /* As coll_comm_leave: errors every rank saw alike leave it usable. */
-      if (res != COLL_SUCCESS && res != COLL_INVALID_ARGUMENT && res != COLL_INVALID_USAGE)
-        coll_comm_break(rc, res);
-      else if (res != COLL_SUCCESS)
-        coll_subcomm_explain(rc);
-    }
-
-    pthread_mutex_lock(&comm->mu);
-    comm->qhead = req->next;
-    if (!comm->qhead) comm->qtail = NULL;
-    req->result = res;
-    req->done = 1;
-    comm->busy = 0;
-    pthread_cond_broadcast(&comm->cv);
+    run_head(comm, req);
   }
   pthread_mutex_unlock(&comm->mu);
   return NULL;
@@ -644,6 +653,16 @@ coll_result_t coll_request_wait(coll_request_t *req) {
   if (req->p2p) return coll_p2p_wait(req);
   coll_comm_t *comm = coll_comm_root(req->comm);
   pthread_mutex_lock(&comm->mu);
+  /* A host-memory request that is next and not yet taken runs on this thread:
+   * the caller would only sleep until the progress thread ran it, and the two
+   * hand-offs cost a small collective several times its own time (bench/README.md,
+   * "Through the frameworks"). GPU requests stay on the progress thread, which
+   * holds their device and streams. */
+  if (!req->done && comm->qhead == req && !comm->busy && req->args.memory != COLL_MEMORY_CUDA) {
+    comm->busy = 1;
+    pthread_mutex_unlock(&comm->mu);
+    run_head(comm, req);
+  }
   while (!req->done) pthread_cond_wait(&comm->cv, &comm->mu);
   pthread_mutex_unlock(&comm->mu);
   return req->result;

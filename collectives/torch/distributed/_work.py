@@ -1,7 +1,8 @@
 """Completion of the torch.distributed backend's work: torch Works and Futures over core requests.
 
-A collective queued in the core (a ``Request``) is waited for by one thread
-per group, in order (the core runs the group's collectives in order, so
+A collective queued in the core (a ``Request``) is completed in order: by the
+thread that waits for its Work when it is the next one (``Completer``), else by
+one thread per group (the core runs the group's collectives in order, so
 waiting in order costs nothing). That thread never completes a torch Future
 itself: ``Future.set_result`` runs the ``.then`` callbacks inline, and a
 callback may issue another collective and wait for it (DDP's PowerSGD hook
@@ -65,7 +66,7 @@ def _unwrap(source: Future) -> Any:
 
 
 class _Work(dist._Work):
-    """A collective's completion: a torch Future, completed by a delivery thread.
+    """A collective's completion: a torch Future, completed where the result is waited for.
 
     The request completes a source Future with its result or a ``_Failed``;
     the Future handed out is ``source.then(_unwrap)``. Python's
@@ -74,15 +75,32 @@ class _Work(dist._Work):
     crashed the process when a peer died. An error raised in a ``then``
     callback fails the Future for C++ and Python alike; ``wait()`` raises the
     original exception.
+
+    ``claim`` (Completer.claim_for): a blocking ``wait()`` runs the request's
+    completion in the waiting thread when it is the group's next one (no hand-off
+    to the Completer's threads: the 8-byte allreduce's cost); otherwise, and for
+    ``get_future``, ``is_completed`` and a wait with a timeout, it asks the
+    Completer's threads to complete it now.
     """
 
-    def __init__(self, source: Future, what: str = "collective") -> None:
+    def __init__(self, source: Future, what: str = "collective",
+                 claim: Optional[Callable[[bool], None]] = None) -> None:
         super().__init__()
         self._src = source
-        self._future = source.then(_unwrap)
+        self._fut: Optional[Future] = None
         self._what = what
-        done = self._done = threading.Event()
-        source.add_done_callback(lambda _f: done.set())  # no reference back to self
+        self._claim = claim
+
+    @property
+    def _future(self) -> Future:
+        # made on first use: a `then` costs as much as the rest of a small allreduce
+        if self._fut is None:
+            self._fut = self._src.then(_unwrap)
+        return self._fut
+
+    def _urge(self, inline: bool) -> None:
+        if self._claim is not None and not self._src.done():
+            self._claim(inline)
 
     def wait(self, timeout: Any = None) -> bool:
         """Block until the work completes; raise its error if it failed.
@@ -92,10 +110,15 @@ class _Work(dist._Work):
         stays in flight, as on gloo.
         """
         secs = _seconds(timeout)
-        if secs is not None and not self._done.wait(secs):
-            raise RuntimeError(_wait_expired(self._what, secs))
+        self._urge(secs is None)
+        if secs is not None:
+            done = threading.Event()
+            self._src.add_done_callback(lambda _f: done.set())
+            if not done.wait(secs):
+                raise RuntimeError(_wait_expired(self._what, secs))
         self._raise_failure()
-        self._future.wait()
+        if self._fut is not None:
+            self._fut.wait()
         return True
 
     def _raise_failure(self) -> None:
@@ -105,11 +128,12 @@ class _Work(dist._Work):
 
     def is_completed(self) -> bool:
         """True once the work has completed."""
+        self._urge(False)
         return self._src.done()
 
     def is_success(self) -> bool:
         """True if it completed without error."""
-        return self._src.done() and self.exception() is None
+        return self.is_completed() and self.exception() is None
 
     def exception(self) -> Any:
         """The error, if it failed (None otherwise)."""
@@ -118,10 +142,12 @@ class _Work(dist._Work):
 
     def get_future(self) -> Future:
         """The Future that completes with the output tensors."""
+        self._urge(False)
         return self._future
 
     def result(self) -> list:
         """The output tensors."""
+        self._urge(True)
         self._raise_failure()
         return self._future.value()
 
@@ -230,8 +256,28 @@ class P2PWork(_Work):
         return self._source
 
 
+class _Entry:
+    """A queued request: completed by the Completer's thread once urgent, or claimed."""
+
+    __slots__ = ("request", "finish", "keep", "fut", "what", "urgent")
+
+    def __init__(self, request: Any, finish: Callable[[], Any], keep: Any, fut: Future,
+                 what: str) -> None:
+        self.request, self.finish, self.keep, self.fut, self.what = request, finish, keep, fut, what
+        self.urgent = False
+
+
 class Completer:
-    """Waits for a group's queued core requests in order; delivery threads complete the Futures.
+    """Completes a group's queued core requests in order, in the thread that waits for one
+    or in the Completer's threads.
+
+    The core runs a group's requests in order. A blocking ``Work.wait()`` on the
+    request at the head of the queue completes it in the waiting thread: a
+    ``dist.all_reduce`` then costs no thread hand-off beyond the core's. The
+    Completer's waiter thread takes a request only once it is urgent: someone
+    asked for its Future (DDP's hooks), tested it, waited with a timeout, a later
+    request was queued behind it, or the group stops. It never completes a torch
+    Future itself: results go to delivery threads (see the module's doc).
 
     The threads are not daemons: completing a torch Future releases and retakes
     the GIL, and a daemon thread doing that while the interpreter finalizes is
@@ -243,10 +289,11 @@ class Completer:
     def __init__(self, timeout: Optional[float] = None) -> None:
         self._timeout = timeout  # the requests' deadline in seconds, for messages
         self._cv = threading.Condition()
-        self._requests: collections.deque = collections.deque()
+        self._requests: collections.deque = collections.deque()  # of _Entry
         self._ready: collections.deque = collections.deque()  # (future, value, error)
         self._waiter: Optional[threading.Thread] = None
         self._waiting_in_order = False  # the waiter thread runs
+        self._busy = False  # the waiter thread is completing a request
         self._deliverers: list = []
         self._parked = 0  # delivery threads inside cv.wait()
         self._stopping = False
@@ -255,8 +302,24 @@ class Completer:
     def submit(self, request: Any, finish: Callable[[], Any], keep: Any,
                what: str = "allreduce", like: Any = None) -> Future:
         """A new Future, completed with finish() (or its error) once request is done;
-        `like`: the tensors its value holds (their devices)."""
-        fut: Future = new_future(like)
+        `like`: the tensors its value holds (their devices). Urgent at once."""
+        entry = self._queue(request, finish, keep, what, like)
+        self._mark(entry)
+        return entry.fut
+
+    def submit_work(self, request: Any, finish: Callable[[], Any], keep: Any,
+                    what: str = "allreduce", like: Any = None) -> _Work:
+        """The Work of a queued request, whose wait() may complete it in its own thread."""
+        entry = self._queue(request, finish, keep, what, like)
+
+        def claim(inline: bool) -> None:
+            if not (inline and self._claim(entry)):
+                self._mark(entry)
+        return _Work(entry.fut, what, claim)
+
+    def _queue(self, request: Any, finish: Callable[[], Any], keep: Any, what: str,
+               like: Any) -> _Entry:
+        entry = _Entry(request, finish, keep, new_future(like), what)
         with self._cv:
             if self._waiter is None:
                 self._stopping = False
@@ -264,28 +327,62 @@ class Completer:
                 self._waiter = threading.Thread(target=self._wait_in_order,
                                                 name="collectives-torch-pg")
                 self._waiter.start()
-            self._requests.append((request, finish, keep, fut, what))
+            if self._requests and not self._requests[-1].urgent:
+                # a request queued behind unclaimed ones: theirs are due (no Work of
+                # theirs may ever be waited for)
+                for e in self._requests:
+                    e.urgent = True
+                self._cv.notify_all()
+            self._requests.append(entry)
+        return entry
+
+    def _mark(self, entry: _Entry) -> None:
+        """Make entry (and every request before it) due for the waiter thread."""
+        with self._cv:
+            if entry.urgent:
+                return
+            for e in self._requests:
+                e.urgent = True
+                if e is entry:
+                    break
             self._cv.notify_all()
-        return fut
+
+    def _claim(self, entry: _Entry) -> bool:
+        """Complete entry in this thread if it is next and the waiter thread is idle."""
+        with self._cv:
+            if self._busy or not self._requests or self._requests[0] is not entry:
+                return False
+            self._requests.popleft()
+        fut, value, exc = self._complete(entry)
+        fut.set_result(_Failed(exc) if exc is not None else value)  # its callbacks run here
+        return True
+
+    def _complete(self, entry: _Entry) -> tuple:
+        try:
+            entry.request.Wait()
+            return entry.fut, entry.finish(), None
+        except BaseException as exc:
+            return entry.fut, None, worded(exc, entry.what, self._timeout)
+        finally:
+            entry.request = entry.finish = entry.keep = None
 
     def _wait_in_order(self) -> None:
         while True:
             with self._cv:
-                while not self._requests and not self._stopping:
+                while not self._stopping and not (self._requests and self._requests[0].urgent):
                     self._cv.wait()
                 if not self._requests:
                     self._waiting_in_order = False
                     self._cv.notify_all()
                     return
-                request, finish, keep, fut, what = self._requests.popleft()
-            try:
-                request.Wait()
-                item = (fut, finish(), None)
-            except BaseException as exc:
-                item = (fut, None, worded(exc, what, self._timeout))
-            del request, finish, keep
+                entry = self._requests.popleft()
+                self._busy = True
+            item = self._complete(entry)
+            del entry
             self._deliver(item)
-            del item, fut
+            del item
+            with self._cv:
+                self._busy = False
 
     def _deliver(self, item: tuple) -> None:
         """Hand a result to a parked delivery thread; start one when every thread that could

@@ -41,6 +41,22 @@ __all__ = ["ProcessGroupCollectives", "register_backend", "BACKEND_NAME"]
 
 BACKEND_NAME = "collectives"
 
+# allreduce's fast path: torch's op -> the core's, and the dtypes whose numpy view
+# the core reads as it is (bfloat16 needs a reinterpreting view, int16 and bool widening).
+_SUM = dist.ReduceOp.SUM
+_FAST_OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg", dist.ReduceOp.MIN: "min",
+             dist.ReduceOp.MAX: "max", dist.ReduceOp.PRODUCT: "prod"}
+_FAST_DTYPES = frozenset({torch.int8, torch.uint8, torch.int32, torch.int64, torch.float16,
+                          torch.float32, torch.float64})
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """True if two tensors' memory overlaps (one is a view into the other)."""
+    if a.device != b.device or a.numel() == 0 or b.numel() == 0:
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
 
 class ProcessGroupCollectives(MoreOps, dist.ProcessGroup):
     """A torch.distributed process group whose collectives run in the collectives core.
@@ -90,6 +106,18 @@ class ProcessGroupCollectives(MoreOps, dist.ProcessGroup):
     # -- allreduce -------------------------------------------------------------------
     def allreduce(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> _Work:
         """Reduce each tensor in place across ranks (non-blocking)."""
+        if len(tensors) == 1:
+            # The common case in few steps (a small allreduce's time is mostly this
+            # method's, bench/README.md "Through the frameworks"): one contiguous CPU
+            # tensor of a dtype the core reduces, an op the core has.
+            t = tensors[0]
+            op = _FAST_OPS.get(opts.reduceOp.op if opts is not None else _SUM)
+            if op is not None and t.dtype in _FAST_DTYPES and t.device.type == "cpu" \
+                    and t.layout == torch.strided and t.is_contiguous() \
+                    and (op != "avg" or t.dtype.is_floating_point):
+                view = t.detach().numpy()
+                request = self._core.iallreduce(None, view, op=op, timeout=self._timeout)
+                return self._completer.submit_work(request, lambda: tensors, view, "allreduce")
         tensors = list(tensors)
         if len(tensors) == 1 and tensors[0].is_sparse:  # as gloo: gather and add (SUM only)
             from ._more import sparse_allreduce
@@ -110,7 +138,7 @@ class ProcessGroupCollectives(MoreOps, dist.ProcessGroup):
             staged.copy_out()
             return tensors
 
-        return _Work(self._completer.submit(request, finish, staged, like=tensors), "allreduce")
+        return self._completer.submit_work(request, finish, staged, "allreduce", like=tensors)
 
     def allreduce_coalesced(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> _Work:
         """Reduce a list of tensors in place with one fused allreduce per dtype."""
@@ -159,6 +187,8 @@ class ProcessGroupCollectives(MoreOps, dist.ProcessGroup):
                              f"{self._size} x {input.numel()}")
         if output.dtype != input.dtype:
             raise TypeError(f"all_gather: output is {output.dtype} but input is {input.dtype}")
+        if _overlap(input, output):  # in place (input is a slice of output), as gloo takes it
+            input = input.clone()
         src = _Staged(input, "all_gather input")
         dst = _Staged(output, "all_gather output", copy_in=False)
         self._core.allgatherv(src.view, dst.view, [input.numel()] * self._size, None,
@@ -197,6 +227,8 @@ class ProcessGroupCollectives(MoreOps, dist.ProcessGroup):
             block = whole[self._rank * output.numel():(self._rank + 1) * output.numel()]
             output.detach().copy_(block.view(output.shape))
             return _completed([output], "reduce_scatter")
+        if _overlap(input, output):  # output a slice of input, as gloo takes it
+            input = input.clone()
         src = _Staged(input, "reduce_scatter input")
         dst = _Staged(output, "reduce_scatter output", copy_in=False)
         if self._size > 1:
@@ -337,7 +369,7 @@ def _communicator(store: Any, rank: int, size: int, timeout: timedelta) -> tuple
     # what is in it is only a hint: every link proves the job secret itself
     # (native/wire.h), and a rank that finds an impostor at a peer's address
     # fails naming it instead of talking to it.
-    secret = _auth.job_secret()
+    secret = _auth.job_secret(rank)
     ns = _round_prefix(store, size)
     if rank == 0:
         store.set(f"{ns}comm_id", os.urandom(16).hex())
