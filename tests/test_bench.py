@@ -566,7 +566,8 @@ def test_rows_stream_as_measured_and_progress_goes_to_stderr() -> None:
     sizes = bench.sweep_sizes(8, 1 << 20, 4)
     proc = subprocess.Popen([sys.executable, "-m", "collectives.bench", "allreduce", "-np", "2",
                              "-b", "8", "-e", "1M", "-f", "4", "--iters", "2", "--warmup", "1",
-                             "--algo", "ring"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             "--algo", "ring", "--verbose"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE,
                             text=True, env=_env(), cwd=RUN_CWD, start_new_session=True)
     try:
         first = proc.stdout.readline()
@@ -673,7 +674,7 @@ def test_b2b_mode_times_ours_and_the_peers_alike(tmp_path: Path) -> None:
     out = tmp_path / "rows.json"
     res = _run(["allreduce", "-np", "2", "-b", "64K", "-e", "256K", "-f", "4", "--iters", "2",
                 "--warmup", "1", "--b2b", "4", "--algo", "ring,auto", "--compare", peer,
-                "--check", "--json", out], extra_env={"COLLECTIVES_TRANSPORT": "tcp"},
+                "--check", "--json", out, "--verbose"], extra_env={"COLLECTIVES_TRANSPORT": "tcp"},
                timeout=140)
     assert res.returncode == 0, res.stdout + res.stderr
     rows = json.loads(out.read_text())

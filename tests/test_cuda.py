@@ -55,15 +55,27 @@ class _FakeDeviceArray:
                                          "strides": None, "stream": None}
 
 
-def test_gpu_buffer_without_a_gpu_is_a_type_error_before_any_byte():
+def test_cuda_array_interface_over_host_memory_is_read_in_place():
+    """A __cuda_array_interface__ whose pointer the CUDA runtime does not know as device
+    memory (no driver at all here) is host memory, read and written in place as mpi4py
+    hands the pointer to MPI (issue 39); no CUDA call is made, the communicator stays
+    usable, and a read-only one is refused before any byte."""
+    if collectives.cuda_available():
+        pytest.skip("on a GPU machine the runtime is asked about the pointer")
     comm = _core.Communicator(0, 1)
     try:
-        buf = _FakeDeviceArray(np.ones(4, np.float32))
-        with pytest.raises(TypeError, match="no CUDA support|does not know its memory"):
-            comm.allreduce(None, buf)
-        with pytest.raises(TypeError, match="no CUDA support|does not know its memory"):
-            comm.broadcast(buf)
-        comm.allreduce(None, np.ones(4, np.float32))  # still usable
+        arr = np.arange(4, dtype=np.float32)
+        buf = _FakeDeviceArray(arr)
+        comm.allreduce(np.full(4, 3.0, np.float32), buf)
+        assert arr.tolist() == [3.0, 3.0, 3.0, 3.0]  # written into the caller's memory
+        comm.broadcast(buf)
+        ro = _FakeDeviceArray(np.ones(4, np.float32))
+        ro.__cuda_array_interface__["data"] = (ro.arr.ctypes.data, True)
+        with pytest.raises((TypeError, ValueError), match="read-only"):
+            comm.allreduce(None, ro)
+        x = np.ones(4, np.float32)
+        comm.allreduce(None, x)  # still usable
+        assert x.tolist() == [1.0] * 4
     finally:
         comm.close()
 
