@@ -28,11 +28,13 @@ RUN = {
     "python -m pytest -q tests/test_ray.py": None,
     "python -m pytest -m cuda tests/test_cuda.py tests/test_cuda_hw.py": None,
     "python -m collectives.bench allgather -np 3 -b 1K -e 64M --check": "0 ok",
+    "python -m collectives.launcher.k8s_secret collectives-job-secret": "kind: secret",
 }
 # Commands that need what the suite cannot give (network namespaces, a Horovod
 # checkout, minutes of training): their module must start from the clone's root,
 # which is what failed (`--help`).
-START_ONLY = {"collectives.bench", "collectives.bench.peer_worker", "collectives.run", "pytest"}
+START_ONLY = {"collectives.bench", "collectives.bench.peer_worker", "collectives.run", "pytest",
+              "collectives.launcher.k8s_secret", "venv"}  # kubectl, a reference venv: not here
 
 
 def doc_commands() -> list:
