@@ -35,6 +35,7 @@ RUN = {
 }
 COMPILE_ONLY = {
     "import ray": "needs a Ray cluster: tests/test_ray.py runs RayExecutor",
+    "import collectives.spark": "needs a Spark session: tests/test_spark.py runs spark.run",
     "ctx = collectives.ray.context()     # rank, size, world (re-form count + 1), new, state":
         "a fragment of a Ray function",
     "from ray.train import ScalingConfig": "needs Ray Train: tests/test_ray.py runs it",
