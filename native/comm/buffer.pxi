@@ -163,7 +163,7 @@ _CAI_TYPES = {("i", 1): COLL_INT8, ("u", 1): COLL_UINT8, ("b", 1): COLL_UINT8,
               ("i", 4): COLL_INT32, ("i", 8): COLL_INT64, ("f", 2): COLL_FLOAT16,
               ("f", 4): COLL_FLOAT32, ("f", 8): COLL_FLOAT64, ("V", 2): COLL_BFLOAT16}
 # (DLPack type code, bits) -> dtype code.
-_DL_TYPES = {(0, 8): COLL_INT8, (1, 8): COLL_UINT8, (6, 8): COLL_UINT8, (0, 32): COLL_INT32,
+_DL_TYPES = {(0, 8): COLL_INT8, (1, 8): COLL_UINT8, (0, 32): COLL_INT32,
              (0, 64): COLL_INT64, (2, 16): COLL_FLOAT16, (4, 16): COLL_BFLOAT16,
              (2, 32): COLL_FLOAT32, (2, 64): COLL_FLOAT64}
 
