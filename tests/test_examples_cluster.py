@@ -168,8 +168,11 @@ def test_slurm_batch_script_runs_and_python_without_srun_is_refused(tmp_path):
              "SLURM_NNODES": "1", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
              "SLURM_NODEID": "0", "SLURM_SUBMIT_DIR": str(REPO),
              "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
-    # python on PATH is the interpreter under test (the README's install)
-    (bindir / "python").symlink_to(sys.executable)
+    # python on PATH is the interpreter under test (the README's install). A wrapper, not
+    # a symlink: a symlink outside the venv's bin/ loses the venv (no pyvenv.cfg beside it)
+    wrapper = bindir / "python"
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
     for argv, ok in ((["bash", str(EXAMPLES / "slurm_job.sh")], True),
                      ([sys.executable, "examples/hello_allreduce.py"], False)):
         p = subprocess.Popen(argv, cwd=str(REPO), env=base_env(batch), stdout=subprocess.PIPE,

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import collections
 import math
+import mmap
 import os
 import selectors
 import socket
@@ -94,6 +95,7 @@ MAX_UNAUTHENTICATED = 256     # connections still in their handshake
 UNAUTH_GRACE_S = 0.25         # a handshake is not evicted for a newcomer before this
 ACCEPT_BATCH = 64             # new connections taken per round of the loop
 MAX_BUFFERED = 4 * MAX_FRAME  # bytes buffered for all connections together
+_BIG_FRAME = 1 << 20  # a request this long is read into a block of its size
 AUTH_WAIT_S = 5.0             # to complete the handshake
 FRAME_WAIT_S = 30.0           # for a frame to arrive whole once it has begun
 _PAUSE_ACCEPT_S = 0.1         # the listener rests this long when descriptors run out
@@ -200,7 +202,7 @@ class _Conn:
     """Server-side state of one client connection."""
 
     __slots__ = ("sock", "peer", "inbuf", "outbuf", "waiting", "deadline", "expires",
-                 "nonce", "session", "rseq", "sseq", "born", "counted")
+                 "nonce", "session", "rseq", "sseq", "born", "counted", "frame", "filled")
 
     def __init__(self, sock: socket.socket, peer: str, nonce: bytes) -> None:
         self.born = time.monotonic()
@@ -209,6 +211,13 @@ class _Conn:
         self.peer = peer
         self.inbuf = bytearray()
         self.outbuf = bytearray()
+        # A large request whose head has come is read straight into a block of
+        # its exact size (anonymous memory: pages count only once written, and
+        # go back to the system when it closes), not grown chunk by chunk: a
+        # growing buffer leaves its old copies in the heap, and the process's
+        # memory then exceeds what it holds by a multiple.
+        self.frame: Optional[mmap.mmap] = None
+        self.filled = 0
         self.waiting: Optional[bytes] = None  # key of a pending GET
         self.deadline = 0.0                   # of that GET
         self.expires = 0.0                    # handshake or partial frame deadline; 0: none
@@ -398,7 +407,7 @@ class StoreServer:
         """Count conn's buffered bytes; past MAX_BUFFERED in all, drop whoever holds most."""
         if conn.sock.fileno() < 0:
             return  # dropped: _drop took its bytes off
-        now = len(conn.inbuf) + len(conn.outbuf)
+        now = len(conn.inbuf) + len(conn.outbuf) + (conn.filled if conn.frame else 0)
         self._buffered += now - conn.counted
         conn.counted = now
         while self._buffered > MAX_BUFFERED:
@@ -412,6 +421,9 @@ class StoreServer:
         def step() -> None:
             if events & selectors.EVENT_READ:
                 # Before the handshake, read no more than the client hello.
+                if conn.frame is not None:
+                    self._read_frame(conn)
+                    return
                 want = (_CLIENT_HELLO.size - len(conn.inbuf)) if conn.session is None else 1 << 16
                 try:
                     chunk = conn.sock.recv(want)
@@ -428,6 +440,31 @@ class StoreServer:
             if conn.outbuf:
                 self._flush(conn)
         self._guarded(conn, step)
+
+    def _read_frame(self, conn: _Conn) -> None:
+        """Read more of the large request conn.frame; process it once whole."""
+        assert conn.frame is not None
+        try:
+            n = conn.sock.recv_into(memoryview(conn.frame)[conn.filled:],
+                                    min(1 << 20, len(conn.frame) - conn.filled))
+        except (BlockingIOError, InterruptedError):
+            return
+        if n == 0:
+            raise ConnectionResetError
+        conn.filled += n
+        if conn.filled == len(conn.frame):
+            conn.inbuf = bytearray(conn.frame)
+            self._close_frame(conn)
+            self._process(conn)
+        if conn.outbuf:
+            self._flush(conn)
+
+    @staticmethod
+    def _close_frame(conn: _Conn) -> None:
+        if conn.frame is not None:
+            conn.frame.close()
+            conn.frame = None
+            conn.filled = 0
 
     def _handshake(self, conn: _Conn) -> None:
         if bytes(conn.inbuf[:2]) != _MAGIC[:len(conn.inbuf[:2])]:
@@ -458,6 +495,12 @@ class StoreServer:
         assert conn.session is not None
         while conn.waiting is None and len(conn.outbuf) < MAX_FRAME:
             split = split_frame(conn.inbuf)
+            if split is not None and split[2] >= _BIG_FRAME and len(conn.inbuf) < split[2]:
+                # the rest of a large request goes straight to its place (_read_frame)
+                conn.frame = mmap.mmap(-1, split[2])
+                conn.frame[:len(conn.inbuf)] = conn.inbuf
+                conn.filled = len(conn.inbuf)
+                conn.inbuf = bytearray()
             if split is None or len(conn.inbuf) < split[2]:
                 break
             op, nfields, used = split
@@ -475,8 +518,9 @@ class StoreServer:
             self._handle(conn, op, fields)
         if len(conn.inbuf) > 2 * MAX_FRAME + 2 * _REQ_HEAD.size + 2 * _MAC:
             raise _Malformed("buffered more than two frames")
-        conn.expires = time.monotonic() + FRAME_WAIT_S if conn.inbuf and not conn.expires \
-            else (conn.expires if conn.inbuf else 0.0)
+        partial = conn.inbuf or conn.frame is not None
+        conn.expires = time.monotonic() + FRAME_WAIT_S if partial and not conn.expires \
+            else (conn.expires if partial else 0.0)
 
     def _reply(self, conn: _Conn, status: int, payload: bytes = b"") -> None:
         assert conn.session is not None
@@ -578,6 +622,7 @@ class StoreServer:
         if self._conns.pop(fd, None) is not None:
             self._buffered -= conn.counted
             conn.counted = 0
+        self._close_frame(conn)
         self._unauth.pop(fd, None)
         if conn.waiting is not None:
             waiters = self._waiters.get(conn.waiting, [])
