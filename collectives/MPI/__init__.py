@@ -26,7 +26,7 @@ from .. import _core
 from . import _missing
 from .._core import CollectivesError, CommBase as _CommBase, count_of
 from .._core import check_root
-from . import _comms as _mpi_comms, _extras as _mpi_extras
+from . import _comms as _mpi_comms, _extras as _mpi_extras, _more as _mpi_more
 from ..rendezvous import world as _world
 from ._request import Request
 from ._comms import COMM_NULL
@@ -59,6 +59,8 @@ from ._names import (  # noqa: F401
     THREAD_SINGLE, UNEQUAL, VERSION, Get_library_version, Get_version, Init_thread,
     Is_thread_main, Query_thread, get_vendor)
 
+from ._group import GROUP_EMPTY, GROUP_NULL, Group  # noqa: F401,E402
+
 globals().update({_n: DATATYPE_NULL for _n in _NULL_TYPES})  # SHORT, INT16_T, ...: see Datatype
 
 Exception = CollectivesError  # noqa: A001 -- mpi4py's name for its error class
@@ -90,7 +92,7 @@ def _msg(spec: Any) -> tuple:
     return _buf(BOTTOM if spec is None else spec, "buf")
 
 
-class Comm(_mpi_extras.CommExtras, _CommBase):
+class Comm(_mpi_more.CommMore, _mpi_extras.CommExtras, _CommBase):
     """A communicator: mpi4py's names over the native core.
 
     Allreduce on plain buffers is inherited from the Cython base, which runs

@@ -576,12 +576,14 @@ static void *progress_main(void *arg) {
 /* Queues a collective on the progress thread (started on first use). The
  * request keeps its own copy of the arguments, counts and displacements
  * included; the buffers stay the caller's to keep alive. */
-static coll_result_t submit(coll_comm_t *sub, const coll_args_t *a, check_fn check, run_fn run,
-                            coll_request_t **out) {
+/* Queues a request; counts and displs (per_rank x size entries each: 2 for
+ * alltoallv's send and receive sides) are copied into it. */
+static coll_result_t submit_v(coll_comm_t *sub, const coll_args_t *a, check_fn check, run_fn run,
+                              coll_request_t **out, size_t per_rank) {
   *out = NULL;
   COLL_CHECK(check(sub, a));
   coll_comm_t *comm = coll_comm_root(sub); /* its queue and thread run the request */
-  size_t nv = a->counts ? (size_t)sub->size : 0;
+  size_t nv = a->counts ? per_rank * (size_t)sub->size : 0;
   coll_request_t *req = calloc(1, sizeof *req + 2 * nv * sizeof(size_t));
   if (!req) return coll_error(comm, COLL_SYSTEM_ERROR, "out of memory");
   req->args = *a;
@@ -620,6 +622,11 @@ static coll_result_t submit(coll_comm_t *sub, const coll_args_t *a, check_fn che
   return COLL_SUCCESS;
 }
 
+static coll_result_t submit(coll_comm_t *sub, const coll_args_t *a, check_fn check, run_fn run,
+                            coll_request_t **out) {
+  return submit_v(sub, a, check, run, out, 1);
+}
+
 coll_result_t coll_iallreduce(coll_comm_t *comm, const coll_args_t *a, coll_request_t **req) {
   return submit(comm, a, check_allreduce, run_allreduce, req);
 }
@@ -641,6 +648,9 @@ coll_result_t coll_igatherv(coll_comm_t *comm, const coll_args_t *a, coll_reques
 }
 coll_result_t coll_iscatterv(coll_comm_t *comm, const coll_args_t *a, coll_request_t **req) {
   return submit(comm, a, coll_check_scatterv, coll_run_scatterv, req);
+}
+coll_result_t coll_ialltoallv(coll_comm_t *comm, const coll_args_t *a, coll_request_t **req) {
+  return submit_v(comm, a, check_alltoallv, run_alltoallv, req, 2);
 }
 coll_result_t coll_ibarrier(coll_comm_t *comm, double timeout, coll_request_t **req) {
   coll_args_t a;
