@@ -267,6 +267,8 @@ class Request(metaclass=_RequestType):
     @staticmethod
     def _some(reqs: list, statuses: Optional[list], known: list) -> tuple:
         done = sorted(set(known) | {i for i, r in enumerate(reqs) if r._active and r._done()})
+        if isinstance(statuses, list):  # one Status per completed request, as mpi4py extends it
+            statuses.extend(Status() for _ in range(len(done) - len(statuses)))
         objs = []
         for k, i in enumerate(done):
             st = statuses[k] if statuses is not None and k < len(statuses) else None
