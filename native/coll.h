@@ -274,7 +274,11 @@ coll_result_t coll_barrier(coll_comm_t *comm, double timeout);
  * moved) still calls the same collective, with root COLL_ROOT_REFUSED and
  * count 0: it runs only the root agreement, so every other rank fails at once
  * with COLL_INVALID_USAGE naming it ("refused its arguments"), nothing is
- * sent, the communicator stays usable, and it returns COLL_INVALID_ARGUMENT. */
+ * sent, the communicator stays usable, and it returns COLL_INVALID_ARGUMENT.
+ * coll_broadcast takes the same root, with no buffer but with the count, dtype
+ * and memory kind the rank read from its own (the broadcast's agreement header
+ * carries them, so a refusing rank whose count or dtype differs from the
+ * root's makes the others fail with that mismatch instead, at once). */
 #define COLL_ROOT_REFUSED (-3)
 coll_result_t coll_reduce(coll_comm_t *comm, const coll_args_t *args);
 coll_result_t coll_gatherv(coll_comm_t *comm, const coll_args_t *args);

@@ -210,14 +210,26 @@ class Comm(_mpi_more.CommMore, _mpi_extras.CommExtras, _CommBase):
         req = self._call(self._core.iallreduce, sbuf, rbuf, _op(op), algorithm, timeout, dtype)
         return Request(req, self)
 
+    def _bcast_buf(self, buf: Any, timeout: Optional[float]) -> tuple:
+        """_buf(buf); a spec this rank refuses is first told to the other ranks, which then
+        fail at once naming this one (_core.refuse_broadcast; the core's broadcast does the
+        same for what it refuses), and then raised here."""
+        try:
+            return _buf(buf, "buf")
+        except Exception:
+            if not self._core.closed:
+                _core.refuse_broadcast(self._core, buf[0] if isinstance(buf, (list, tuple))
+                                       and buf else buf, timeout)
+            raise
+
     def Bcast(self, buf: Any, root: int = 0, *, timeout: Optional[float] = None) -> None:
         """Copy root's buf into buf on every rank."""
-        b, dtype = _buf(buf, "buf")
+        b, dtype = self._bcast_buf(buf, timeout)
         self._call(self._core.broadcast, b, root, timeout, dtype)
 
     def Ibcast(self, buf: Any, root: int = 0, *, timeout: Optional[float] = None) -> Request:
         """Start a Bcast; returns a Request."""
-        b, dtype = _buf(buf, "buf")
+        b, dtype = self._bcast_buf(buf, timeout)
         return Request(self._call(self._core.ibroadcast, b, root, timeout, dtype), self)
 
     def _allgather_args(self, sendbuf: Any, recvbuf: Any) -> tuple:

@@ -353,6 +353,12 @@ static coll_result_t run_allgatherv(coll_comm_t *comm, const coll_args_t *args) 
 }
 
 static coll_result_t check_broadcast(coll_comm_t *comm, const coll_args_t *a) {
+  if (a->root == COLL_ROOT_REFUSED) { /* run_broadcast_refused: no buffer is touched */
+    comm->err_set = 0;
+    if ((unsigned)a->dtype >= COLL_NUM_DTYPES)
+      return coll_error(comm, COLL_INVALID_ARGUMENT, "invalid dtype %d", (int)a->dtype);
+    return COLL_SUCCESS;
+  }
   COLL_CHECK(check_common(comm, a, 0));
   if (a->root < 0 || a->root >= comm->size)
     return coll_error(comm, COLL_INVALID_ARGUMENT, "root %d out of range for %d ranks", a->root,
@@ -360,7 +366,25 @@ static coll_result_t check_broadcast(coll_comm_t *comm, const coll_args_t *a) {
   return COLL_SUCCESS;
 }
 
+/* This rank refused its arguments (COLL_ROOT_REFUSED, coll.h): the root agreement alone,
+ * under the count, dtype and memory kind the rank read from its buffer (they are in the
+ * agreement's header, and a small host broadcast's data rides in it: broadcast_agree.c),
+ * with no buffer; every other rank fails there naming this one. */
+static coll_result_t run_broadcast_refused(coll_comm_t *comm, const coll_args_t *args) {
+  if (comm->size > 1) {
+    coll_args_t h = *args;
+    h.sendbuf = h.recvbuf = NULL; /* never the root, and nothing is copied on disagreement */
+    int done;
+    coll_result_t res = coll_root_agree(comm, &h, COLL_KIND_BROADCAST, &done);
+    if (res != COLL_SUCCESS && res != COLL_INVALID_USAGE) return res;
+  }
+  return coll_error(comm, COLL_INVALID_ARGUMENT,
+                    "rank %d: broadcast: this rank refused its arguments; the other ranks were "
+                    "told and nothing was sent", comm->rank);
+}
+
 static coll_result_t run_broadcast(coll_comm_t *comm, const coll_args_t *args) {
+  if (args->root == COLL_ROOT_REFUSED) return run_broadcast_refused(comm, args);
   coll_args_t d;
   coll_gpu_small_t g;
   COLL_CHECK(memory_begin(comm, COLL_KIND_BROADCAST, args, &d, &g));
