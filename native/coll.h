@@ -136,6 +136,7 @@ typedef struct {
   int tag;
   size_t count;  /* elements received (at most the receive's count) */
   size_t nbytes; /* their bytes */
+  coll_dtype_t dtype; /* the message's element type (a probe's: the sender's) */
 } coll_status_t;
 
 /* Creates rank `rank` of `size` and starts listening on bind_host (numeric

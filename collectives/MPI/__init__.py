@@ -60,6 +60,7 @@ from ._names import (  # noqa: F401
     Is_thread_main, Query_thread, get_vendor)
 
 from ._group import GROUP_EMPTY, GROUP_NULL, Group  # noqa: F401,E402
+from ._message import MESSAGE_NO_PROC, MESSAGE_NULL, Message  # noqa: F401,E402
 
 globals().update({_n: DATATYPE_NULL for _n in _NULL_TYPES})  # SHORT, INT16_T, ...: see Datatype
 

@@ -22,11 +22,11 @@ MPI4PY_COMM = frozenset("""
     Disconnect Dup_with_info Exscan_init Flush_buffer Free_keyval Gather_init Gatherv_init
     Get_attr Get_errhandler Get_failed Get_info Get_parent Get_topology Graph_map
     Iagree Ialltoallw Ibsend Idup Idup_with_info Iexscan Iflush_buffer
-    Igather Igatherv Improbe Ireduce Irsend Is_revoked Iscan Iscatter
-    Iscatterv Ishrink Join Mprobe Precv_init     Psend_init Recv_init Reduce_init Reduce_scatter_block_init Reduce_scatter_init Revoke
+    Igather Igatherv Ireduce Irsend Is_revoked Iscan Iscatter
+    Iscatterv Ishrink Join Precv_init     Psend_init Recv_init Reduce_init Reduce_scatter_block_init Reduce_scatter_init Revoke
     Rsend Rsend_init Scan_init Scatter_init Scatterv_init Send_init Set_attr Set_errhandler
     Set_info Spawn Spawn_multiple Split_type Ssend_init bsend f2py free fromhandle
-    fromint handle ibsend improbe info is_topo mprobe py2f     toint topology
+    fromint handle ibsend info is_topo py2f     toint topology
 """.split())
 
 # mpi4py: module-level names of mpi4py.MPI that collectives.MPI lacks.
@@ -64,10 +64,10 @@ MPI4PY_MODULE = frozenset("""
     LOGICAL1 LOGICAL16 LOGICAL2 LOGICAL4 LOGICAL8 LONG_DOUBLE LONG_DOUBLE_INT LONG_INT LOR LXOR
     Lookup_name MAXLOC MAX_DATAREP_STRING MAX_ERROR_STRING MAX_INFO_KEY MAX_INFO_VAL
     MAX_LIBRARY_VERSION_STRING MAX_OBJECT_NAME MAX_PORT_NAME MAX_PROCESSOR_NAME
-    MAX_PSET_NAME_LEN MAX_STRINGTAG_LEN MESSAGE_NO_PROC MESSAGE_NULL MINLOC MODE_APPEND
+    MAX_PSET_NAME_LEN MAX_STRINGTAG_LEN MINLOC MODE_APPEND
     MODE_CREATE MODE_DELETE_ON_CLOSE MODE_EXCL MODE_NOCHECK MODE_NOPRECEDE MODE_NOPUT
     MODE_NOSTORE MODE_NOSUCCEED MODE_RDONLY MODE_RDWR MODE_SEQUENTIAL MODE_UNIQUE_OPEN
-    MODE_WRONLY Message NO_OP OFFSET OP_NULL ORDER_C ORDER_F ORDER_FORTRAN Open_port PACKED
+    MODE_WRONLY NO_OP OFFSET OP_NULL ORDER_C ORDER_F ORDER_FORTRAN Open_port PACKED
     Pcontrol Pickle Prequest Publish_name Query_thread REAL REAL16 REAL2 REAL4 REAL8 REPLACE
     REQUEST_NULL ROOT Register_datarep Remove_error_class Remove_error_code Remove_error_string
     SEEK_CUR SEEK_END SEEK_SET SESSION_NULL SHORT SHORT_INT SIGNED_INT SIGNED_LONG

@@ -82,6 +82,30 @@ class CommMore:
         """Same as Iprobe (mpi4py's lowercase name)."""
         return self.Iprobe(source, tag, status)
 
+    # -- matched probes (_message.py) ------------------------------------------------
+    def Mprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+               status: Optional[Status] = None, *, timeout: Optional[float] = None) -> Any:
+        """Block until a message from source with tag is here and take it out of matching;
+        returns the Message that alone receives it (MESSAGE_NO_PROC for PROC_NULL)."""
+        from ._message import Message
+        return Message.Probe(self, source, tag, status, timeout=timeout)
+
+    def Improbe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+                status: Optional[Status] = None) -> Any:
+        """As Mprobe, without waiting: None when no such message is here yet."""
+        from ._message import Message
+        return Message.Iprobe(self, source, tag, status)
+
+    def mprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+               status: Optional[Status] = None) -> Any:
+        """Same as Mprobe (mpi4py's lowercase name: receive the Message with recv)."""
+        return self.Mprobe(source, tag, status)
+
+    def improbe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+                status: Optional[Status] = None) -> Any:
+        """Same as Improbe (mpi4py's lowercase name)."""
+        return self.Improbe(source, tag, status)
+
     # -- Isendrecv -----------------------------------------------------------------
     def _check_dest(self, dest: int, tag: int) -> None:
         from . import PROC_NULL

@@ -73,6 +73,7 @@ cdef extern from "coll.h" nogil:
         int tag
         size_t count
         size_t nbytes
+        coll_dtype_t dtype
 
     enum:
         COLL_ANY_SOURCE

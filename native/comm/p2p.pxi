@@ -79,8 +79,9 @@ def p2p_issend(Communicator comm, buf, int dest, int tag=0, timeout=None, dtype=
 
 def p2p_probe(Communicator comm, int source=COLL_ANY_SOURCE, int tag=COLL_ANY_TAG,
               bint block=True, timeout=None):
-    """The envelope (source, tag, count, nbytes) of the message a receive with (source, tag)
-    would take next, without receiving it; block False: one look, None if there is none."""
+    """The envelope (source, tag, count, nbytes, dtype name) of the message a receive with
+    (source, tag) would take next, without receiving it; block False: one look, None if
+    there is none."""
     comm._live()
     cdef double t = as_timeout(timeout)
     cdef int flag = 0
@@ -89,7 +90,10 @@ def p2p_probe(Communicator comm, int source=COLL_ANY_SOURCE, int tag=COLL_ANY_TA
     with nogil:
         res = coll_probe(comm.comm, source, tag, t, block, &flag, &st)
     CHKERR(res, comm.comm)
-    return (st.source, st.tag, st.count, st.nbytes) if flag else None
+    if not flag:
+        return None
+    return (st.source, st.tag, st.count, st.nbytes,
+            coll_dtype_name(st.dtype).decode() if st.count else "uint8")
 
 
 def p2p_recv(Communicator comm, buf, int source=COLL_ANY_SOURCE, int tag=COLL_ANY_TAG,
@@ -119,15 +123,16 @@ def p2p_isend(Communicator comm, buf, int dest, int tag=0, timeout=None, dtype=N
 
 def p2p_irecv(Communicator comm, buf, int source=COLL_ANY_SOURCE, int tag=COLL_ANY_TAG,
               timeout=None, dtype=None) -> Request:
-    """Start a receive into buf; returns a Request (buf None: a message of any size,
-    whose bytes the finished request's status holds)."""
+    """Start a receive into buf; returns a Request (buf None: a message of any size and
+    of element type dtype, uint8 by default, whose bytes the finished request's status
+    holds)."""
     cdef coll_args_t a
     cdef Request r
     if buf is None:
         comm._live()
         memset(&a, 0, sizeof(coll_args_t))
         a.count = COLL_COUNT_ANY
-        a.dtype = COLL_UINT8
+        a.dtype = COLL_UINT8 if dtype is None else DTYPES[dtype]
         a.peer = source
         a.tag = tag
         a.timeout = as_timeout(timeout)

@@ -128,6 +128,7 @@ static void set_status(coll_p2p_op_t *op, int peer, int tag, size_t count) {
   op->status.tag = tag;
   op->status.count = count;
   op->status.nbytes = count * coll_dtype_size(op->dtype);
+  op->status.dtype = op->dtype;
 }
 
 static void unexp_remove(struct coll_p2p *p, p2p_msg_t *m);
@@ -208,6 +209,7 @@ int p2p_probe_find(coll_comm_t *comm, uint32_t ctx, int peer, int tag, const int
   st->tag = mtag;
   st->count = count;
   st->nbytes = count * coll_dtype_size(dtype);
+  st->dtype = dtype;
   return 1;
 }
 
