@@ -322,11 +322,19 @@ try:
         w.Reduce(np.ones(2, np.int32), b"\0" * 8 if r == 0 else None, root=0)
     elif kind == "Scatter":  # the root's sendbuf does not split in size blocks
         w.Scatter(np.zeros(w.size + 1, np.int32) if r == 0 else None, np.zeros(1, np.int32), 0)
-    else:                   # Bcast: a non-root's buffer is read-only
-        w.Bcast(np.ones(2, np.int32) if r == 0 else b"\0" * 8, root=0)
+    elif kind == "Bcast":   # rank 1's buffer is read-only (same count and type)
+        buf = np.ones(2, np.int32) if r == 0 else np.zeros(2, np.int32)
+        buf.setflags(write=r != 1)
+        w.Bcast(buf, root=0)
+    else:                   # Ibcast past the fused size (the agreement, then the tree)
+        buf = np.ones(1 << 16, np.int32) if r == 0 else np.zeros(1 << 16, np.int32)
+        buf.setflags(write=r != 1)
+        w.Ibcast(buf, root=0).Wait()
     fail(kind, "no rank refused")
 except MPI.Exception as exc:
     emit("refused", text=str(exc))
+if kind.endswith("bcast"):
+    expect(r == 0 or not buf.any(), "nothing was sent", str(buf[:4]))
 out = np.empty(1, np.int64)
 w.Allreduce(np.ones(1, np.int64), out)  # the communicator is still usable
 expect(out[0] == w.size, "after", str(out))
@@ -345,14 +353,17 @@ def test_one_rank_refuses_a_rooted_call(kind):
         assert "refused its arguments: rank 0" in rank.one("refused")["text"], res.report()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 39, unfinished: a one-rank refusal of a "
-                   "non-rooted collective (here a Bcast whose buffer is read-only on one "
-                   "non-root) still breaks the communicator on the others")
-def test_one_rank_refuses_bcast():
-    """The same for Bcast (its agreement carries the data, so a refusing rank cannot take
-    part with an unknown count yet)."""
-    res = run_world(3, ONE_RANK_REFUSES, args=["Bcast"], timeout=60, collective_timeout=30)
+@pytest.mark.parametrize("kind", ["Bcast", "Ibcast"])
+def test_one_rank_refuses_bcast(kind):
+    """The same for Bcast, whose buffer every rank reads: a non-root's read-only buffer is
+    refused there, the refusing rank takes part in the root agreement (with the count it
+    can read), and the others fail at once naming it."""
+    res = run_world(3, ONE_RANK_REFUSES, args=[kind], timeout=60, collective_timeout=30)
     res.assert_ok()
+    assert res.elapsed < 25, res.report()  # not the 30 s timeout
+    assert "read-only" in res.ranks[1].one("refused")["text"], res.report()
+    for rank in (res.ranks[0], res.ranks[2]):
+        assert "refused its arguments: rank 1" in rank.one("refused")["text"], res.report()
 
 
 SPLIT_TYPE = r"""

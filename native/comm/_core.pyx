@@ -405,19 +405,35 @@ cdef class Communicator:
         return v
 
     def broadcast(self, buf, root=0, timeout=None, dtype=None, stream=None) -> None:
-        """Copy root's buf into buf on every rank."""
+        """Copy root's buf into buf on every rank. A rank that refuses its arguments tells
+        the others (refuse_broadcast) before raising."""
         cdef coll_args_t a
-        v = self._broadcast_args(&a, buf, root, timeout, dtype, stream)
+        try:
+            v = self._broadcast_args(&a, buf, root, timeout, dtype, stream)
+        except Exception:
+            refuse_broadcast(self, buf, timeout, dtype)
+            raise
         cdef coll_result_t res
         with nogil:
             res = coll_broadcast(self.comm, &a)
+        if res == COLL_INVALID_ARGUMENT:  # refused by the core's check: nothing moved
+            _refused_by_core(self, buf, timeout, dtype)
         CHKERR(res, self.comm)
 
     def ibroadcast(self, buf, root=0, timeout=None, dtype=None, stream=None) -> Request:
-        """Start a broadcast on the progress thread; returns a Request."""
+        """Start a broadcast on the progress thread; returns a Request. A refusal is told
+        to the other ranks as broadcast's is."""
         cdef coll_args_t a
-        cdef Request r = self._request(self._broadcast_args(&a, buf, root, timeout, dtype, stream))
-        CHKERR(coll_ibroadcast(self.comm, &a, &r.req), self.comm)
+        cdef Request r
+        try:
+            r = self._request(self._broadcast_args(&a, buf, root, timeout, dtype, stream))
+        except Exception:
+            refuse_broadcast(self, buf, timeout, dtype)
+            raise
+        cdef coll_result_t res = coll_ibroadcast(self.comm, &a, &r.req)
+        if res == COLL_INVALID_ARGUMENT:
+            _refused_by_core(self, buf, timeout, dtype)
+        CHKERR(res, self.comm)
         return r
 
     cdef object _reduce_scatter_args(self, coll_args_t *a, sendbuf, recvbuf, op, timeout, dtype,
