@@ -428,3 +428,54 @@ def test_nonblocking_rooted_and_prefix_forms():
     for n in (1, 3):
         res = run_world(n, NONBLOCKING, timeout=60).assert_ok()
         assert all(r.get("ok") for r in res.ranks), res.report()
+
+
+def _bor(a, b, dt):  # module level: a user op's function pickles by reference
+    from collectives import MPI
+    assert dt == MPI.BYTE and len(a) == len(b)
+    for i in range(len(a)):
+        b[i] = a[i] | b[i]
+
+
+def _isum(a, b, dt):  # mpi4py's own pattern: b[:] takes a buffer of as many bytes
+    import array
+
+    from collectives import MPI
+    assert dt == MPI.INT
+    b[:] = array.array("i", [x + y for x, y in zip(memoryview(a).cast("i"),
+                                                    memoryview(b).cast("i"))])
+
+
+def test_user_ops_as_mpi4py_test_op():
+    """test_op's rules: 32 live user ops at most (RuntimeError for the 33rd, Free and
+    collection release them); Reduce_local gives the function the spec's datatype and
+    bytes it can assign any buffer to; a user op pickles as a new op; toint/fromint;
+    OP_NULL(None, None) is a ValueError."""
+    import array
+    import gc
+    import pickle
+
+    from collectives import MPI
+    ops = [MPI.Op.Create(_bor) for _ in range(32)]
+    with pytest.raises(RuntimeError, match="too many user-defined"):
+        MPI.Op.Create(_bor)
+    for op in ops[1:]:
+        op.Free()
+    b1, b2 = bytearray([2] * 3), bytearray([4] * 3)
+    ops[0].Reduce_local([b1, MPI.BYTE], [b2, MPI.BYTE])
+    assert list(b2) == [6, 6, 6] and list(b1) == [2, 2, 2]
+    clone = MPI.Op.fromint(ops[0].toint())
+    assert clone == ops[0] and MPI.Op.fromint(MPI.SUM.toint()) == MPI.SUM
+    with pytest.raises(ValueError):
+        clone.__reduce__()
+    again = pickle.loads(pickle.dumps(ops[0]))
+    assert again != ops[0] and not again.is_predefined
+    ops = [MPI.Op.Create(_isum) for _ in range(30)]  # 2 live: ops[0]'s, again
+    del ops
+    gc.collect()
+    isum = MPI.Op.Create(_isum)
+    x, y = array.array("i", [1, 2, 3]), array.array("i", [10, 20, 30])
+    isum.Reduce_local([x, MPI.INT], [y, MPI.INT])
+    assert list(y) == [11, 22, 33]
+    with pytest.raises(ValueError):
+        MPI.OP_NULL(None, None)

@@ -38,8 +38,8 @@ def reduce_local(op: Op, inbuf: Any, inoutbuf: Any) -> None:
     if src.size != out.size or src.dtype != out.dtype:
         raise ValueError(f"inbuf ({src.size} x {src.dtype}) and inoutbuf ({out.size} x "
                          f"{out.dtype}) differ")
-    if op._user is not None:
-        op._user(src, out, None)
+    if op._user is not None:  # as in an allreduce: byte views and the spec's datatype
+        op._user(_bytes(src), _bytes(out), _user_datatype(inoutbuf, out))
         return
     ufunc = _UFUNCS.get(_op(op))
     if ufunc is None:
@@ -54,26 +54,49 @@ _DATATYPES = {"int8": "SIGNED_CHAR", "uint8": "BYTE", "int32": "INT", "int64": "
               "float16": "FLOAT16_T", "float32": "FLOAT", "float64": "DOUBLE"}
 
 
+class _Bytes(np.ndarray):
+    """What a user op's function is given: the bytes of a buffer, in place, as mpi4py's
+    ``buffer``: len() counts bytes, and a slice takes any buffer of as many bytes (the
+    ``b[:] = array("i", ...)`` of mpi4py's own user ops)."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if not isinstance(value, (int, np.integer)):
+            try:
+                value = np.frombuffer(memoryview(value).cast("B"), np.uint8)
+            except TypeError:
+                pass  # not a buffer (a list of ints, ...): numpy's own rules
+        super().__setitem__(key, value)
+
+
+def _bytes(arr: np.ndarray) -> _Bytes:
+    return np.ascontiguousarray(arr).reshape(-1).view(np.uint8).view(_Bytes)
+
+
+def _user_datatype(spec: Any, arr: np.ndarray) -> Datatype:
+    """The Datatype a user op's function is given: the spec's own, else arr's."""
+    from . import _types
+    if isinstance(spec, (list, tuple)) and spec and isinstance(spec[-1], Datatype):
+        return spec[-1]
+    return getattr(_types, _DATATYPES[str(arr.dtype)])
+
+
 def user_allreduce(comm: Any, sendbuf: Any, recvbuf: Any, op: Op,
                    timeout: Optional[float]) -> None:
     """Allreduce with an Op.Create op: every rank gathers every rank's buffer and folds
     them in rank order, x0 op (x1 op (... op x(n-1))), calling function(inbuf, inoutbuf,
     datatype) on byte views, so every rank computes the same result in MPI's order."""
-    from . import _types
     _no_none(sendbuf)
     out = _array(recvbuf, "recvbuf", True)
     mine = out.copy() if sendbuf is IN_PLACE else _array(sendbuf, "sendbuf")
     if mine.size != out.size or mine.dtype != out.dtype:
         raise ValueError(f"sendbuf ({mine.size} x {mine.dtype}) and recvbuf ({out.size} x "
                          f"{out.dtype}) differ")
-    spec_type = recvbuf[-1] if isinstance(recvbuf, (list, tuple)) and \
-        isinstance(recvbuf[-1], Datatype) else None
-    datatype = spec_type or getattr(_types, _DATATYPES[str(out.dtype)])
+    datatype = _user_datatype(recvbuf, out)
     parts = np.empty((comm.size, mine.size), mine.dtype)
     comm.Allgather(mine, parts.reshape(-1), timeout=timeout)
     acc = parts[-1].copy()
     for k in range(comm.size - 2, -1, -1):
-        op._user(memoryview(parts[k]).cast("B"), memoryview(acc).cast("B"), datatype)
+        op._user(_bytes(parts[k]), _bytes(acc), datatype)
     out[...] = acc
 
 

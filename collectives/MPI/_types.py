@@ -4,7 +4,9 @@ Every public name here is re-exported by ``collectives.MPI``.
 """
 from __future__ import annotations
 
+import itertools
 import operator
+import weakref
 from typing import Any, Callable, Optional
 
 from .. import _core
@@ -36,6 +38,15 @@ class ArgumentError(CollectivesError, ValueError):
     a ``ValueError``, as Python code expects; ``Get_error_code()`` is 1 (invalid argument)."""
 
 
+# mpi4py keeps at most 32 user-defined ops alive at once (its callback table) and raises
+# RuntimeError for the 33rd; its suite checks that (test_op.testCreateMany), so the same
+# limit holds here. An op's slot is released by Free or when its last handle is collected.
+MAX_USER_OP = 32
+_LIVE_USER_OPS: "weakref.WeakSet" = weakref.WeakSet()
+_OPS_BY_INT: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()  # toint's handles
+_OP_INTS = itertools.count()
+
+
 class Op:
     """A reduction operation: a core op for buffers, a Python function for objects.
 
@@ -59,16 +70,22 @@ class Op:
         if not callable(function):
             raise TypeError("Op.Create needs a callable function(inbuf, inoutbuf, datatype)")
 
+        if len(_LIVE_USER_OPS) >= MAX_USER_OP:
+            raise RuntimeError(f"cannot create too many user-defined reduction operations "
+                               f"({MAX_USER_OP} live; Free one first)")
+
         def combine(a: Any, b: Any) -> Any:
             out = function(a, b, None)
             return b if out is None else out
 
+        _LIVE_USER_OPS.add(combine)
         return cls(None, combine, bool(commute), function)
 
     def Free(self) -> None:
         """Release a user op (predefined ops are refused, as in MPI)."""
         if self.is_predefined:
             raise CollectivesError(1, "Free: a predefined op cannot be freed", ERR_OP)
+        _LIVE_USER_OPS.discard(self._func)
         self.name, self._func, self._user = None, None, None
 
     @property
@@ -98,7 +115,7 @@ class Op:
     def __call__(self, a: Any, b: Any) -> Any:
         """Combine two Python objects (used by the lowercase collectives)."""
         if self._func is None:
-            raise CollectivesError(1, "OP_NULL cannot combine objects", ERR_OP)
+            raise ValueError("OP_NULL cannot combine objects")  # mpi4py's error class
         return self._func(a, b)
 
     def __eq__(self, other: Any) -> bool:
@@ -115,7 +132,40 @@ class Op:
                 return name  # a predefined op pickles by name
             if globals()[name] == self:
                 return (Op, (globals()[name],))  # a second handle to one
-        raise ValueError("cannot pickle a user-defined MPI.Op")
+        if self._user is not None and not getattr(self, "_from_int", False):
+            # mpi4py's rule: a user op pickles as (its function, commute); loading it
+            # creates a new op (not equal to this one)
+            return (Op.Create, (self._user, self._commute))
+        raise ValueError("cannot pickle a user-defined MPI.Op "
+                         "(only the handle Op.Create returned carries its function)")
+
+    def toint(self) -> int:
+        """An integer handle for this op (mpi4py's Op.toint): fromint gives it back."""
+        for i, name in enumerate(_OP_NAMES):
+            if globals()[name] == self:
+                return i
+        if self._func is None:
+            return -1  # OP_NULL
+        for k, op in _OPS_BY_INT.items():
+            if op._func is self._func:
+                return k
+        key = len(_OP_NAMES) + next(_OP_INTS)
+        _OPS_BY_INT[key] = self
+        return key
+
+    @classmethod
+    def fromint(cls, handle: int) -> "Op":
+        """The op of an integer handle from toint (a new handle: equal, not identical)."""
+        if handle == -1:
+            return cls()
+        if 0 <= handle < len(_OP_NAMES):
+            return cls(globals()[_OP_NAMES[handle]])
+        op = _OPS_BY_INT.get(handle)
+        if op is None or op._func is None:
+            raise ValueError(f"{handle} is not the handle of a live MPI.Op")
+        clone = cls(op)
+        clone._from_int = True  # as in mpi4py: a handle from an int cannot be pickled
+        return clone
 
     def __repr__(self) -> str:
         return f"<collectives.MPI.Op {(self.name or 'user' if self._func else 'NULL').upper()}>"

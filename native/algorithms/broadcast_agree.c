@@ -138,7 +138,8 @@ coll_result_t coll_root_agree(coll_comm_t *comm, const coll_args_t *args, coll_k
                      "rank %d: %s #%u: the ranks disagree on the root (%s); nothing was sent",
                      r, coll_kind_name(kind), seq, roots);
   } else if (res == COLL_SUCCESS && fused) {
-    if (r != root && nbytes) memcpy(a->recvbuf, final + table, nbytes);
+    /* every rank refused (COLL_ROOT_REFUSED agreed by all): no buffer, nothing to copy */
+    if (r != root && nbytes && root != COLL_ROOT_REFUSED) memcpy(a->recvbuf, final + table, nbytes);
     *done = 1;
   } else if (res == COLL_SUCCESS) {
     comm->seq = seq; /* the collective that follows goes under the same number */
