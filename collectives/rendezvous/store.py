@@ -40,7 +40,13 @@ table is full, a newcomer replaces the oldest connection that has had
 UNAUTH_GRACE_S to answer, else it is closed at once, before anything is
 allocated for it: a flood of silent connections then costs an accept and a
 close each, and a rank's connection, which answers within the grace, is
-never pushed out by the ones after it. Each round of the loop serves the
+never pushed out by the ones after it. No one source address may take the
+whole of either table: it holds at most half of the handshake slots and three
+quarters of all connections (a job on one host connects from one address, so
+the latter leaves it nearly all), and a newcomer from a source at its cap
+replaces that source's own oldest handshake (past the grace) or is closed at
+once: a flood from one address, however fast, leaves the other sources' ranks
+room to connect and prove the secret. Each round of the loop serves the
 connections that have something first and accepts at most ACCEPT_BATCH new
 ones, so a flood never starves the clients already in. A frame is at most
 MAX_FRAME bytes and must arrive within FRAME_WAIT_S of its first byte; it
@@ -71,7 +77,7 @@ from .env import format_addr
 
 __all__ = ["StoreServer", "StoreClient", "barrier", "MAX_FRAME", "MAX_WAIT_S",
            "MAX_CONNECTIONS", "MAX_UNAUTHENTICATED", "AUTH_WAIT_S", "FRAME_WAIT_S",
-           "MAX_BUFFERED", "UNAUTH_GRACE_S", "ACCEPT_BATCH"]
+           "MAX_BUFFERED", "UNAUTH_GRACE_S", "ACCEPT_BATCH", "source_caps"]
 
 _MAGIC = b"CS"
 _VERSION = 2
@@ -123,6 +129,18 @@ def _connection_caps() -> tuple[int, int]:
     room = MAX_CONNECTIONS if soft < 0 else max(16, soft // 2)
     total = min(MAX_CONNECTIONS, room)
     return total, max(4, min(MAX_UNAUTHENTICATED, total // 4))
+
+
+def source_caps(total: int, unauth: int) -> tuple[int, int]:
+    """(connections, of which in their handshake) one source address may hold, of a
+    store holding at most total and unauth: three quarters and half, so that one
+    source never takes every slot (at least 1 each)."""
+    return max(1, total - total // 4), max(1, unauth // 2)
+
+
+def _source(addr: object) -> str:
+    """The source address of an accepted connection (its host part, without the port)."""
+    return str(addr[0]) if isinstance(addr, tuple) else "?"
 
 
 def clamp_wait(seconds: float, what: str = "timeout") -> float:
@@ -201,11 +219,12 @@ class _Refused(ConnectionError):
 class _Conn:
     """Server-side state of one client connection."""
 
-    __slots__ = ("sock", "peer", "inbuf", "outbuf", "waiting", "deadline", "expires",
+    __slots__ = ("sock", "peer", "source", "inbuf", "outbuf", "waiting", "deadline", "expires",
                  "nonce", "session", "rseq", "sseq", "born", "counted", "frame", "filled")
 
-    def __init__(self, sock: socket.socket, peer: str, nonce: bytes) -> None:
+    def __init__(self, sock: socket.socket, peer: str, nonce: bytes, source: str = "?") -> None:
         self.born = time.monotonic()
+        self.source = source                  # the peer's address without its port
         self.counted = 0                      # its bytes in the server's _buffered
         self.sock = sock
         self.peer = peer
@@ -267,6 +286,9 @@ class StoreServer:
         self._unauth: "collections.OrderedDict[int, _Conn]" = collections.OrderedDict()
         self._accept_paused_until = 0.0
         self._max_conns, self._max_unauth = _connection_caps()
+        self._source_conns, self._source_unauth = source_caps(self._max_conns, self._max_unauth)
+        # per source address: [connections held, of which in their handshake]
+        self._per_source: dict[str, list] = {}
         self._buffered = 0  # bytes in every connection's inbuf and outbuf
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -287,6 +309,11 @@ class StoreServer:
     def connection_count(self) -> tuple[int, int]:
         """(connections held, of which still unauthenticated); for tests and diagnostics."""
         return len(self._conns), len(self._unauth)
+
+    def source_count(self, source: str) -> tuple[int, int]:
+        """(connections held, of which still unauthenticated) from one source address."""
+        held = self._per_source.get(source, [0, 0])
+        return held[0], held[1]
 
     def __enter__(self) -> "StoreServer":
         """Return self; the server is already running."""
@@ -368,6 +395,25 @@ class StoreServer:
                            f"refused {peer}", key="store-full")
                 sock.close()
                 continue
+            source = _source(addr)
+            held = self._per_source.get(source, [0, 0])
+            if held[1] >= self._source_unauth:
+                # This source holds its share of the handshake table: it may replace only
+                # its own oldest handshake, so that a flood from one address never pushes
+                # out, or crowds out, another source's.
+                old = next(c for c in self._unauth.values() if c.source == source)
+                if time.monotonic() - old.born < UNAUTH_GRACE_S:
+                    _auth.warn(f"store on {self.address}: {source} has {held[1]} connections "
+                               f"in their handshake, its most; turning its new ones away",
+                               key="store-source-unauth")
+                    sock.close()
+                    continue
+                self._drop(old)
+            elif held[0] >= self._source_conns:
+                _auth.warn(f"store on {self.address}: {source} holds {held[0]} connections, "
+                           f"its most; refused {peer}", key="store-source-full")
+                sock.close()
+                continue
             if len(self._unauth) >= self._max_unauth:
                 old = next(iter(self._unauth.values()))
                 if time.monotonic() - old.born < UNAUTH_GRACE_S:
@@ -381,10 +427,13 @@ class StoreServer:
                 self._drop(old)
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = _Conn(sock, peer, os.urandom(_NONCE))
+            conn = _Conn(sock, peer, os.urandom(_NONCE), source)
             conn.expires = time.monotonic() + AUTH_WAIT_S
             self._conns[sock.fileno()] = conn
             self._unauth[sock.fileno()] = conn
+            counts = self._per_source.setdefault(source, [0, 0])
+            counts[0] += 1
+            counts[1] += 1
             self._sel.register(sock, selectors.EVENT_READ, conn)
             conn.outbuf += _SERVER_HELLO.pack(_MAGIC, _VERSION, conn.nonce)
             self._guarded(conn, lambda c=conn: self._flush(c))
@@ -486,7 +535,8 @@ class StoreServer:
         conn.outbuf += _ANSWER.pack(0, _auth.mac(self._key, b"server", conn.nonce, nonce_c))
         conn.session = _auth.mac(self._key, b"session", conn.nonce, nonce_c)
         conn.expires = 0.0
-        self._unauth.pop(conn.sock.fileno(), None)
+        if self._unauth.pop(conn.sock.fileno(), None) is not None:
+            self._per_source[conn.source][1] -= 1
 
     def _process(self, conn: _Conn) -> None:
         # Requests are answered in order: while a GET waits, later bytes stay
@@ -619,11 +669,17 @@ class StoreServer:
         fd = conn.sock.fileno()
         if fd < 0:
             return
+        counts = self._per_source.get(conn.source)
         if self._conns.pop(fd, None) is not None:
             self._buffered -= conn.counted
             conn.counted = 0
+            if counts is not None:
+                counts[0] -= 1
         self._close_frame(conn)
-        self._unauth.pop(fd, None)
+        if self._unauth.pop(fd, None) is not None and counts is not None:
+            counts[1] -= 1
+        if counts is not None and counts[0] <= 0:
+            del self._per_source[conn.source]
         if conn.waiting is not None:
             waiters = self._waiters.get(conn.waiting, [])
             if conn in waiters:
