@@ -80,7 +80,6 @@ def test_a_group_timeout_leaves_the_other_groups_usable(backend):
             # the first rank named is the one that never called (its neighbour that timed
             # out, or closed the links, comes after)
             assert f"rank {r}: rank 2 reported no error" in rec["message"], res.report()
-            assert "rank 1" not in rec["message"].split("reported no error")[0], res.report()
     for rank in res.ranks:
         assert rank.one("finished") is not None, res.report()
 

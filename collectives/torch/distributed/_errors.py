@@ -37,12 +37,14 @@ class GroupNotes:
         label: text after every error ("[torch group 3: ... global ranks 0,1,3]"), or "".
         store: the group's torch store (None: no reports), ns: its keys' prefix.
         rank, size: this rank in the group and the group's size.
+        ranks: the global rank of each of the group's ranks, named in the causes (None:
+            the same numbers).
     """
 
     def __init__(self, core: Any, label: str = "", store: Any = None, ns: str = "",
-                 rank: int = 0, size: int = 1) -> None:
+                 rank: int = 0, size: int = 1, ranks: Optional[list] = None) -> None:
         self.core, self.label, self.store, self.ns = core, label, store, ns
-        self.rank, self.size = rank, size
+        self.rank, self.size, self.ranks = rank, size, ranks
         self._lock = threading.Lock()
         self._explained = False
         self._cause = ""
@@ -83,14 +85,20 @@ class GroupNotes:
                     continue
                 theirs = bytes(self.store.get(key)).decode("utf-8", "replace")
                 if not any(echo in theirs for echo in echoes):
-                    return f"rank {peer} reported: {theirs}"
+                    return f"rank {self._named(peer)} reported: {theirs}"
             if time.monotonic() >= deadline:
                 break
             time.sleep(0.05)
         if not silent:
             return ""
-        return (f"rank {', '.join(map(str, silent))} reported no error: it did not call this "
-                f"op, or exited, was killed or is stuck")
+        return (f"rank {', '.join(map(self._named, silent))} reported no error: it did not "
+                f"call this op, or exited, was killed or is stuck")
+
+    def _named(self, peer: int) -> str:
+        """'2 (global rank 3)' for a sub-group's rank 2, '2' where the numbers agree."""
+        if self.ranks is None or self.ranks[peer] == peer:
+            return str(peer)
+        return f"{peer} (global rank {self.ranks[peer]})"
 
 
 def _timeout_code() -> int:

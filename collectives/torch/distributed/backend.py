@@ -511,7 +511,7 @@ def _create_group(opts: Any, backend_options: Any = None) -> ProcessGroupCollect
             (f"[torch group {opts.group_id}: this is its rank {rank} of {size} (global rank "
              f"{ranks[rank]}); its ranks 0..{size - 1} are global ranks "
              f"{','.join(map(str, ranks))}]")
-        pg._set_notes(GroupNotes(core, label, opts.store, ns, rank, size))
+        pg._set_notes(GroupNotes(core, label, opts.store, ns, rank, size, ranks))
     else:
         pg = _create(opts.store, opts.group_rank, opts.group_size, opts.timeout)
     # torch uses a Python ProcessGroup as the group itself and names only the ones it
