@@ -272,7 +272,12 @@ coll_result_t coll_barrier(coll_comm_t *comm, double timeout);
  * moved) still calls the same collective, with root COLL_ROOT_REFUSED and
  * count 0: it runs only the root agreement, so every other rank fails at once
  * with COLL_INVALID_USAGE naming it ("refused its arguments"), nothing is
- * sent, the communicator stays usable, and it returns COLL_INVALID_ARGUMENT. */
+ * sent, the communicator stays usable, and it returns COLL_INVALID_ARGUMENT.
+ * coll_broadcast takes the same root from a rank that refused its buffer (a
+ * read-only one at a non-root), with its count and dtype: the agreement
+ * carries them, so the others fail at once naming it (and, when the counts or
+ * dtypes differ from the root's, with that mismatch instead, which breaks the
+ * communicator as any mismatch does). */
 #define COLL_ROOT_REFUSED (-3)
 coll_result_t coll_reduce(coll_comm_t *comm, const coll_args_t *args);
 coll_result_t coll_gatherv(coll_comm_t *comm, const coll_args_t *args);

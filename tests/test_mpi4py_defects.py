@@ -322,8 +322,10 @@ try:
         w.Reduce(np.ones(2, np.int32), b"\0" * 8 if r == 0 else None, root=0)
     elif kind == "Scatter":  # the root's sendbuf does not split in size blocks
         w.Scatter(np.zeros(w.size + 1, np.int32) if r == 0 else None, np.zeros(1, np.int32), 0)
-    else:                   # Bcast: a non-root's buffer is read-only
-        w.Bcast(np.ones(2, np.int32) if r == 0 else b"\0" * 8, root=0)
+    elif kind == "Bcast":   # a non-root's buffer is read-only (the same count and dtype)
+        w.Bcast(np.ones(2, np.int32) if r == 0 else np.frombuffer(b"\0" * 8, np.int32), root=0)
+    else:                   # Bcast with read-only bytes at a non-root (another dtype than the
+        w.Bcast(np.ones(2, np.int32) if r == 0 else b"\0" * 8, root=0)  # root's): see below
     fail(kind, "no rank refused")
 except MPI.Exception as exc:
     emit("refused", text=str(exc))
@@ -345,14 +347,41 @@ def test_one_rank_refuses_a_rooted_call(kind):
         assert "refused its arguments: rank 0" in rank.one("refused")["text"], res.report()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 39, unfinished: a one-rank refusal of a "
-                   "non-rooted collective (here a Bcast whose buffer is read-only on one "
-                   "non-root) still breaks the communicator on the others")
-def test_one_rank_refuses_bcast():
-    """The same for Bcast (its agreement carries the data, so a refusing rank cannot take
-    part with an unknown count yet)."""
-    res = run_world(3, ONE_RANK_REFUSES, args=["Bcast"], timeout=60, collective_timeout=30)
+@pytest.mark.parametrize("links", ["cold", "warm"])
+def test_one_rank_refuses_bcast(links):
+    """The same for Bcast, on cold links (the first call) and warm ones: the rank whose
+    buffer is read-only tells the others (the root agreement, as COLL_ROOT_REFUSED with its
+    count and dtype), so they fail at once naming it and the communicator stays usable."""
+    res = run_world(3, (WARM if links == "warm" else "") + ONE_RANK_REFUSES, args=["Bcast"],
+                    timeout=60, collective_timeout=30)
     res.assert_ok()
+    assert res.elapsed < 25, res.report()  # not the 30 s timeout
+    # every non-root's buffer is read-only: the root names them; each raised its own error
+    assert "refused its arguments: ranks 1, 2" in res[0].one("refused")["text"], res.report()
+    for rank in (1, 2):
+        assert "read-only" in res[rank].one("refused")["text"], res.report()
+
+
+WARM = r"""
+import numpy as np
+from collectives import MPI
+_x = np.zeros(4, np.int64)
+MPI.COMM_WORLD.Allreduce(np.ones(4, np.int64), _x)  # every link used once
+"""
+
+
+def test_bcast_refused_with_another_dtype_fails_at_once():
+    """A read-only buffer of another dtype than the root's (bytes against int32): the
+    refusal's agreement meets a dtype mismatch, so the others fail at once naming both
+    dtypes (the communicator then broken, as by any mismatch), not after the timeout."""
+    body = ONE_RANK_REFUSES.split("out = np.empty")[0]
+    res = run_world(3, body, args=["BcastBytes"], timeout=60, collective_timeout=30)
+    assert res.elapsed < 25, res.report()
+    for rank in res.ranks:
+        assert not rank.get("fail") and rank.one("refused"), res.report()
+    assert "read-only" in res[1].one("refused")["text"] or \
+        "refused" in res[1].one("refused")["text"], res.report()
+    assert any("dtype mismatch" in res[q].one("refused")["text"] for q in (0, 2)), res.report()
 
 
 SPLIT_TYPE = r"""

@@ -354,6 +354,7 @@ static coll_result_t run_allgatherv(coll_comm_t *comm, const coll_args_t *args) 
 
 static coll_result_t check_broadcast(coll_comm_t *comm, const coll_args_t *a) {
   COLL_CHECK(check_common(comm, a, 0));
+  if (a->root == COLL_ROOT_REFUSED) return COLL_SUCCESS; /* coll.h: a refusal told */
   if (a->root < 0 || a->root >= comm->size)
     return coll_error(comm, COLL_INVALID_ARGUMENT, "root %d out of range for %d ranks", a->root,
                       comm->size);
@@ -367,6 +368,15 @@ static coll_result_t run_broadcast(coll_comm_t *comm, const coll_args_t *args) {
   if (comm->size == 1) return COLL_SUCCESS;
   int done = 0;
   coll_result_t agreed = coll_root_agree(comm, &d, COLL_KIND_BROADCAST, &done);
+  if (d.root == COLL_ROOT_REFUSED) {
+    /* This rank refused its buffer (coll.h): the agreement alone told the others,
+     * which fail naming it; its own error says so. */
+    if (agreed == COLL_SUCCESS || agreed == COLL_INVALID_USAGE)
+      agreed = coll_error(comm, COLL_INVALID_ARGUMENT,
+                          "rank %d: broadcast: this rank refused its arguments; the other "
+                          "ranks were told and nothing was sent", comm->rank);
+    return memory_end(comm, &d, &g, agreed);
+  }
   if (agreed != COLL_SUCCESS || done) return memory_end(comm, &d, &g, agreed);
   coll_sched_t s;
   coll_sched_init(&s, comm, COLL_KIND_BROADCAST, &d, (uint32_t)d.root);
