@@ -9,11 +9,13 @@ all_gather_into_tensor, reduce_scatter_tensor, reduce, all_to_all(_single),
 barrier here; send/recv, gather/scatter and the coalesced forms in
 _ops.py (README: the table of what is there and what raises).
 
-The communicator: the ``collectives`` world when this process was started by
-``collectives-run`` (or ``collectives.init()`` already ran) and the group is
-that world, unless a failure broke it; otherwise one built through the torch
-store given to the backend (every rank publishes its listening address
-there), which also serves sub-groups and torchrun.
+The communicator: for the default group, the ``collectives`` world when this
+process was started by ``collectives-run`` (or ``collectives.init()`` already
+ran) and the group is that world, unless a failure broke it; otherwise one
+built through the torch store given to the backend (every rank publishes its
+listening address there), as under torchrun. Every other group (new_group,
+new_subgroups) builds one of its own the same way, over its members, so that
+as on gloo a failure in one group leaves the others usable.
 
 Every op has the group's timeout (init_process_group's) as its deadline.
 allreduce is non-blocking (a core request; a thread per group waits for the
