@@ -105,3 +105,31 @@ def test_groups_are_independent_as_on_gloo(backend):
     for rank in res.ranks:
         assert rank.one("orders") is not None and rank.one("finished") is not None, \
             res.report()
+
+
+def test_a_group_reads_its_members_addresses_in_one_round_trip():
+    """Building a group's links costs each member one wait and one multi_get for all the
+    members' addresses, whatever the group's size (not one get per member)."""
+    from collectives.torch.distributed.backend import _addresses_reader
+
+    class Store:
+        def __init__(self):
+            self.calls = []
+            self.data = {f"ns/addr/{q}": f"a{q}".encode() for q in range(64)}
+
+        def wait(self, keys):
+            self.calls.append(("wait", len(keys)))
+
+        def multi_get(self, keys):
+            self.calls.append(("multi_get", len(keys)))
+            return [self.data[k] for k in keys]
+
+        def get(self, key):
+            self.calls.append(("get", key))
+            return b"x"
+
+    store = Store()
+    get = _addresses_reader(store, "ns/", 64)
+    assert [get(f"addr/{q}") for q in range(64)] == [f"a{q}".encode() for q in range(64)]
+    assert store.calls == [("wait", 64), ("multi_get", 64)]
+    assert get("encrypt_seen/3") == b"x" and store.calls[-1] == ("get", "ns/encrypt_seen/3")
