@@ -12,6 +12,8 @@
  *   coll_alltoallv                     pairwise exchange (alltoall.c); GPU buffers as above
  *   coll_isend / coll_irecv / coll_send / coll_recv / coll_sendrecv
  *                                      point-to-point messages with tags (p2p.c)
+ *   coll_ssend / coll_issend / coll_probe
+ *                                      synchronous-mode sends; probes (p2p.c)
  *   coll_comm_split / coll_comm_dup / coll_comm_free
  *                                      subcommunicators over the same links (comm/subcomm.c)
  *   coll_request_status / coll_request_wait_any
@@ -134,6 +136,7 @@ typedef struct {
   int tag;
   size_t count;  /* elements received (at most the receive's count) */
   size_t nbytes; /* their bytes */
+  coll_dtype_t dtype; /* the message's element type (a probe's: the sender's) */
 } coll_status_t;
 
 /* Creates rank `rank` of `size` and starts listening on bind_host (numeric
@@ -273,11 +276,10 @@ coll_result_t coll_barrier(coll_comm_t *comm, double timeout);
  * count 0: it runs only the root agreement, so every other rank fails at once
  * with COLL_INVALID_USAGE naming it ("refused its arguments"), nothing is
  * sent, the communicator stays usable, and it returns COLL_INVALID_ARGUMENT.
- * coll_broadcast takes the same root from a rank that refused its buffer (a
- * read-only one at a non-root), with its count and dtype: the agreement
- * carries them, so the others fail at once naming it (and, when the counts or
- * dtypes differ from the root's, with that mismatch instead, which breaks the
- * communicator as any mismatch does). */
+ * coll_broadcast takes the same root, with no buffer but with the count, dtype
+ * and memory kind the rank read from its own (the broadcast's agreement header
+ * carries them, so a refusing rank whose count or dtype differs from the
+ * root's makes the others fail with that mismatch instead, at once). */
 #define COLL_ROOT_REFUSED (-3)
 coll_result_t coll_reduce(coll_comm_t *comm, const coll_args_t *args);
 coll_result_t coll_gatherv(coll_comm_t *comm, const coll_args_t *args);
@@ -306,6 +308,8 @@ coll_result_t coll_iscatterv(coll_comm_t *comm, const coll_args_t *args, coll_re
 coll_result_t coll_ireduce_scatter_block(coll_comm_t *comm, const coll_args_t *args,
                                          coll_request_t **req);
 coll_result_t coll_ibarrier(coll_comm_t *comm, double timeout, coll_request_t **req);
+/* coll_alltoallv as a request (host buffers; counts and displs are copied). */
+coll_result_t coll_ialltoallv(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req);
 /* Blocks (GIL released by the caller) until done; returns its result. */
 coll_result_t coll_request_wait(coll_request_t *req);
 /* *done = 1 and returns its result when finished, else *done = 0, COLL_SUCCESS. */
@@ -345,6 +349,21 @@ coll_result_t coll_irecv(coll_comm_t *comm, const coll_args_t *args, coll_reques
 coll_result_t coll_send(coll_comm_t *comm, const coll_args_t *args);
 /* status may be NULL. */
 coll_result_t coll_recv(coll_comm_t *comm, const coll_args_t *args, coll_status_t *status);
+/* Synchronous mode (MPI_Ssend/Issend): as coll_send/coll_isend, but the send
+ * completes only once a receive on the destination has matched the message
+ * (the receiver acks it: COLL_WIRE_P2P_ACK), never on the link's buffering.
+ * To this rank itself: once a receive here takes it. */
+coll_result_t coll_ssend(coll_comm_t *comm, const coll_args_t *args);
+coll_result_t coll_issend(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req);
+/* MPI_Probe (block) / MPI_Iprobe (!block): *flag = 1 and *status = the
+ * envelope (source, tag, count, nbytes) of the message a receive with
+ * (source, tag) would take next, without receiving it; it stays for that
+ * receive. A blocking probe waits with the deadline of timeout (<= 0: the
+ * communicator's), moving every pending message meanwhile; Iprobe makes one
+ * pass and never waits for a collective under way. source COLL_PROC_NULL:
+ * *flag = 1 at once with an empty status from COLL_PROC_NULL. */
+coll_result_t coll_probe(coll_comm_t *comm, int source, int tag, double timeout, int block,
+                         int *flag, coll_status_t *status);
 /* Sends sendbuf (count elements of dtype to send_args->peer with its tag) and
  * receives into recv_args at once; neither waits for the other. */
 coll_result_t coll_sendrecv(coll_comm_t *comm, const coll_args_t *send_args,

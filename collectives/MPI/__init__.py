@@ -26,7 +26,7 @@ from .. import _core
 from . import _missing
 from .._core import CollectivesError, CommBase as _CommBase, count_of
 from .._core import check_root
-from . import _comms as _mpi_comms, _extras as _mpi_extras
+from . import _comms as _mpi_comms, _extras as _mpi_extras, _more as _mpi_more
 from ..rendezvous import world as _world
 from ._request import Request
 from ._comms import COMM_NULL
@@ -59,6 +59,9 @@ from ._names import (  # noqa: F401
     THREAD_SINGLE, UNEQUAL, VERSION, Get_library_version, Get_version, Init_thread,
     Is_thread_main, Query_thread, get_vendor)
 
+from ._group import GROUP_EMPTY, GROUP_NULL, Group  # noqa: F401,E402
+from ._message import MESSAGE_NO_PROC, MESSAGE_NULL, Message  # noqa: F401,E402
+
 globals().update({_n: DATATYPE_NULL for _n in _NULL_TYPES})  # SHORT, INT16_T, ...: see Datatype
 
 Exception = CollectivesError  # noqa: A001 -- mpi4py's name for its error class
@@ -90,7 +93,7 @@ def _msg(spec: Any) -> tuple:
     return _buf(BOTTOM if spec is None else spec, "buf")
 
 
-class Comm(_mpi_extras.CommExtras, _CommBase):
+class Comm(_mpi_more.CommMore, _mpi_extras.CommExtras, _CommBase):
     """A communicator: mpi4py's names over the native core.
 
     Allreduce on plain buffers is inherited from the Cython base, which runs
@@ -208,14 +211,26 @@ class Comm(_mpi_extras.CommExtras, _CommBase):
         req = self._call(self._core.iallreduce, sbuf, rbuf, _op(op), algorithm, timeout, dtype)
         return Request(req, self)
 
+    def _bcast_buf(self, buf: Any, timeout: Optional[float]) -> tuple:
+        """_buf(buf); a spec this rank refuses is first told to the other ranks, which then
+        fail at once naming this one (_core.refuse_broadcast; the core's broadcast does the
+        same for what it refuses), and then raised here."""
+        try:
+            return _buf(buf, "buf")
+        except Exception:
+            if not self._core.closed:
+                _core.refuse_broadcast(self._core, buf[0] if isinstance(buf, (list, tuple))
+                                       and buf else buf, timeout)
+            raise
+
     def Bcast(self, buf: Any, root: int = 0, *, timeout: Optional[float] = None) -> None:
         """Copy root's buf into buf on every rank."""
-        b, dtype = _buf(buf, "buf")
+        b, dtype = self._bcast_buf(buf, timeout)
         self._call(self._core.broadcast, b, root, timeout, dtype)
 
     def Ibcast(self, buf: Any, root: int = 0, *, timeout: Optional[float] = None) -> Request:
         """Start a Bcast; returns a Request."""
-        b, dtype = _buf(buf, "buf")
+        b, dtype = self._bcast_buf(buf, timeout)
         return Request(self._call(self._core.ibroadcast, b, root, timeout, dtype), self)
 
     def _allgather_args(self, sendbuf: Any, recvbuf: Any) -> tuple:

@@ -212,6 +212,11 @@ class CommExtras:
         None: every rank gets as many as its recvbuf holds. With IN_PLACE the input is
         recvbuf (sum(recvcounts) elements) and the result fills its start. Equal counts
         run Reduce_scatter_block; unequal ones an Allreduce and this rank's part."""
+        self._reduce_scatter(sendbuf, recvbuf, recvcounts, op, timeout, False)
+
+    def _reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Optional[Sequence[int]],
+                        op: Any, timeout: Optional[float], start: bool) -> Any:
+        """Reduce_scatter; start=True: the non-blocking form's Request, returned."""
         _no_none(sendbuf)
         op = SUM if op is None else op
         _op(op)
@@ -233,12 +238,24 @@ class CommExtras:
         if sendbuf is not IN_PLACE and out.size < counts[r]:
             raise ValueError(f"recvbuf holds {out.size} elements, rank {r} receives {counts[r]}")
         if sendbuf is not IN_PLACE and len(set(counts)) == 1 and out.size == counts[r]:
+            if start:
+                return self.Ireduce_scatter_block(sendbuf, recvbuf, op, timeout=timeout)
             self.Reduce_scatter_block(sendbuf, recvbuf, op, timeout=timeout)
-            return
+            return None
         full = np.empty(total, src.dtype)
+        first = sum(counts[:r])
+
+        def mine() -> None:
+            out[:counts[r]] = full[first:first + counts[r]]
+
+        if start:  # the input is read when the request runs: IN_PLACE's is copied now
+            req = self.Iallreduce(src.copy() if sendbuf is IN_PLACE else src, full, op,
+                                  timeout=timeout)
+            req._then = mine
+            return req
         self.Allreduce(src, full, op, timeout=timeout)
-        start = sum(counts[:r])
-        out[:counts[r]] = full[start:start + counts[r]]
+        mine()
+        return None
 
     def Sendrecv_replace(self, buf: Any, dest: int, sendtag: int = 0,
                          source: int = ANY_SOURCE, recvtag: int = ANY_TAG, status: Any = None, *,

@@ -16,19 +16,17 @@ from __future__ import annotations
 MPI4PY_COMM = frozenset("""
     Accept Ack_failed Allgather_init Allgatherv_init Allreduce_init Alltoall_init
     Alltoallv_init Alltoallw Alltoallw_init Attach_buffer Barrier_init Bcast_init Bsend
-    Bsend_init Call_errhandler Cart_map Clone Compare Connect Create Create_cart
+    Bsend_init Call_errhandler Cart_map Clone Compare Connect Create_cart
     Create_dist_graph Create_dist_graph_adjacent Create_errhandler Create_from_group
-    Create_graph Create_group Create_intercomm Create_keyval Delete_attr Detach_buffer
+    Create_graph Create_intercomm Create_keyval Delete_attr Detach_buffer
     Disconnect Dup_with_info Exscan_init Flush_buffer Free_keyval Gather_init Gatherv_init
-    Get_attr Get_errhandler Get_failed Get_group Get_info Get_parent Get_topology Graph_map
-    Iagree Ialltoall Ialltoallv Ialltoallw Ibsend Idup Idup_with_info Iexscan Iflush_buffer
-    Igather Igatherv Improbe Iprobe Ireduce Ireduce_scatter Irsend Is_revoked Iscan Iscatter
-    Iscatterv Isendrecv Isendrecv_replace Ishrink Issend Join Mprobe Precv_init Probe
-    Psend_init Recv_init Reduce_init Reduce_scatter_block_init Reduce_scatter_init Revoke
+    Get_attr Get_errhandler Get_failed Get_info Get_parent Get_topology Graph_map
+    Iagree Ialltoallw Ibsend Idup Idup_with_info Iexscan Iflush_buffer
+    Igather Igatherv Ireduce Irsend Is_revoked Iscan Iscatter
+    Iscatterv Ishrink Join Precv_init     Psend_init Recv_init Reduce_init Reduce_scatter_block_init Reduce_scatter_init Revoke
     Rsend Rsend_init Scan_init Scatter_init Scatterv_init Send_init Set_attr Set_errhandler
-    Set_info Spawn Spawn_multiple Split_type Ssend Ssend_init bsend f2py free fromhandle
-    fromint group handle ibsend improbe info iprobe is_topo issend mprobe probe py2f ssend
-    toint topology
+    Set_info Spawn Spawn_multiple Split_type Ssend_init bsend f2py free fromhandle
+    fromint handle ibsend info is_topo py2f     toint topology
 """.split())
 
 # mpi4py: module-level names of mpi4py.MPI that collectives.MPI lacks.
@@ -58,18 +56,18 @@ MPI4PY_MODULE = frozenset("""
     ERR_UNSUPPORTED_OPERATION ERR_VALUE_TOO_LARGE ERR_WIN Errhandler FILE_NULL FLOAT16_T
     FLOAT32_T FLOAT64_T FLOAT_INT F_BOOL F_COMPLEX F_DOUBLE F_DOUBLE_COMPLEX F_ERROR F_FLOAT
     F_FLOAT_COMPLEX F_INT F_SOURCE F_STATUS_SIZE F_TAG File Flush_buffer Free_mem GRAPH
-    GROUP_EMPTY GROUP_NULL Get_abi_fortran_info Get_abi_info Get_abi_version Get_address
+    Get_abi_fortran_info Get_abi_info Get_abi_version Get_address
     Get_error_class Get_error_string Get_hw_resource_info Get_library_version Get_version
-    Graphcomm Grequest Group IDENT INFO_ENV INFO_NULL INT16_T INTEGER INTEGER1 INTEGER16
+    Graphcomm Grequest IDENT INFO_ENV INFO_NULL INT16_T INTEGER INTEGER1 INTEGER16
     INTEGER2 INTEGER4 INTEGER8 INT_INT IO Iflush_buffer InPlaceType Info Init_thread Intercomm
     Intracomm Is_thread_main KEYVAL_INVALID LAND LASTUSEDCODE LOCK_EXCLUSIVE LOCK_SHARED LOGICAL
     LOGICAL1 LOGICAL16 LOGICAL2 LOGICAL4 LOGICAL8 LONG_DOUBLE LONG_DOUBLE_INT LONG_INT LOR LXOR
     Lookup_name MAXLOC MAX_DATAREP_STRING MAX_ERROR_STRING MAX_INFO_KEY MAX_INFO_VAL
     MAX_LIBRARY_VERSION_STRING MAX_OBJECT_NAME MAX_PORT_NAME MAX_PROCESSOR_NAME
-    MAX_PSET_NAME_LEN MAX_STRINGTAG_LEN MESSAGE_NO_PROC MESSAGE_NULL MINLOC MODE_APPEND
+    MAX_PSET_NAME_LEN MAX_STRINGTAG_LEN MINLOC MODE_APPEND
     MODE_CREATE MODE_DELETE_ON_CLOSE MODE_EXCL MODE_NOCHECK MODE_NOPRECEDE MODE_NOPUT
     MODE_NOSTORE MODE_NOSUCCEED MODE_RDONLY MODE_RDWR MODE_SEQUENTIAL MODE_UNIQUE_OPEN
-    MODE_WRONLY Message NO_OP OFFSET OP_NULL ORDER_C ORDER_F ORDER_FORTRAN Open_port PACKED
+    MODE_WRONLY NO_OP OFFSET OP_NULL ORDER_C ORDER_F ORDER_FORTRAN Open_port PACKED
     Pcontrol Pickle Prequest Publish_name Query_thread REAL REAL16 REAL2 REAL4 REAL8 REPLACE
     REQUEST_NULL ROOT Register_datarep Remove_error_class Remove_error_code Remove_error_string
     SEEK_CUR SEEK_END SEEK_SET SESSION_NULL SHORT SHORT_INT SIGNED_INT SIGNED_LONG

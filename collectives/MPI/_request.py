@@ -47,6 +47,7 @@ class Request(metaclass=_RequestType):
         self._pickled = pickled
         self._active = core_request is not None
         self._then: Optional[Any] = None  # run once on success (Iscan's local fold)
+        self._partner: Optional["Request"] = None  # Isendrecv's send, finished with it
 
     def __bool__(self) -> bool:
         return self._active
@@ -75,11 +76,19 @@ class Request(metaclass=_RequestType):
         if status is not None:
             status._fill(outcome)
         if self._pickled and outcome is not None:
-            return None if outcome[0] == PROC_NULL else _peer_loads(outcome[3])
+            # an empty message (a PROC_NULL receive, or Send of no buffer) is None, as in mpi4py
+            return None if outcome[0] == PROC_NULL or not outcome[3] else _peer_loads(outcome[3])
         return None
 
     def _finish(self, status: Optional[Status]) -> Any:
         """Complete it (raising MPI.Exception if it failed) and report it."""
+        partner, self._partner = self._partner, None
+        if partner is not None and self._active:
+            try:
+                partner._finish(None)
+            except CollectivesError:
+                self._active = False
+                raise
         if self._active:
             try:
                 self._comm._call(self._req.Wait)
@@ -95,6 +104,8 @@ class Request(metaclass=_RequestType):
         """Whether it has completed, without reporting it (raising if it failed)."""
         if not self._active:
             return True
+        if self._partner is not None and not self._partner._done():
+            return False
         try:
             return self._comm._call(self._req.Test)
         except CollectivesError:
@@ -256,6 +267,8 @@ class Request(metaclass=_RequestType):
     @staticmethod
     def _some(reqs: list, statuses: Optional[list], known: list) -> tuple:
         done = sorted(set(known) | {i for i, r in enumerate(reqs) if r._active and r._done()})
+        if isinstance(statuses, list):  # one Status per completed request, as mpi4py extends it
+            statuses.extend(Status() for _ in range(len(done) - len(statuses)))
         objs = []
         for k, i in enumerate(done):
             st = statuses[k] if statuses is not None and k < len(statuses) else None

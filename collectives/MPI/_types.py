@@ -122,14 +122,15 @@ class Op:
 
 
 def _loc(better: Callable[[Any, Any], bool]) -> Callable[[Any, Any], Any]:
-    """MINLOC/MAXLOC on (value, index) pairs: the better value; on a tie, the lower index."""
+    """MINLOC/MAXLOC on (value, index) pairs: the pair with the better value; on a tie,
+    the pair with the lower index (MPI's rule), whole: its value and index objects."""
     def combine(a: Any, b: Any) -> Any:
         (u, i), (v, j) = a, b
         if better(v, u):
             return (v, j)
         if better(u, v):
             return (u, i)
-        return (u, i if i <= j else j)
+        return (u, i) if i <= j else (v, j)
     return combine
 
 

@@ -404,61 +404,36 @@ cdef class Communicator:
         set_memory(a, stream, v)
         return v
 
-    def _refuse_broadcast(self, buf, timeout, dtype) -> None:
-        """Tell the other ranks that this rank refused its broadcast arguments: the root
-        agreement with root COLL_ROOT_REFUSED and this rank's count and dtype (coll.h), so
-        that they fail at once naming it instead of waiting out the timeout. Returns
-        normally (the caller raises its own error)."""
-        cdef coll_args_t a
-        cdef _View v
-        cdef coll_result_t res
-        if self.comm == NULL or self._size < 2:
-            return
-        memset(&a, 0, sizeof(coll_args_t))
-        a.root = COLL_ROOT_REFUSED
-        a.dtype = COLL_UINT8
-        try:  # the buffer read as it is, for its count and dtype; else none
-            v = as_view(buf, "buf", False, dtype)
-            if v.device < 0:
-                a.sendbuf = v.ptr
-                a.recvbuf = v.ptr
-                a.count = v.count
-                a.dtype = <coll_dtype_t>v.dtype
-        except Exception:
-            pass
-        try:
-            a.timeout = as_timeout(timeout)
-        except (TypeError, ValueError):
-            a.timeout = 0
-        with nogil:
-            res = coll_broadcast(self.comm, &a)
-
     def broadcast(self, buf, root=0, timeout=None, dtype=None, stream=None) -> None:
-        """Copy root's buf into buf on every rank. A rank that refuses its arguments (a
-        read-only buffer at a non-root, a bad root) tells the others first
-        (_refuse_broadcast): they fail at once naming it."""
+        """Copy root's buf into buf on every rank. A rank that refuses its arguments tells
+        the others (refuse_broadcast) before raising."""
         cdef coll_args_t a
         try:
             v = self._broadcast_args(&a, buf, root, timeout, dtype, stream)
-        except (ValueError, TypeError, BufferError, OverflowError):
-            self._refuse_broadcast(buf, timeout, dtype)
+        except Exception:
+            refuse_broadcast(self, buf, timeout, dtype)
             raise
         cdef coll_result_t res
         with nogil:
             res = coll_broadcast(self.comm, &a)
+        if res == COLL_INVALID_ARGUMENT:  # refused by the core's check: nothing moved
+            _refused_by_core(self, buf, timeout, dtype)
         CHKERR(res, self.comm)
 
     def ibroadcast(self, buf, root=0, timeout=None, dtype=None, stream=None) -> Request:
-        """Start a broadcast on the progress thread; returns a Request. A rank that refuses
-        its arguments tells the others first, as broadcast does."""
+        """Start a broadcast on the progress thread; returns a Request. A refusal is told
+        to the other ranks as broadcast's is."""
         cdef coll_args_t a
+        cdef Request r
         try:
-            v = self._broadcast_args(&a, buf, root, timeout, dtype, stream)
-        except (ValueError, TypeError, BufferError, OverflowError):
-            self._refuse_broadcast(buf, timeout, dtype)
+            r = self._request(self._broadcast_args(&a, buf, root, timeout, dtype, stream))
+        except Exception:
+            refuse_broadcast(self, buf, timeout, dtype)
             raise
-        cdef Request r = self._request(v)
-        CHKERR(coll_ibroadcast(self.comm, &a, &r.req), self.comm)
+        cdef coll_result_t res = coll_ibroadcast(self.comm, &a, &r.req)
+        if res == COLL_INVALID_ARGUMENT:
+            _refused_by_core(self, buf, timeout, dtype)
+        CHKERR(res, self.comm)
         return r
 
     cdef object _reduce_scatter_args(self, coll_args_t *a, sendbuf, recvbuf, op, timeout, dtype,

@@ -31,6 +31,21 @@ def alltoallv(Communicator comm, sendbuf, recvbuf, sendcounts, recvcounts, sendd
     """Rank r sends sendbuf block j (sendcounts[j] elements at senddispls[j]) to rank j and
     gets rank j's block for it at recvdispls[j] (recvcounts[j] elements). sendbuf None: in
     place (recvbuf holds the blocks to send, laid out by the send counts and displs)."""
+    _alltoallv(comm, sendbuf, recvbuf, sendcounts, recvcounts, senddispls, recvdispls, timeout,
+               dtype, None)
+
+
+def ialltoallv(Communicator comm, sendbuf, recvbuf, sendcounts, recvcounts, senddispls=None,
+               recvdispls=None, timeout=None, dtype=None) -> Request:
+    """Start an alltoallv (host buffers); returns a Request that keeps the buffers alive."""
+    cdef Request r = comm._request(None)
+    _alltoallv(comm, sendbuf, recvbuf, sendcounts, recvcounts, senddispls, recvdispls, timeout,
+               dtype, r)
+    return r
+
+
+cdef _alltoallv(Communicator comm, sendbuf, recvbuf, sendcounts, recvcounts, senddispls,
+                recvdispls, timeout, dtype, Request r):
     comm._live()
     cdef int n = comm._size
     cdef _View rv = as_view(recvbuf, "recvbuf", True, dtype)
@@ -55,6 +70,11 @@ def alltoallv(Communicator comm, sendbuf, recvbuf, sendcounts, recvcounts, sendd
         a.dtype = <coll_dtype_t>rv.dtype
         a.timeout = as_timeout(timeout)
         set_memory(&a, None, rv, sv)
+        if r is not None:  # counts are copied; the request keeps the views
+            _host_only(a.memory, "ialltoallv")
+            r.views = (sv, rv)
+            CHKERR(coll_ialltoallv(comm.comm, &a, &r.req), comm.comm)
+            return
         with nogil:
             res = coll_alltoallv(comm.comm, &a)
         CHKERR(res, comm.comm)

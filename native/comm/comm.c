@@ -353,30 +353,44 @@ static coll_result_t run_allgatherv(coll_comm_t *comm, const coll_args_t *args) 
 }
 
 static coll_result_t check_broadcast(coll_comm_t *comm, const coll_args_t *a) {
+  if (a->root == COLL_ROOT_REFUSED) { /* run_broadcast_refused: no buffer is touched */
+    comm->err_set = 0;
+    if ((unsigned)a->dtype >= COLL_NUM_DTYPES)
+      return coll_error(comm, COLL_INVALID_ARGUMENT, "invalid dtype %d", (int)a->dtype);
+    return COLL_SUCCESS;
+  }
   COLL_CHECK(check_common(comm, a, 0));
-  if (a->root == COLL_ROOT_REFUSED) return COLL_SUCCESS; /* coll.h: a refusal told */
   if (a->root < 0 || a->root >= comm->size)
     return coll_error(comm, COLL_INVALID_ARGUMENT, "root %d out of range for %d ranks", a->root,
                       comm->size);
   return COLL_SUCCESS;
 }
 
+/* This rank refused its arguments (COLL_ROOT_REFUSED, coll.h): the root agreement alone,
+ * under the count, dtype and memory kind the rank read from its buffer (they are in the
+ * agreement's header, and a small host broadcast's data rides in it: broadcast_agree.c),
+ * with no buffer; every other rank fails there naming this one. */
+static coll_result_t run_broadcast_refused(coll_comm_t *comm, const coll_args_t *args) {
+  if (comm->size > 1) {
+    coll_args_t h = *args;
+    h.sendbuf = h.recvbuf = NULL; /* never the root, and nothing is copied on disagreement */
+    int done;
+    coll_result_t res = coll_root_agree(comm, &h, COLL_KIND_BROADCAST, &done);
+    if (res != COLL_SUCCESS && res != COLL_INVALID_USAGE) return res;
+  }
+  return coll_error(comm, COLL_INVALID_ARGUMENT,
+                    "rank %d: broadcast: this rank refused its arguments; the other ranks were "
+                    "told and nothing was sent", comm->rank);
+}
+
 static coll_result_t run_broadcast(coll_comm_t *comm, const coll_args_t *args) {
+  if (args->root == COLL_ROOT_REFUSED) return run_broadcast_refused(comm, args);
   coll_args_t d;
   coll_gpu_small_t g;
   COLL_CHECK(memory_begin(comm, COLL_KIND_BROADCAST, args, &d, &g));
   if (comm->size == 1) return COLL_SUCCESS;
   int done = 0;
   coll_result_t agreed = coll_root_agree(comm, &d, COLL_KIND_BROADCAST, &done);
-  if (d.root == COLL_ROOT_REFUSED) {
-    /* This rank refused its buffer (coll.h): the agreement alone told the others,
-     * which fail naming it; its own error says so. */
-    if (agreed == COLL_SUCCESS || agreed == COLL_INVALID_USAGE)
-      agreed = coll_error(comm, COLL_INVALID_ARGUMENT,
-                          "rank %d: broadcast: this rank refused its arguments; the other "
-                          "ranks were told and nothing was sent", comm->rank);
-    return memory_end(comm, &d, &g, agreed);
-  }
   if (agreed != COLL_SUCCESS || done) return memory_end(comm, &d, &g, agreed);
   coll_sched_t s;
   coll_sched_init(&s, comm, COLL_KIND_BROADCAST, &d, (uint32_t)d.root);
@@ -586,12 +600,14 @@ static void *progress_main(void *arg) {
 /* Queues a collective on the progress thread (started on first use). The
  * request keeps its own copy of the arguments, counts and displacements
  * included; the buffers stay the caller's to keep alive. */
-static coll_result_t submit(coll_comm_t *sub, const coll_args_t *a, check_fn check, run_fn run,
-                            coll_request_t **out) {
+/* Queues a request; counts and displs (per_rank x size entries each: 2 for
+ * alltoallv's send and receive sides) are copied into it. */
+static coll_result_t submit_v(coll_comm_t *sub, const coll_args_t *a, check_fn check, run_fn run,
+                              coll_request_t **out, size_t per_rank) {
   *out = NULL;
   COLL_CHECK(check(sub, a));
   coll_comm_t *comm = coll_comm_root(sub); /* its queue and thread run the request */
-  size_t nv = a->counts ? (size_t)sub->size : 0;
+  size_t nv = a->counts ? per_rank * (size_t)sub->size : 0;
   coll_request_t *req = calloc(1, sizeof *req + 2 * nv * sizeof(size_t));
   if (!req) return coll_error(comm, COLL_SYSTEM_ERROR, "out of memory");
   req->args = *a;
@@ -630,6 +646,11 @@ static coll_result_t submit(coll_comm_t *sub, const coll_args_t *a, check_fn che
   return COLL_SUCCESS;
 }
 
+static coll_result_t submit(coll_comm_t *sub, const coll_args_t *a, check_fn check, run_fn run,
+                            coll_request_t **out) {
+  return submit_v(sub, a, check, run, out, 1);
+}
+
 coll_result_t coll_iallreduce(coll_comm_t *comm, const coll_args_t *a, coll_request_t **req) {
   return submit(comm, a, check_allreduce, run_allreduce, req);
 }
@@ -651,6 +672,9 @@ coll_result_t coll_igatherv(coll_comm_t *comm, const coll_args_t *a, coll_reques
 }
 coll_result_t coll_iscatterv(coll_comm_t *comm, const coll_args_t *a, coll_request_t **req) {
   return submit(comm, a, coll_check_scatterv, coll_run_scatterv, req);
+}
+coll_result_t coll_ialltoallv(coll_comm_t *comm, const coll_args_t *a, coll_request_t **req) {
+  return submit_v(comm, a, check_alltoallv, run_alltoallv, req, 2);
 }
 coll_result_t coll_ibarrier(coll_comm_t *comm, double timeout, coll_request_t **req) {
   coll_args_t a;

@@ -73,6 +73,7 @@ cdef extern from "coll.h" nogil:
         int tag
         size_t count
         size_t nbytes
+        coll_dtype_t dtype
 
     enum:
         COLL_ANY_SOURCE
@@ -130,6 +131,7 @@ cdef extern from "coll.h" nogil:
     coll_result_t coll_reduce(coll_comm_t *comm, const coll_args_t *args)
     coll_result_t coll_gatherv(coll_comm_t *comm, const coll_args_t *args)
     coll_result_t coll_scatterv(coll_comm_t *comm, const coll_args_t *args)
+    coll_result_t coll_ialltoallv(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req)
     coll_result_t coll_alltoallv(coll_comm_t *comm, const coll_args_t *args)
 
     coll_result_t coll_iallreduce(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req)
@@ -148,6 +150,10 @@ cdef extern from "coll.h" nogil:
     coll_result_t coll_isend(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req)
     coll_result_t coll_irecv(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req)
     coll_result_t coll_send(coll_comm_t *comm, const coll_args_t *args)
+    coll_result_t coll_ssend(coll_comm_t *comm, const coll_args_t *args)
+    coll_result_t coll_issend(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req)
+    coll_result_t coll_probe(coll_comm_t *comm, int source, int tag, double timeout, int block,
+                             int *flag, coll_status_t *status)
     coll_result_t coll_recv(coll_comm_t *comm, const coll_args_t *args, coll_status_t *status)
     coll_result_t coll_sendrecv(coll_comm_t *comm, const coll_args_t *send_args,
                                 const coll_args_t *recv_args, coll_status_t *status)

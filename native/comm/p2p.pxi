@@ -55,6 +55,47 @@ def p2p_send(Communicator comm, buf, int dest, int tag=0, timeout=None, dtype=No
     CHKERR(res, comm.comm)
 
 
+def p2p_ssend(Communicator comm, buf, int dest, int tag=0, timeout=None, dtype=None) -> None:
+    """Send buf to rank dest with tag in synchronous mode: returns once a receive on dest
+    has matched it."""
+    cdef coll_args_t a
+    v = p2p_args(comm, &a, buf, True, dest, tag, timeout, dtype)
+    cdef coll_result_t res
+    with nogil:
+        res = coll_ssend(comm.comm, &a)
+    CHKERR(res, comm.comm)
+
+
+def p2p_issend(Communicator comm, buf, int dest, int tag=0, timeout=None, dtype=None) -> Request:
+    """Start a synchronous-mode send; its Request completes once a receive matched it."""
+    cdef coll_args_t a
+    cdef Request r = comm._request(p2p_args(comm, &a, buf, True, dest, tag, timeout, dtype))
+    cdef coll_result_t res
+    with nogil:
+        res = coll_issend(comm.comm, &a, &r.req)
+    CHKERR(res, comm.comm)
+    return r
+
+
+def p2p_probe(Communicator comm, int source=COLL_ANY_SOURCE, int tag=COLL_ANY_TAG,
+              bint block=True, timeout=None):
+    """The envelope (source, tag, count, nbytes, dtype name) of the message a receive with
+    (source, tag) would take next, without receiving it; block False: one look, None if
+    there is none."""
+    comm._live()
+    cdef double t = as_timeout(timeout)
+    cdef int flag = 0
+    cdef coll_status_t st
+    cdef coll_result_t res
+    with nogil:
+        res = coll_probe(comm.comm, source, tag, t, block, &flag, &st)
+    CHKERR(res, comm.comm)
+    if not flag:
+        return None
+    return (st.source, st.tag, st.count, st.nbytes,
+            coll_dtype_name(st.dtype).decode() if st.count else "uint8")
+
+
 def p2p_recv(Communicator comm, buf, int source=COLL_ANY_SOURCE, int tag=COLL_ANY_TAG,
              timeout=None, dtype=None) -> tuple:
     """Receive into buf a message from source with tag (ANY_SOURCE/ANY_TAG match any);
@@ -82,15 +123,16 @@ def p2p_isend(Communicator comm, buf, int dest, int tag=0, timeout=None, dtype=N
 
 def p2p_irecv(Communicator comm, buf, int source=COLL_ANY_SOURCE, int tag=COLL_ANY_TAG,
               timeout=None, dtype=None) -> Request:
-    """Start a receive into buf; returns a Request (buf None: a message of any size,
-    whose bytes the finished request's status holds)."""
+    """Start a receive into buf; returns a Request (buf None: a message of any size and
+    of element type dtype, uint8 by default, whose bytes the finished request's status
+    holds)."""
     cdef coll_args_t a
     cdef Request r
     if buf is None:
         comm._live()
         memset(&a, 0, sizeof(coll_args_t))
         a.count = COLL_COUNT_ANY
-        a.dtype = COLL_UINT8
+        a.dtype = COLL_UINT8 if dtype is None else DTYPES[dtype]
         a.peer = source
         a.tag = tag
         a.timeout = as_timeout(timeout)

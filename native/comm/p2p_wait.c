@@ -37,7 +37,9 @@ static const char *tag_text(int tag, char *buf, size_t n) {
 static int wants_from(struct coll_p2p *p, int peer) {
   for (coll_p2p_op_t *op = p->posted; op; op = op->next)
     if (op->peer == peer || op->peer == COLL_ANY_SOURCE) return 1;
-  return 0;
+  for (coll_p2p_op_t *op = p->acked; op; op = op->next) /* an Ssend's ack comes from there */
+    if (op->peer == peer) return 1;
+  return p->probe && (p->probe->peer == peer || p->probe->peer == COLL_ANY_SOURCE);
 }
 
 /* One pass without blocking. */
@@ -73,6 +75,17 @@ static coll_result_t pass(coll_comm_t *comm, int *moved) {
 static coll_result_t op_timeout(coll_comm_t *comm, coll_p2p_op_t *op) {
   char who[32], tag[32];
   int held = op->peer >= 0 && op->peer != comm->rank ? comm->p2p->peers[op->peer].held : HELD_NO;
+  if (op->probe)
+    return coll_error(comm, COLL_TIMEOUT,
+                      "rank %d: probe for a message from %s (%s) timed out after %.1f s: none came",
+                      comm->rank, source_text(op->peer, who, sizeof who),
+                      tag_text(op->tag, tag, sizeof tag), coll_now() - op->start);
+  if (op->is_send && op->sync && op->state == OP_MOVING)
+    return coll_error(comm, COLL_TIMEOUT,
+                      "rank %d: Ssend to rank %d (tag %d, %zu %s elements) timed out after %.1f s: "
+                      "no receive on rank %d matched it",
+                      comm->rank, op->peer, op->tag, op->count, coll_dtype_name(op->dtype),
+                      coll_now() - op->start, op->peer);
   if (op->is_send)
     return coll_error(comm, COLL_TIMEOUT,
                       "rank %d: send to rank %d (tag %d, %zu %s elements) timed out after %.1f s: "
@@ -102,7 +115,18 @@ static coll_result_t engine(coll_comm_t *comm, coll_p2p_op_t *target, int block)
   for (;;) {
     int moved = 0;
     COLL_CHECK(pass(comm, &moved));
-    if (is_done(comm, target)) return COLL_SUCCESS;
+    if (target->probe) {
+      pthread_mutex_lock(&comm->mu);
+      if (p2p_probe_find(comm, target->ctx, target->peer, target->tag, target->local,
+                         &target->status))
+        target->state = OP_DONE;
+      pthread_mutex_unlock(&comm->mu);
+    }
+    if (is_done(comm, target)) {
+      /* acks queued by this pass's reading leave now: their senders wait */
+      if (p->nacks > 0) COLL_CHECK(pass(comm, &moved));
+      return COLL_SUCCESS;
+    }
     if (coll_now() >= target->deadline) return op_timeout(comm, target);
     if (moved) continue;
     if (!block) return COLL_SUCCESS;
@@ -147,9 +171,25 @@ static coll_result_t engine(coll_comm_t *comm, coll_p2p_op_t *target, int block)
 
 /* ---- requests ---- */
 
+/* Acks a receive queued while nobody ran the engine (it took a kept message)
+ * leave now, if the communicator is free: their senders wait for them. */
+static void flush_acks(coll_comm_t *comm) {
+  pthread_mutex_lock(&comm->mu);
+  int take = comm->p2p && comm->p2p->nacks > 0 && !comm->busy && !comm->qhead && !comm->broken;
+  if (take) comm->busy = 1;
+  pthread_mutex_unlock(&comm->mu);
+  if (!take) return;
+  int moved = 0;
+  comm->err_set = 0;
+  coll_comm_leave(comm, pass(comm, &moved));
+}
+
 coll_result_t coll_p2p_wait(coll_request_t *req) {
   coll_comm_t *comm = req->comm;
-  if (is_done(comm, req->p2p)) return req->result;
+  if (is_done(comm, req->p2p)) {
+    flush_acks(comm);
+    return req->result;
+  }
   coll_result_t res = coll_comm_enter(comm);
   if (res == COLL_SUCCESS) res = engine(comm, req->p2p, 1);
   coll_comm_leave(comm, res);
@@ -182,6 +222,7 @@ coll_result_t coll_p2p_test(coll_request_t *req, int *done) {
   *done = req->p2p->state == OP_DONE;
   coll_result_t res = *done ? req->result : COLL_SUCCESS;
   pthread_mutex_unlock(&comm->mu);
+  if (*done) flush_acks(comm);
   return res;
 }
 
@@ -189,6 +230,11 @@ coll_result_t coll_p2p_test(coll_request_t *req, int *done) {
 static int cancel(coll_comm_t *comm, coll_p2p_op_t *op) {
   struct coll_p2p *p = comm->p2p;
   if (op->state != OP_QUEUED) return 0;
+  if (op->is_send && op->sync && op->peer == comm->rank) { /* its message waits unmatched */
+    if (!p2p_cancel_self_ssend(comm, op)) return 0;
+    op->state = OP_DONE;
+    return 1;
+  }
   coll_p2p_op_t **head = op->is_send ? &p->peers[op->peer].sq : &p->posted;
   coll_p2p_op_t **tail = op->is_send ? &p->peers[op->peer].sq_tail : &p->posted_tail;
   coll_p2p_op_t *prev = NULL;
@@ -226,8 +272,13 @@ void coll_p2p_fail_all(coll_comm_t *comm, coll_result_t code) {
     pp->rop = NULL;
     pp->reading = pp->sending = 0;
   }
-  for (p2p_msg_t *m = p->unexp; m; m = m->next)
+  for (p2p_msg_t *m = p->unexp; m; m = m->next) {
     if (m->claimed) p2p_op_done(comm, m->claimed, code);
+    if (m->sync_op) p2p_op_done(comm, m->sync_op, code);
+  }
+  coll_p2p_op_t *acked = p->acked;
+  p->acked = NULL;
+  for (coll_p2p_op_t *op = acked, *nx; op; op = nx) { nx = op->next; op->next = NULL; p2p_op_done(comm, op, code); }
   pthread_mutex_unlock(&comm->mu);
 }
 
@@ -261,7 +312,86 @@ coll_result_t coll_isend(coll_comm_t *comm, const coll_args_t *args, coll_reques
 }
 
 coll_result_t coll_irecv(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req) {
-  return post(comm, args, 0, req);
+  COLL_CHECK(post(comm, args, 0, req));
+  flush_acks((*req)->comm); /* it may have taken a kept Ssend's message */
+  return COLL_SUCCESS;
+}
+
+coll_result_t coll_issend(coll_comm_t *comm, const coll_args_t *args, coll_request_t **req) {
+  COLL_CHECK(post(comm, args, P2P_SSEND, req));
+  int done;
+  coll_p2p_test(*req, &done);
+  return COLL_SUCCESS;
+}
+
+coll_result_t coll_ssend(coll_comm_t *comm, const coll_args_t *args) {
+  coll_request_t *req;
+  COLL_CHECK(post(comm, args, P2P_SSEND, &req));
+  coll_result_t res = coll_p2p_wait(req);
+  coll_p2p_free(req); /* a failed one may still be listed (a send to itself) */
+  return res;
+}
+
+coll_result_t coll_probe(coll_comm_t *comm, int source, int tag, double timeout, int block,
+                         int *flag, coll_status_t *status) {
+  *flag = 0;
+  coll_args_t a;
+  memset(&a, 0, sizeof a);
+  a.peer = source;
+  a.tag = tag;
+  a.count = COLL_COUNT_ANY;
+  a.dtype = COLL_UINT8;
+  COLL_CHECK(p2p_check_args(comm, &a, 0));
+  if (source == COLL_PROC_NULL) { /* MPI: at once, an empty message from PROC_NULL */
+    *flag = 1;
+    status->source = COLL_PROC_NULL;
+    status->tag = COLL_ANY_TAG;
+    status->count = status->nbytes = 0;
+    return COLL_SUCCESS;
+  }
+  coll_comm_t *sub = comm;
+  if (comm->root) {
+    if (source >= 0) source = comm->world[source];
+    comm = comm->root;
+    comm->err_set = 0;
+  }
+  if (comm->broken || sub->broken)
+    return coll_error(sub, COLL_INVALID_USAGE, "rank %d: the communicator is broken by an "
+                      "earlier failure; create a new one", sub->rank);
+  /* The engine runs for a target that is done once a message that fits has
+   * its envelope here: kept, or held in its link (schedule/p2p.c). */
+  coll_p2p_op_t t;
+  memset(&t, 0, sizeof t);
+  t.probe = 1;
+  t.peer = source;
+  t.tag = tag;
+  t.ctx = sub->ctx;
+  t.local = sub->local;
+  t.start = coll_now();
+  t.deadline = coll_comm_deadline(comm, timeout);
+  pthread_mutex_lock(&comm->mu);
+  coll_result_t res = p2p_state_get(comm);
+  int found = res == COLL_SUCCESS && p2p_probe_find(comm, t.ctx, t.peer, t.tag, t.local, &t.status);
+  int take = res == COLL_SUCCESS && !found && (block || (!comm->busy && !comm->qhead));
+  if (take && !block) comm->busy = 1; /* Iprobe: one look, never a wait for a collective */
+  pthread_mutex_unlock(&comm->mu);
+  if (res != COLL_SUCCESS) return res;
+  if (take) {
+    if (block) res = coll_comm_enter(comm);
+    else comm->err_set = 0;
+    if (res == COLL_SUCCESS) {
+      comm->p2p->probe = &t;
+      res = engine(comm, &t, block);
+      comm->p2p->probe = NULL;
+    }
+    coll_comm_leave(comm, res);
+    found = res == COLL_SUCCESS && t.state == OP_DONE;
+  }
+  if (found) {
+    *flag = 1;
+    *status = t.status;
+  }
+  return res;
 }
 
 coll_result_t coll_send(coll_comm_t *comm, const coll_args_t *args) {

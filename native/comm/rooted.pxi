@@ -222,6 +222,46 @@ def refuse_rooted(Communicator comm, str kind, timeout=None) -> None:
             res = coll_scatterv(comm.comm, &a)
 
 
+def refuse_broadcast(Communicator comm, buf, timeout=None, dtype=None) -> None:
+    """Tell the other ranks of a broadcast that this rank refused its arguments; they fail
+    with MPI.Exception naming it, nothing is sent, the communicator stays usable. The
+    agreement's header carries the count and dtype, and a small broadcast's data rides in
+    it, so this rank takes part with what it can read of buf (read-only is enough); a buf
+    it cannot read at all is taken as empty, and ranks whose count differs then fail with
+    a count mismatch instead (no timeout either way). Returns normally; collective."""
+    cdef coll_args_t a
+    cdef _View v
+    cdef coll_result_t res
+    if comm.comm == NULL:
+        return
+    memset(&a, 0, sizeof(coll_args_t))
+    a.root = COLL_ROOT_REFUSED
+    a.dtype = COLL_UINT8
+    try:
+        v = as_view(buf, "buf", False, dtype)
+        a.count = v.count
+        a.dtype = <coll_dtype_t>v.dtype
+        if v.device >= 0:
+            a.memory = COLL_MEMORY_CUDA
+            a.device = v.device
+    except Exception:
+        pass
+    try:
+        a.timeout = as_timeout(timeout)
+    except (TypeError, ValueError):
+        a.timeout = 0
+    with nogil:
+        res = coll_broadcast(comm.comm, &a)
+
+
+cdef int _refused_by_core(Communicator comm, buf, timeout, dtype) except -1:
+    """The core refused a broadcast's arguments (COLL_INVALID_ARGUMENT, nothing moved): tell
+    the other ranks, then raise the core's own message."""
+    text = coll_comm_last_error(comm.comm).decode("utf-8", "replace")
+    refuse_broadcast(comm, buf, timeout, dtype)
+    raise ValueError(text)
+
+
 cdef int _rooted_call(Communicator comm, str kind, timeout, fn, tuple args) except -1:
     """Run fn(comm, *args) -> coll_result_t; a refusal before anything moved (a Python check,
     or the core's COLL_INVALID_ARGUMENT) is told to the other ranks first, then raised."""

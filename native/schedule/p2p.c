@@ -69,10 +69,32 @@ coll_result_t p2p_state_get(coll_comm_t *comm) {
   return COLL_SUCCESS;
 }
 
+/* An Ssend that completes (acked, failed, freed) is nobody's to complete any
+ * more: out of the list waiting for acks, and no message of its own (a send to
+ * itself) names it. Under comm->mu. */
+static void forget_sync(struct coll_p2p *p, coll_p2p_op_t *op) {
+  coll_p2p_op_t *prev = NULL;
+  for (coll_p2p_op_t *x = p->acked; x; prev = x, x = x->next) {
+    if (x != op) continue;
+    if (prev) prev->next = x->next; else p->acked = x->next;
+    x->next = NULL;
+    break;
+  }
+  for (p2p_msg_t *m = p->unexp; m; m = m->next)
+    if (m->sync_op == op) m->sync_op = NULL;
+}
+
 /* Under comm->mu. */
 void p2p_op_done(coll_comm_t *comm, coll_p2p_op_t *op, coll_result_t res) {
   if (op->state == OP_DONE) return;
+  struct coll_p2p *p = comm->p2p;
+  if (op->sync && p) forget_sync(p, op);
   op->state = OP_DONE;
+  if (op->ack) { /* the engine's own: nobody waits on it */
+    if (p) p->nacks--;
+    free(op->req);
+    return;
+  }
   op->req->result = res;
   op->req->done = 1;
   pthread_cond_broadcast(&comm->cv);
@@ -106,7 +128,10 @@ static void set_status(coll_p2p_op_t *op, int peer, int tag, size_t count) {
   op->status.tag = tag;
   op->status.count = count;
   op->status.nbytes = count * coll_dtype_size(op->dtype);
+  op->status.dtype = op->dtype;
 }
+
+static void unexp_remove(struct coll_p2p *p, p2p_msg_t *m);
 
 static coll_p2p_op_t *take_posted(struct coll_p2p *p, uint32_t ctx, int peer, int tag) {
   coll_p2p_op_t *prev = NULL;
@@ -118,6 +143,85 @@ static coll_p2p_op_t *take_posted(struct coll_p2p *p, uint32_t ctx, int peer, in
     return op;
   }
   return NULL;
+}
+
+/* Queues to root rank `peer` the ack of its Ssend that left with seq: a
+ * header alone, sent by whoever runs the engine next (under comm->mu). */
+static coll_result_t enqueue_ack(coll_comm_t *comm, int peer, uint32_t seq) {
+  struct coll_p2p *p = comm->p2p;
+  coll_request_t *req = calloc(1, sizeof *req + sizeof(coll_p2p_op_t));
+  if (!req)
+    return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory for the ack of an Ssend "
+                      "from rank %d", comm->rank, peer);
+  coll_p2p_op_t *op = (coll_p2p_op_t *)(req + 1);
+  req->comm = comm;
+  req->p2p = op;
+  op->req = req;
+  op->is_send = 1;
+  op->ack = 1;
+  op->peer = peer;
+  op->tag = (int)seq; /* the header's aux: (uint32_t) gives seq back */
+  op->dtype = COLL_UINT8;
+  op->start = coll_now();
+  op->deadline = op->start + 1e9; /* never waited on: the engine moves it with the others */
+  p2p_peer_t *pp = &p->peers[peer];
+  if (pp->sq_tail) pp->sq_tail->next = op; else pp->sq = op;
+  pp->sq_tail = op;
+  p->nacks++;
+  return COLL_SUCCESS;
+}
+
+/* A kept message met its receive: an Ssend's sender learns it (under comm->mu). */
+static void kept_matched(coll_comm_t *comm, p2p_msg_t *m) {
+  coll_p2p_op_t *op = m->sync_op;
+  int sync = m->sync;
+  m->sync_op = NULL;
+  m->sync = 0;
+  if (op) p2p_op_done(comm, op, COLL_SUCCESS); /* sent to itself */
+  else if (sync) (void)enqueue_ack(comm, m->peer, m->sync_seq); /* on failure its sender times out */
+}
+
+int p2p_probe_find(coll_comm_t *comm, uint32_t ctx, int peer, int tag, const int *local,
+                   coll_status_t *st) {
+  struct coll_p2p *p = comm->p2p;
+  coll_p2p_op_t want;
+  memset(&want, 0, sizeof want);
+  want.ctx = ctx;
+  want.peer = peer;
+  want.tag = tag;
+  int from = -1, mtag = 0;
+  size_t count = 0;
+  coll_dtype_t dtype = COLL_UINT8;
+  for (p2p_msg_t *m = p->unexp; m && from < 0; m = m->next)
+    if (!m->claimed && fits(&want, m->ctx, m->peer, m->tag)) {
+      from = m->peer; mtag = m->tag; count = m->count; dtype = m->dtype;
+    }
+  /* then the ones too big to keep, left in their link (arrived later than any
+   * kept one from the same peer) */
+  for (int r = 0; r < comm->size && from < 0; r++) {
+    const p2p_peer_t *pp = &p->peers[r];
+    if (pp->hvalid && fits(&want, pp->hctx, r, pp->htag)) {
+      from = r; mtag = pp->htag; count = pp->hcount; dtype = pp->hdtype;
+    }
+  }
+  if (from < 0) return 0;
+  st->source = local ? local[from] : from;
+  st->tag = mtag;
+  st->count = count;
+  st->nbytes = count * coll_dtype_size(dtype);
+  st->dtype = dtype;
+  return 1;
+}
+
+int p2p_cancel_self_ssend(coll_comm_t *comm, coll_p2p_op_t *op) {
+  for (p2p_msg_t *m = comm->p2p->unexp; m; m = m->next) {
+    if (m->sync_op != op || m->claimed) continue;
+    unexp_remove(comm->p2p, m);
+    free(m->data);
+    free(m);
+    return 1;
+  }
+  return 0;
 }
 
 static void unexp_remove(struct coll_p2p *p, p2p_msg_t *m) {
@@ -134,6 +238,7 @@ static void unexp_remove(struct coll_p2p *p, p2p_msg_t *m) {
 /* A set-aside message reached its receive: copy it out, complete both. */
 static coll_result_t deliver_kept(coll_comm_t *comm, p2p_msg_t *m, coll_p2p_op_t *op) {
   unexp_remove(comm->p2p, m);
+  kept_matched(comm, m);
   coll_result_t res = check_match(comm, op, m->peer, m->tag, m->dtype, m->count);
   if (res == COLL_SUCCESS) {
     if (op->alloc) {
@@ -185,6 +290,8 @@ coll_result_t p2p_post(coll_comm_t *comm, const coll_args_t *args, int is_send, 
                        coll_comm_t **to_break) {
   *out = NULL;
   *to_break = NULL;
+  int sync = is_send == P2P_SSEND;
+  is_send = is_send != 0;
   COLL_CHECK(p2p_check_args(comm, args, is_send));
   /* A subcommunicator's messages go through its root's engine (base/comm_state.h),
    * to root ranks, with its context id. */
@@ -218,6 +325,7 @@ coll_result_t p2p_post(coll_comm_t *comm, const coll_args_t *args, int is_send, 
   req->p2p = op;
   op->req = req;
   op->is_send = is_send;
+  op->sync = sync && a->peer != COLL_PROC_NULL;
   op->ctx = sub->ctx;
   op->local = sub->local;
   op->peer = a->peer;
@@ -259,11 +367,12 @@ coll_result_t p2p_post(coll_comm_t *comm, const coll_args_t *args, int is_send, 
       if (nbytes) memcpy(data, a->sendbuf, nbytes);
       *m = (p2p_msg_t){NULL, comm->rank, a->tag, a->dtype, a->count, nbytes, nbytes, data, NULL,
                        op->ctx};
+      m->sync_op = op->sync ? op : NULL; /* an Ssend completes when a receive takes it */
       if (p->unexp_tail) p->unexp_tail->next = m; else p->unexp = m;
       p->unexp_tail = m;
       p->unexp_bytes += nbytes;
     }
-    p2p_op_done(comm, op, COLL_SUCCESS);
+    if (r || !op->sync) p2p_op_done(comm, op, COLL_SUCCESS);
   } else if (is_send) {
     p2p_peer_t *pp = &p->peers[a->peer];
     if (pp->sq_tail) pp->sq_tail->next = op; else pp->sq = op;
@@ -282,6 +391,7 @@ coll_result_t p2p_post(coll_comm_t *comm, const coll_args_t *args, int is_send, 
     } else if (m) {
       m->claimed = op;
       op->state = OP_MOVING;
+      kept_matched(comm, m); /* the receive has started: an Ssend may complete */
     } else {
       if (p->posted_tail) p->posted_tail->next = op; else p->posted = op;
       p->posted_tail = op;
@@ -312,6 +422,7 @@ coll_result_t p2p_push_sends(coll_comm_t *comm, p2p_peer_t *pp, coll_link_t *lin
       h.seq = pp->send_seq;
       h.nbytes = (uint32_t)nbytes;
       h.aux = (uint32_t)op->tag;
+      h.flags = op->ack ? COLL_WIRE_P2P_ACK : op->sync ? COLL_WIRE_P2P_SYNC : 0;
       h.count = op->count;
       h.ctx = op->ctx;
       h.gen = coll_comm_root(comm)->gen;
@@ -326,12 +437,17 @@ coll_result_t p2p_push_sends(coll_comm_t *comm, p2p_peer_t *pp, coll_link_t *lin
     if (pp->shdr_done + pp->sdone != before) *moved = 1;
     if (pp->shdr_done < COLL_WIRE_HDR_BYTES || pp->sdone < nbytes) return COLL_SUCCESS;
     pp->sending = 0;
-    pp->send_seq++;
+    op->wseq = pp->send_seq++;
     pthread_mutex_lock(&comm->mu);
     pp->sq = op->next;
     if (!pp->sq) pp->sq_tail = NULL;
     op->next = NULL;
-    p2p_op_done(comm, op, COLL_SUCCESS);
+    if (op->sync) { /* done when the receiver's ack for wseq comes back */
+      op->next = comm->p2p->acked;
+      comm->p2p->acked = op;
+    } else {
+      p2p_op_done(comm, op, COLL_SUCCESS);
+    }
     pthread_mutex_unlock(&comm->mu);
     if (one) return COLL_SUCCESS;
   }
@@ -363,7 +479,9 @@ static coll_result_t header_arrived(coll_comm_t *comm, p2p_peer_t *pp, int peer,
                       "rank %d: rank %d sent a point-to-point message of communicator generation "
                       "%u to generation %u (a stale peer from before a shrink or grow)",
                       comm->rank, peer, get32(b + 44), coll_comm_root(comm)->gen);
-  if (dtype >= COLL_NUM_DTYPES || b[6] != 0 || flags != 0 || offset != 0 || tag > COLL_TAG_MAX ||
+  int ack = flags == COLL_WIRE_P2P_ACK, sync = flags == COLL_WIRE_P2P_SYNC;
+  if (dtype >= COLL_NUM_DTYPES || b[6] != 0 || (flags != 0 && !ack && !sync) || offset != 0 ||
+      (tag > COLL_TAG_MAX && !ack) || (ack && count != 0) ||
       count > MAX_BYTES / coll_dtype_size((coll_dtype_t)dtype) ||
       nb32 != (uint32_t)(count * coll_dtype_size((coll_dtype_t)dtype)))
     return coll_error(comm, COLL_REMOTE_ERROR,
@@ -379,20 +497,40 @@ static coll_result_t header_arrived(coll_comm_t *comm, p2p_peer_t *pp, int peer,
   struct coll_p2p *p = comm->p2p;
   coll_result_t res = COLL_SUCCESS;
   pthread_mutex_lock(&comm->mu);
-  coll_p2p_op_t *op = take_posted(p, ctx, peer, (int)tag);
-  if (op) {
+  pp->hvalid = 0;
+  coll_p2p_op_t *op = ack ? NULL : take_posted(p, ctx, peer, (int)tag);
+  if (ack) {
+    /* A receive on `peer` matched our Ssend #tag: it completes. Not found: it
+     * failed or was freed meanwhile, and nobody waits for it. */
+    coll_p2p_op_t *prev = NULL, *x = p->acked;
+    while (x && !(x->peer == peer && x->wseq == tag)) { prev = x; x = x->next; }
+    if (x) {
+      if (prev) prev->next = x->next; else p->acked = x->next;
+      x->next = NULL;
+      p2p_op_done(comm, x, COLL_SUCCESS);
+    }
+    pp->rop = NULL;
+    pp->rmsg = NULL;
+    pp->rdst = NULL;
+  } else if (op) {
     res = check_match(comm, op, peer, (int)tag, (coll_dtype_t)dtype, (size_t)count);
     op->state = OP_MOVING;
     if (res == COLL_SUCCESS && op->alloc && !(op->buf = malloc(nbytes + 1)))
       res = coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory for a %zu-byte message from "
                        "rank %d", comm->rank, nbytes, peer);
     if (res != COLL_SUCCESS) p2p_op_done(comm, op, res);
+    else if (sync) res = enqueue_ack(comm, peer, seq);
     set_status(op, peer, (int)tag, (size_t)count);
     pp->rop = op;
     pp->rmsg = NULL;
     pp->rdst = op->buf;
   } else if (!diverting && p->unexp_bytes + nbytes > p->unexp_limit) {
     pp->held = HELD_FULL; /* left in the link until a receive for it is posted */
+    pp->hvalid = 1;       /* a probe sees it there */
+    pp->htag = (int)tag;
+    pp->hctx = ctx;
+    pp->hdtype = (coll_dtype_t)dtype;
+    pp->hcount = (size_t)count;
   } else if (p->unexp_bytes + nbytes > p->unexp_limit) {
     res = coll_error(comm, COLL_REMOTE_ERROR,
                      "rank %d: rank %d sent a %zu-byte point-to-point message (tag %u) before its "
@@ -408,6 +546,8 @@ static coll_result_t header_arrived(coll_comm_t *comm, p2p_peer_t *pp, int peer,
     } else {
       *m = (p2p_msg_t){NULL, peer, (int)tag, (coll_dtype_t)dtype, (size_t)count, nbytes, 0, data, NULL,
                        ctx};
+      m->sync = sync;
+      m->sync_seq = seq;
       if (p->unexp_tail) p->unexp_tail->next = m; else p->unexp = m;
       p->unexp_tail = m;
       p->unexp_bytes += nbytes;

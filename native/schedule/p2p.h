@@ -27,6 +27,14 @@ typedef struct coll_p2p_op {
   size_t count;             /* send: elements; receive: capacity */
   double start, deadline;
   coll_status_t status;
+  int sync;                 /* Ssend: done when the receiver's COLL_WIRE_P2P_ACK for
+                               wseq comes back (a send to itself: when its message
+                               is matched), not when the link took the bytes */
+  int ack;                  /* an ack the engine sends: no request waits on it, it is
+                               freed once sent (p2p_op_done) */
+  int probe;                /* a probe's target: done when a message that fits has its
+                               envelope here (coll_probe) */
+  uint32_t wseq;            /* the sequence number the message left with */
 } coll_p2p_op_t;
 
 typedef struct p2p_msg {    /* arrived before its receive was posted */
@@ -37,6 +45,9 @@ typedef struct p2p_msg {    /* arrived before its receive was posted */
   unsigned char *data;
   coll_p2p_op_t *claimed;   /* a receive posted while the payload was still arriving */
   uint32_t ctx;             /* the context id in its header */
+  int sync;                 /* sent with Ssend: matching it acks sync_seq to peer */
+  uint32_t sync_seq;
+  coll_p2p_op_t *sync_op;   /* sent to itself with Ssend: matching it completes this */
 } p2p_msg_t;
 
 enum { HELD_NO = 0, HELD_COLLECTIVE = 1, HELD_FULL = 2 };
@@ -55,6 +66,12 @@ typedef struct {
   coll_p2p_op_t *rop;
   p2p_msg_t *rmsg;
   int held;                 /* per pass: the next bytes are not for us now */
+  int hvalid;               /* the envelope of the message held (HELD_FULL) in the
+                               link, for a probe: valid until its header is taken */
+  int htag;
+  uint32_t hctx;
+  coll_dtype_t hdtype;
+  size_t hcount;
 } p2p_peer_t;
 
 struct coll_p2p {
@@ -65,6 +82,9 @@ struct coll_p2p {
   struct pollfd *pfs;
   int npfs_cap;
   int nhalf; /* during a collective: links with a message of ours half sent */
+  coll_p2p_op_t *acked;  /* Ssends sent whole, waiting for their receiver's ack */
+  int nacks;             /* acks queued to send (engine-owned ops) */
+  coll_p2p_op_t *probe;  /* the probe the engine runs for, if any (its holder's) */
 };
 
 static inline int half_sent(const p2p_peer_t *pp) { return pp->sending && pp->shdr_done > 0; }
@@ -79,6 +99,17 @@ coll_result_t p2p_check_args(coll_comm_t *comm, const coll_args_t *a, int is_sen
  * communicator that the mismatch breaks (the caller breaks it). */
 coll_result_t p2p_post(coll_comm_t *comm, const coll_args_t *a, int is_send, coll_request_t **out,
                        coll_comm_t **to_break);
+/* is_send for p2p_post: a synchronous send (Ssend). */
+#define P2P_SSEND 2
+/* The first message that fits (ctx, root rank peer or COLL_ANY_SOURCE, tag or
+ * COLL_ANY_TAG) whose header has arrived and no receive has claimed, in the
+ * order a receive would take it: into *st (source in the numbering of local),
+ * 1 if found (under comm->mu). */
+int p2p_probe_find(coll_comm_t *comm, uint32_t ctx, int peer, int tag, const int *local,
+                   coll_status_t *st);
+/* Cancels an Ssend to this rank itself that no receive has taken: its message
+ * is dropped; 1 if it was (under comm->mu). */
+int p2p_cancel_self_ssend(coll_comm_t *comm, coll_p2p_op_t *op);
 /* Moves this peer's queued sends (one: only the message under way) and
  * reads what it sent (one: only the rest of the message under way), as far
  * as the link goes without blocking. Holder of the communicator only. */

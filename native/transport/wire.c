@@ -63,6 +63,8 @@ const char *coll_wire_flags_text(uint32_t flags) {
     case COLL_WIRE_IPC_DESC: return "a CUDA IPC descriptor";
     case COLL_WIRE_IPC_ACK: return "a CUDA IPC acknowledgement";
     case COLL_WIRE_SC_DESC: return "a single-copy descriptor (shared memory)";
+    case COLL_WIRE_P2P_SYNC: return "a synchronous-mode message";
+    case COLL_WIRE_P2P_ACK: return "a synchronous-mode acknowledgement";
     default: return "unknown flags";
   }
 }

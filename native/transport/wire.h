@@ -21,7 +21,8 @@
  *                         COLL_WIRE_IPC_ACK: a CUDA IPC record follows instead
  *                         (transport/cuda_ipc.c), and nbytes/offset name the
  *                         device bytes it is about; COLL_WIRE_SC_DESC: the
- *                         same for host bytes a same-host peer reads (shm)
+ *                         same for host bytes a same-host peer reads (shm);
+ *                         point-to-point: COLL_WIRE_P2P_SYNC or COLL_WIRE_P2P_ACK
  *        24  u64 count    elements of the whole collective (as the sender sees it)
  *        32  u64 offset   byte offset of this payload in the collective's buffer
  *        40  u32 ctx      the communicator's context id: 0 for a communicator made by
@@ -121,6 +122,11 @@ typedef enum {
 #define COLL_WIRE_SC_DESC 3u  /* "read my bytes from my memory" (shm single copy,
                                  transport/shm_cma.c): a COLL_SC_DESC_BYTES
                                  descriptor follows, nbytes names the bytes */
+/* Point-to-point (COLL_KIND_P2P) only: */
+#define COLL_WIRE_P2P_SYNC 4u /* an Ssend: ack when a receive matches it */
+#define COLL_WIRE_P2P_ACK 5u  /* "a receive matched your message": aux is that message's
+                                 seq (not a tag), count 0, no payload; not matched
+                                 against receives (schedule/p2p.c) */
 
 typedef struct {
   uint8_t coll, redop, dtype;
