@@ -172,12 +172,16 @@ def serve(nofile: int) -> None:
     srv.close()
 
 
-def hold(host: str, port: int, n: int, seconds: float) -> None:
-    """Open n connections and hold them for `seconds`."""
+def hold(host: str, port: int, n: int, seconds: float, source: str = "") -> None:
+    """Open n connections (from the loopback address source if given) and hold them for
+    `seconds`."""
+    if source and not source.startswith("127."):
+        raise SystemExit("loopback sources only")
     socks, failed = [], 0
     for _ in range(n):
         try:
-            socks.append(socket.create_connection((host, port), timeout=2))
+            socks.append(socket.create_connection((host, port), timeout=2,
+                                                  source_address=(source, 0) if source else None))
         except OSError:
             failed += 1
     say("held", opened=len(socks), failed=failed)
@@ -269,7 +273,7 @@ if __name__ == "__main__":
     elif mode == "serve":
         serve(int(sys.argv[2]))
     elif mode == "hold":
-        hold(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]))
+        hold(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]), *sys.argv[6:7])
     elif mode == "get-wait":
         get_wait(sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]))
     elif mode == "big-frame":

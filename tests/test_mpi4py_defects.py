@@ -366,6 +366,36 @@ def test_one_rank_refuses_bcast(kind):
         assert "refused its arguments: rank 1" in rank.one("refused")["text"], res.report()
 
 
+EVERY_RANK_REFUSES = r"""
+import numpy as np
+from collectives import MPI
+w = MPI.COMM_WORLD
+for count in (4, 70000):  # the fused agreement (data in it) and the tree after it
+    b = np.zeros(count, np.float32)
+    for call in (lambda: w.Bcast(b, root=w.size + 3), lambda: w.Ibcast(b, root=-1).Wait()):
+        try:
+            call()
+            fail(("bad root", count), "accepted")
+        except (ValueError, MPI.Exception) as exc:
+            expect("root" in str(exc), ("bad root", count), str(exc))
+    out = np.empty(1, np.int64)
+    w.Allreduce(np.ones(1, np.int64), out)  # the communicator is still usable
+    expect(out[0] == w.size, ("after", count), str(out))
+emit("ok")
+"""
+
+
+def test_every_rank_refusing_a_bcast():
+    """Every rank refuses (the same bad root everywhere): each raises its own error at once
+    and the communicator stays usable (the refusals' agreement used to take the root's
+    data through the NULL buffer a refusing rank passes: a segfault on every rank)."""
+    res = run_world(3, EVERY_RANK_REFUSES, timeout=60, collective_timeout=30)
+    res.assert_ok()
+    assert res.elapsed < 25, res.report()
+    for rank in res.ranks:
+        assert rank.one("ok") is not None, res.report()
+
+
 SPLIT_TYPE = r"""
 import numpy as np
 from collectives import MPI

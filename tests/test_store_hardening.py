@@ -346,3 +346,44 @@ def test_survivors_of_a_killed_rank_0_name_it(algo):
         err = res[r].one("error")
         assert "rank 0" in err["message"], res.report()
         assert err["seconds"] < 5 + _world.REPORT_S + 3.0, res.report()
+
+
+def test_source_caps_leave_room_for_other_sources():
+    for total, unauth in ((16384, 256), (512, 128), (16, 4), (1, 1)):
+        per_total, per_unauth = _store.source_caps(total, unauth)
+        assert 1 <= per_total < total or total == 1, (total, per_total)
+        assert 1 <= per_unauth <= max(1, unauth // 2), (unauth, per_unauth)
+
+
+@pytest.mark.timeout(60)
+def test_one_source_address_cannot_take_every_handshake_slot(monkeypatch):
+    """An outsider (an outside process on loopback) holding silent connections from one
+    address, 127.0.0.2, gets at most half of the handshake table, so a rank connecting
+    from another address (127.0.0.1) finds room at once, even while every one of the
+    outsider's connections is younger than the grace after which one could be replaced
+    (before: the outsider filled the table, and the rank was turned away until then)."""
+    monkeypatch.setattr(_store, "MAX_UNAUTHENTICATED", 8)
+    monkeypatch.setattr(_store, "UNAUTH_GRACE_S", 30.0)  # no replacement by age in this test
+    server = StoreServer("127.0.0.1", secret=SECRET.encode())
+    holder = subprocess.Popen(
+        [sys.executable, str(TESTS / "_outsider.py"), "hold", "127.0.0.1", str(server.port),
+         "20", "2", "127.0.0.2"], stdout=subprocess.PIPE, env=base_env(), start_new_session=True)
+    try:
+        held = json.loads(holder.stdout.readline())
+        assert held["opened"] == 20, held  # the kernel took them all; the store kept 4
+        deadline = time.monotonic() + 2
+        while server.connection_count()[1] < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert server.source_count("127.0.0.2") == (4, 4), server.source_count("127.0.0.2")
+        assert server.connection_count() == (4, 4), server.connection_count()
+        t0 = time.monotonic()
+        with StoreClient("127.0.0.1", server.port, timeout=3, secret=SECRET.encode()) as c:
+            c.set("k", b"v")
+            assert c.get("k") == b"v"
+        assert time.monotonic() - t0 < 1.0
+        holder.wait(timeout=20)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+        server.close()

@@ -304,8 +304,8 @@ def test_backend_through_torch_store_like_torchrun():
     res = run_world(2, BACKEND_BODY, rank_env=torchrun_env, timeout=50,
                     env={"COLLECTIVES_DEBUG": "INFO", "COLLECTIVES_DEBUG_SUBSYS": "NET"}).assert_ok()
     assert res[1].one("backend")["name"] == "collectives"
-    for rr in res.ranks:  # one link: new_group's group shares the world group's
-        assert rr.stderr.count(" via shm ") == 1 and " via tcp " not in rr.stderr, rr.stderr
+    for rr in res.ranks:  # two links: the default group's and new_group's own (issue 37)
+        assert rr.stderr.count(" via shm ") == 2 and " via tcp " not in rr.stderr, rr.stderr
 
 
 @pytest.mark.timeout(60)

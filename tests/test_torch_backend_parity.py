@@ -289,18 +289,18 @@ emit("re-init", value=t.item())
 
 
 @pytest.mark.timeout(60)
-def test_subgroup_timeout_breaks_the_default_group_until_init_again(tmp_path):
-    """A sub-group's timeout breaks the default group too (its links are shared: README),
-    on every rank, with an error at once rather than a hang; destroy_process_group and
-    init_process_group again give working groups."""
+@pytest.mark.parametrize("backend", ["collectives", "gloo"])
+def test_subgroup_timeout_leaves_the_default_group_working(tmp_path, backend):
+    """A sub-group's timeout raises on the rank that called (worded as gloo's) and, as on
+    gloo, the default group goes on (the sub-group has links of its own, issue 37);
+    destroy_process_group and init_process_group again give working groups."""
     res = run_world(2, SUBGROUP_TIMEOUT_BODY, timeout=40, collective_timeout=30,
-                    env={"BACKEND": "collectives", "PG_TIMEOUT": "10",
+                    env={"BACKEND": backend, "PG_TIMEOUT": "10",
                          "REINIT": str(tmp_path / "init"), "TORCH_PORT": free_port()})
     assert not res.timed_out, res.report()
     res.assert_ok()
     assert " Timed out " in res[0].one("sub barrier")["message"], res.report()
     for r in range(2):
         after = res[r].one("default after")
-        assert after["runtime"] and after["seconds"] < 3.0, after
+        assert after["raised"] is None and after["seconds"] < 3.0, after
         assert res[r].one("re-init")["value"] == 6.0, res.report()
-    assert "broken by an earlier failure" in res[0].one("default after")["message"]

@@ -40,7 +40,13 @@ table is full, a newcomer replaces the oldest connection that has had
 UNAUTH_GRACE_S to answer, else it is closed at once, before anything is
 allocated for it: a flood of silent connections then costs an accept and a
 close each, and a rank's connection, which answers within the grace, is
-never pushed out by the ones after it. Each round of the loop serves the
+never pushed out by the ones after it. No one source address may take the
+whole of either table: it holds at most half of the handshake slots and three
+quarters of all connections (a job on one host connects from one address, so
+the latter leaves it nearly all), and a newcomer from a source at its cap
+replaces that source's own oldest handshake (past the grace) or is closed at
+once: a flood from one address, however fast, leaves the other sources' ranks
+room to connect and prove the secret. Each round of the loop serves the
 connections that have something first and accepts at most ACCEPT_BATCH new
 ones, so a flood never starves the clients already in. A frame is at most
 MAX_FRAME bytes and must arrive within FRAME_WAIT_S of its first byte; it
@@ -56,40 +62,27 @@ returns e.g. ``b"3"``.
 from __future__ import annotations
 
 import collections
-import math
 import mmap
 import os
 import selectors
 import socket
-import struct
 import threading
 import time
 from typing import Callable, Iterable, Optional
 
 from . import auth as _auth
 from .env import format_addr
+from .store_wire import (MAX_FRAME, MAX_WAIT_S, _ANSWER, _CLIENT_HELLO, _CONNECT_RETRY_S,
+                         _FIELD_LEN, _GET_SLACK_S, _I64, _MAC, _MAGIC, _NONCE,
+                         _OK, _OP_ADD, _OP_CHECK, _OP_DELETE, _OP_GET, _OP_SET, _REQ_HEAD,
+                         _RESP_HEAD, _SERVER_HELLO, _TIMEOUT, _U64, _VERSION, _Closed,
+                         _Malformed, _Refused, _request_tag, _response_tag, clamp_wait,
+                         parse_fields, split_frame)
 
 __all__ = ["StoreServer", "StoreClient", "barrier", "MAX_FRAME", "MAX_WAIT_S",
            "MAX_CONNECTIONS", "MAX_UNAUTHENTICATED", "AUTH_WAIT_S", "FRAME_WAIT_S",
-           "MAX_BUFFERED", "UNAUTH_GRACE_S", "ACCEPT_BATCH"]
+           "MAX_BUFFERED", "UNAUTH_GRACE_S", "ACCEPT_BATCH", "source_caps"]
 
-_MAGIC = b"CS"
-_VERSION = 2
-_NONCE = 16
-_MAC = 32
-_SERVER_HELLO = struct.Struct(">2sB16s")        # magic, version, nonce_s
-_CLIENT_HELLO = struct.Struct(">2sB16s32s")     # magic, version, nonce_c, mac
-_ANSWER = struct.Struct(">B32s")                # 0 ok / 1 refused, mac
-_REQ_HEAD = struct.Struct(">2sBII")             # magic, op, nfields, body length
-_RESP_HEAD = struct.Struct(">2sBI")             # magic, status, payload length
-_FIELD_LEN = struct.Struct(">I")
-_SEQ = struct.Struct(">Q")
-_U64 = struct.Struct(">Q")
-_I64 = struct.Struct(">q")
-
-MAX_FRAME = 16 << 20          # bytes of one request body or reply payload
-_MAX_FIELDS = 1 << 16
-MAX_WAIT_S = 7 * 24 * 3600.0  # longest wait a GET (or a client timeout) may ask for
 MAX_CONNECTIONS = 16384       # connections held at once (further ones are closed at once)
 MAX_UNAUTHENTICATED = 256     # connections still in their handshake
 UNAUTH_GRACE_S = 0.25         # a handshake is not evicted for a newcomer before this
@@ -99,18 +92,6 @@ _BIG_FRAME = 1 << 20  # a request this long is read into a block of its size
 AUTH_WAIT_S = 5.0             # to complete the handshake
 FRAME_WAIT_S = 30.0           # for a frame to arrive whole once it has begun
 _PAUSE_ACCEPT_S = 0.1         # the listener rests this long when descriptors run out
-
-_OP_SET, _OP_GET, _OP_ADD, _OP_CHECK, _OP_DELETE = 1, 2, 3, 4, 5
-_OK, _TIMEOUT = 0, 1
-_CONNECT_RETRY_S = 0.05
-# The client gives the server this long beyond a get's deadline to answer
-# TIMEOUT itself before deciding the server is gone.
-_GET_SLACK_S = 5.0
-
-
-class _Malformed(Exception):
-    """A client sent bytes that are not a request: drop its connection."""
-
 
 def _connection_caps() -> tuple[int, int]:
     """(connections, of which in their handshake) a store may hold: MAX_CONNECTIONS and
@@ -125,87 +106,27 @@ def _connection_caps() -> tuple[int, int]:
     return total, max(4, min(MAX_UNAUTHENTICATED, total // 4))
 
 
-def clamp_wait(seconds: float, what: str = "timeout") -> float:
-    """seconds as a wait the store can serve: 0 <= t <= MAX_WAIT_S (inf included).
-
-    Raises:
-        ValueError: seconds is NaN or not a number.
-    """
-    try:
-        t = float(seconds)
-    except (TypeError, ValueError):
-        raise ValueError(f"{what}={seconds!r} is not a number of seconds") from None
-    if math.isnan(t):
-        raise ValueError(f"{what} is NaN")
-    return min(max(t, 0.0), MAX_WAIT_S)
+def source_caps(total: int, unauth: int) -> tuple[int, int]:
+    """(connections, of which in their handshake) one source address may hold, of a
+    store holding at most total and unauth: three quarters and half, so that one
+    source never takes every slot (at least 1 each)."""
+    return max(1, total - total // 4), max(1, unauth // 2)
 
 
-def split_frame(buf: bytes | bytearray | memoryview,
-                limit: int = MAX_FRAME) -> Optional[tuple[int, int, int]]:
-    """(op, nfields, frame length) of the request at the start of buf, None if incomplete.
-
-    Checks only the fixed head: magic, field count and a body length bounded
-    by ``limit`` (so nothing is buffered for a frame that can never be valid).
-
-    Raises:
-        _Malformed: the head is not a request's.
-    """
-    if len(buf) >= 2 and bytes(buf[:2]) != _MAGIC:
-        raise _Malformed("bad magic")
-    if len(buf) < _REQ_HEAD.size:
-        return None
-    _, op, nfields, body_len = _REQ_HEAD.unpack_from(buf, 0)
-    if nfields > _MAX_FIELDS or body_len > limit or nfields * _FIELD_LEN.size > body_len:
-        raise _Malformed(f"bad head: {nfields} fields in {body_len} bytes")
-    return op, nfields, _REQ_HEAD.size + body_len + _MAC
-
-
-def parse_fields(body: bytes | bytearray | memoryview, nfields: int) -> list[bytes]:
-    """The nfields length-prefixed fields that exactly fill body (one pass).
-
-    Raises:
-        _Malformed: the lengths do not add up to the body.
-    """
-    view = memoryview(body)
-    fields, pos, end = [], 0, len(view)
-    for _ in range(nfields):
-        if pos + 4 > end:
-            raise _Malformed("field lengths overrun the body")
-        (length,) = _FIELD_LEN.unpack_from(view, pos)
-        pos += 4
-        if length > end - pos:
-            raise _Malformed("field lengths overrun the body")
-        fields.append(bytes(view[pos:pos + length]))
-        pos += length
-    if pos != end:
-        raise _Malformed("bytes left after the last field")
-    return fields
-
-
-def _request_tag(session: bytes, seq: int, head_and_body) -> bytes:
-    return _auth.mac(session, b"C", _SEQ.pack(seq), head_and_body)
-
-
-def _response_tag(session: bytes, seq: int, head_and_payload) -> bytes:
-    return _auth.mac(session, b"S", _SEQ.pack(seq), head_and_payload)
-
-
-class _Closed(Exception):
-    """The server side went away or answered nonsense (client side)."""
-
-
-class _Refused(ConnectionError):
-    """The store is not this job's: retrying cannot help (client side)."""
+def _source(addr: object) -> str:
+    """The source address of an accepted connection (its host part, without the port)."""
+    return str(addr[0]) if isinstance(addr, tuple) else "?"
 
 
 class _Conn:
     """Server-side state of one client connection."""
 
-    __slots__ = ("sock", "peer", "inbuf", "outbuf", "waiting", "deadline", "expires",
+    __slots__ = ("sock", "peer", "source", "inbuf", "outbuf", "waiting", "deadline", "expires",
                  "nonce", "session", "rseq", "sseq", "born", "counted", "frame", "filled")
 
-    def __init__(self, sock: socket.socket, peer: str, nonce: bytes) -> None:
+    def __init__(self, sock: socket.socket, peer: str, nonce: bytes, source: str = "?") -> None:
         self.born = time.monotonic()
+        self.source = source                  # the peer's address without its port
         self.counted = 0                      # its bytes in the server's _buffered
         self.sock = sock
         self.peer = peer
@@ -267,6 +188,9 @@ class StoreServer:
         self._unauth: "collections.OrderedDict[int, _Conn]" = collections.OrderedDict()
         self._accept_paused_until = 0.0
         self._max_conns, self._max_unauth = _connection_caps()
+        self._source_conns, self._source_unauth = source_caps(self._max_conns, self._max_unauth)
+        # per source address: [connections held, of which in their handshake]
+        self._per_source: dict[str, list] = {}
         self._buffered = 0  # bytes in every connection's inbuf and outbuf
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -287,6 +211,11 @@ class StoreServer:
     def connection_count(self) -> tuple[int, int]:
         """(connections held, of which still unauthenticated); for tests and diagnostics."""
         return len(self._conns), len(self._unauth)
+
+    def source_count(self, source: str) -> tuple[int, int]:
+        """(connections held, of which still unauthenticated) from one source address."""
+        held = self._per_source.get(source, [0, 0])
+        return held[0], held[1]
 
     def __enter__(self) -> "StoreServer":
         """Return self; the server is already running."""
@@ -368,6 +297,25 @@ class StoreServer:
                            f"refused {peer}", key="store-full")
                 sock.close()
                 continue
+            source = _source(addr)
+            held = self._per_source.get(source, [0, 0])
+            if held[1] >= self._source_unauth:
+                # This source holds its share of the handshake table: it may replace only
+                # its own oldest handshake, so that a flood from one address never pushes
+                # out, or crowds out, another source's.
+                old = next(c for c in self._unauth.values() if c.source == source)
+                if time.monotonic() - old.born < UNAUTH_GRACE_S:
+                    _auth.warn(f"store on {self.address}: {source} has {held[1]} connections "
+                               f"in their handshake, its most; turning its new ones away",
+                               key="store-source-unauth")
+                    sock.close()
+                    continue
+                self._drop(old)
+            elif held[0] >= self._source_conns:
+                _auth.warn(f"store on {self.address}: {source} holds {held[0]} connections, "
+                           f"its most; refused {peer}", key="store-source-full")
+                sock.close()
+                continue
             if len(self._unauth) >= self._max_unauth:
                 old = next(iter(self._unauth.values()))
                 if time.monotonic() - old.born < UNAUTH_GRACE_S:
@@ -381,10 +329,13 @@ class StoreServer:
                 self._drop(old)
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = _Conn(sock, peer, os.urandom(_NONCE))
+            conn = _Conn(sock, peer, os.urandom(_NONCE), source)
             conn.expires = time.monotonic() + AUTH_WAIT_S
             self._conns[sock.fileno()] = conn
             self._unauth[sock.fileno()] = conn
+            counts = self._per_source.setdefault(source, [0, 0])
+            counts[0] += 1
+            counts[1] += 1
             self._sel.register(sock, selectors.EVENT_READ, conn)
             conn.outbuf += _SERVER_HELLO.pack(_MAGIC, _VERSION, conn.nonce)
             self._guarded(conn, lambda c=conn: self._flush(c))
@@ -486,7 +437,8 @@ class StoreServer:
         conn.outbuf += _ANSWER.pack(0, _auth.mac(self._key, b"server", conn.nonce, nonce_c))
         conn.session = _auth.mac(self._key, b"session", conn.nonce, nonce_c)
         conn.expires = 0.0
-        self._unauth.pop(conn.sock.fileno(), None)
+        if self._unauth.pop(conn.sock.fileno(), None) is not None:
+            self._per_source[conn.source][1] -= 1
 
     def _process(self, conn: _Conn) -> None:
         # Requests are answered in order: while a GET waits, later bytes stay
@@ -619,11 +571,17 @@ class StoreServer:
         fd = conn.sock.fileno()
         if fd < 0:
             return
+        counts = self._per_source.get(conn.source)
         if self._conns.pop(fd, None) is not None:
             self._buffered -= conn.counted
             conn.counted = 0
+            if counts is not None:
+                counts[0] -= 1
         self._close_frame(conn)
-        self._unauth.pop(fd, None)
+        if self._unauth.pop(fd, None) is not None and counts is not None:
+            counts[1] -= 1
+        if counts is not None and counts[0] <= 0:
+            del self._per_source[conn.source]
         if conn.waiting is not None:
             waiters = self._waiters.get(conn.waiting, [])
             if conn in waiters:

@@ -189,16 +189,19 @@ def process_cpus() -> list:
     return _cpus
 
 
-def apply_host_policy(core, local_rank: int, local_size: int, host_cpus: set) -> None:
+def apply_host_policy(core, local_rank: int, local_size: int, host_cpus: set,
+                      bind: bool = True) -> None:
     """How a rank waits, sizes its TCP buffers and where it runs, given that its host runs
     local_size ranks on host_cpus (the union of their affinity masks); see
-    coll_comm_set_spin, coll_comm_set_oversubscribed and coll_comm_bind_cpu in native/coll.h."""
+    coll_comm_set_spin, coll_comm_set_oversubscribed and coll_comm_bind_cpu in native/coll.h.
+    bind=False leaves the process where it runs (a second communicator of the same
+    process, e.g. a torch sub-group's, must not move it)."""
     oversubscribed = local_size > len(host_cpus)
     core.set_spin(spin_us())
     core.set_oversubscribed(oversubscribed)
     mine = process_cpus()
     mode = bind_mode()
-    if len(mine) > 1 and (mode == "core" or (mode == "auto" and oversubscribed)):
+    if bind and len(mine) > 1 and (mode == "core" or (mode == "auto" and oversubscribed)):
         core.bind_cpu(mine[local_rank % len(mine)])
 
 

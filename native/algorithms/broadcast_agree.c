@@ -128,7 +128,10 @@ coll_result_t coll_root_agree(coll_comm_t *comm, const coll_args_t *args, coll_k
                             : coll_sched_run(&s, coll_comm_deadline(comm, a->timeout));
   coll_sched_free(&s);
   const uint8_t *final = st + (size_t)rounds * width;
-  int agreed = 1;
+  /* Ranks that all refused agree on nothing: a refusing rank has no buffer
+   * (run_broadcast_refused passes NULL), so the fused data must not be taken. Every
+   * rank refusing a broadcast (a bad root everywhere) crashed here before. */
+  int agreed = root != COLL_ROOT_REFUSED;
   for (int k = 0; res == COLL_SUCCESS && k < n; k++)
     agreed &= get32(final + 4 * (size_t)k) == (uint32_t)root + 1;
   if (res == COLL_SUCCESS && !agreed) {

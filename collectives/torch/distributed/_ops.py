@@ -86,6 +86,7 @@ class MoreOps:
     _rank: int
     _size: int
     _timeout: Any
+    _notes: Any
 
     # -- point-to-point ------------------------------------------------------------------
     def _peer(self, peer: int, what: str) -> int:
@@ -107,7 +108,7 @@ class MoreOps:
         request = _core.p2p_isend(self._core, staged.view, dst, _check_tag(tag), self._timeout,
                                   staged.dtype)
         return P2PWork(request, lambda _status: list(tensors), f"send to rank {dst}", staged,
-                       self._timeout)
+                       self._timeout, self._notes)
 
     def _recv(self, tensors: Sequence[torch.Tensor], src: int, tag: int, what: str) -> _Work:
         from collectives import _core
@@ -123,7 +124,7 @@ class MoreOps:
             staged.copy_out()
             return list(tensors)
 
-        return P2PWork(request, finish, what, staged, self._timeout)
+        return P2PWork(request, finish, what, staged, self._timeout, self._notes)
 
     def recv(self, tensors: Sequence[torch.Tensor], srcRank: int, tag: int = 0) -> _Work:
         """Start receiving a message from srcRank with tag into tensors[0]."""

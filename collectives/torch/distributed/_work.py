@@ -192,11 +192,13 @@ class P2PWork(_Work):
         what: the op, for messages.
         keep: objects (staged buffers) that must live until the request is done.
         timeout: the request's deadline in seconds (None: the core's), for messages.
+        notes: the group's GroupNotes, for its errors (errors.worded).
     """
 
     def __init__(self, request: Any, finish: Callable[[Any], Any], what: str,
-                 keep: Any = None, timeout: Optional[float] = None) -> None:
+                 keep: Any = None, timeout: Optional[float] = None, notes: Any = None) -> None:
         super().__init__(new_future(keep), what)
+        self._notes = notes
         self._request, self._finish, self._keep = request, finish, keep
         self._timeout = timeout
         self._lock = threading.Lock()
@@ -217,7 +219,8 @@ class P2PWork(_Work):
                 value = self._finish(status)
             except BaseException as exc:  # delivered to whoever waits on the Future
                 self._request = self._keep = None
-                self._src.set_result(_Failed(worded(exc, self._what, self._timeout)))
+                self._src.set_result(_Failed(worded(exc, self._what, self._timeout,
+                                                                  self._notes)))
                 return True
             self._request = self._keep = None
         self._src.set_result(value)
@@ -288,6 +291,7 @@ class Completer:
 
     def __init__(self, timeout: Optional[float] = None) -> None:
         self._timeout = timeout  # the requests' deadline in seconds, for messages
+        self.notes = None  # the group's GroupNotes, for messages (errors.worded)
         self._cv = threading.Condition()
         self._requests: collections.deque = collections.deque()  # of _Entry
         self._ready: collections.deque = collections.deque()  # (future, value, error)
@@ -362,7 +366,7 @@ class Completer:
             entry.request.Wait()
             return entry.fut, entry.finish(), None
         except BaseException as exc:
-            return entry.fut, None, worded(exc, entry.what, self._timeout)
+            return entry.fut, None, worded(exc, entry.what, self._timeout, self.notes)
         finally:
             entry.request = entry.finish = entry.keep = None
 

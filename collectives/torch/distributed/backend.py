@@ -9,11 +9,13 @@ all_gather_into_tensor, reduce_scatter_tensor, reduce, all_to_all(_single),
 barrier here; send/recv, gather/scatter and the coalesced forms in
 _ops.py (README: the table of what is there and what raises).
 
-The communicator: the ``collectives`` world when this process was started by
-``collectives-run`` (or ``collectives.init()`` already ran) and the group is
-that world, unless a failure broke it; otherwise one built through the torch
-store given to the backend (every rank publishes its listening address
-there), which also serves sub-groups and torchrun.
+The communicator: for the default group, the ``collectives`` world when this
+process was started by ``collectives-run`` (or ``collectives.init()`` already
+ran) and the group is that world, unless a failure broke it; otherwise one
+built through the torch store given to the backend (every rank publishes its
+listening address there), as under torchrun. Every other group (new_group,
+new_subgroups) builds one of its own the same way, over its members, so that
+as on gloo a failure in one group leaves the others usable.
 
 Every op has the group's timeout (init_process_group's) as its deadline.
 allreduce is non-blocking (a core request; a thread per group waits for the
@@ -23,7 +25,6 @@ return completed work; the core orders them after the queued allreduces.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 from datetime import timedelta
 from typing import Any, Optional, Sequence
@@ -32,7 +33,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ._errors import wording_timeouts
+from ._errors import GroupNotes, wording_timeouts
 from ._ops import MoreOps, _reduce_op, core_op
 from .._context import as_buffer, check_tensor, wire_dtype
 from ._work import Completer, Staged as _Staged, _Work, completed as _completed
@@ -78,6 +79,12 @@ class ProcessGroupCollectives(MoreOps, dist.ProcessGroup):
         self._owns_core = owns_core
         self._timeout = timeout
         self._completer = Completer(timeout)
+        self._notes: Optional[GroupNotes] = None  # explains this group's errors
+
+    def _set_notes(self, notes: GroupNotes) -> None:
+        """How this group's errors are explained and labelled (_errors.GroupNotes)."""
+        self._notes = notes
+        self._completer.notes = notes
 
     # -- identity ----------------------------------------------------------------
     def getBackendName(self) -> str:
@@ -348,12 +355,13 @@ for _name, _what in (("broadcast", "broadcast"), ("allgather", "all_gather"),
 del _name, _what
 
 
-def _communicator(store: Any, rank: int, size: int, timeout: timedelta) -> tuple[Any, bool]:
-    """(core communicator, owned): the collectives world if it is this group, else via the store."""
+def _communicator(store: Any, rank: int, size: int, timeout: timedelta
+                  ) -> tuple[Any, Optional[str]]:
+    """(core communicator, its key prefix in store) of a default group: the collectives
+    world if it is this group (prefix None: not owned), else one of its own through the
+    store."""
     import collectives
-    from collectives.rendezvous import auth as _auth, env as _env, world as _world
-    from collectives import config
-    from collectives._core import Communicator
+    from collectives.rendezvous import world as _world
 
     if _world.is_initialized() or os.environ.get("COLLECTIVES_STORE_ADDR") or \
             os.environ.get("COLLECTIVES_RANK") is not None:
@@ -361,10 +369,28 @@ def _communicator(store: Any, rank: int, size: int, timeout: timedelta) -> tuple
         # a world that a failure broke is not reused: a group made again after
         # destroy_process_group gets new links through torch's store
         if world.rank == rank and world.size == size and not world._core.broken:
-            return world._core, False
+            return world._core, None
+    return _own_communicator(store, rank, size, bind=True)
+
+
+def _own_communicator(store: Any, rank: int, size: int, bind: bool) -> tuple[Any, str]:
+    """A root communicator of this group's own, built through torch's store: its own
+    listener, links (made on first use), lock and progress thread, so that a failure
+    in it (a timeout, a dead member) breaks no other group, as gloo's contexts do.
+
+    Store traffic per rank: one add (the round's prefix), one set (its address), one
+    wait and one multi_get for every member's address (a get each where the store has no
+    multi_get), and the comm id. bind: pin the process as the host policy says (the
+    default group only: a sub-group must not move the process to another CPU).
+    Returns (communicator, the prefix of its keys in store).
+    """
+    from collectives.rendezvous import auth as _auth, env as _env, world as _world
+    from collectives import config
+    from collectives._core import Communicator
+
     config.check_env()
     if size == 1:
-        return Communicator(0, 1), True
+        return Communicator(0, 1), ""
     # torch's store trusts the network (anyone can read or overwrite it), so
     # what is in it is only a hint: every link proves the job secret itself
     # (native/wire.h), and a rank that finds an impostor at a peer's address
@@ -377,12 +403,35 @@ def _communicator(store: Any, rank: int, size: int, timeout: timedelta) -> tuple
     master, port = _store_address(store)
     host = _env.advertise_address(master, port)
     core = Communicator(rank, size, host, comm_id)
-    core.set_link_key(_auth.link_key(secret))
-    hosts, host_cpus = _world.exchange_addresses(
-        core, rank, size, host, lambda key, value: store.set(f"{ns}{key}", value),
-        lambda key: store.get(f"{ns}{key}"))
-    _world.apply_host_policy(core, *_world.local_place(hosts, rank), host_cpus)
-    return core, True
+    try:
+        core.set_link_key(_auth.link_key(secret))
+        hosts, host_cpus = _world.exchange_addresses(
+            core, rank, size, host, lambda key, value: store.set(f"{ns}{key}", value),
+            _addresses_reader(store, ns, size))
+        _world.apply_host_policy(core, *_world.local_place(hosts, rank), host_cpus, bind=bind)
+    except BaseException:
+        core.close()
+        raise
+    return core, ns
+
+
+def _addresses_reader(store: Any, ns: str, size: int) -> Any:
+    """get(key) -> bytes for exchange_addresses: every member's "addr/<rank>" comes from one
+    wait and one multi_get (one round trip, not size), other keys one get each."""
+    cache: dict = {}
+
+    def get(key: str) -> bytes:
+        if key in cache:
+            return cache.pop(key)
+        if key.startswith("addr/") and hasattr(store, "multi_get"):
+            keys = [f"{ns}addr/{peer}" for peer in range(size)]
+            store.wait(keys)
+            for peer, value in enumerate(store.multi_get(keys)):
+                cache[f"addr/{peer}"] = bytes(value)
+            return cache.pop(key)
+        return bytes(store.get(f"{ns}{key}"))
+
+    return get
 
 
 def _round_prefix(store: Any, size: int) -> str:
@@ -434,50 +483,43 @@ def _op_timeout(timeout: Optional[timedelta]) -> Optional[float]:
 
 def _create(store: Any, rank: int, size: int, timeout: timedelta) -> ProcessGroupCollectives:
     """The creator torch calls for init_process_group / new_group with this backend."""
-    core, owned = _communicator(store, rank, size, timeout)
-    return ProcessGroupCollectives(core, rank, size, owns_core=owned, timeout=_op_timeout(timeout))
+    core, ns = _communicator(store, rank, size, timeout)
+    pg = ProcessGroupCollectives(core, rank, size, owns_core=ns is not None,
+                                 timeout=_op_timeout(timeout))
+    if ns:
+        pg._set_notes(GroupNotes(core, "", store, ns, rank, size))
+    return pg
 
 
 def _create_group(opts: Any, backend_options: Any = None) -> ProcessGroupCollectives:
     """The creator torch calls (extended API) for init_process_group and every new group.
 
-    A sub-group of a default group on this backend is made from the default group's
-    communicator by its members alone (``_core.comm_create_group``): it shares the default
-    group's links, so no socket is opened and nothing goes through torch's store (torch
-    creates the backend on members only; non-members get GroupMember.NON_GROUP_MEMBER
-    from torch). Otherwise (the default group itself, or a default group on another
-    backend) the communicator is built as before.
+    The default group (torch passes no ranks for it) is the collectives world when this
+    process has one for it, else a communicator built through torch's store. Every other
+    group (new_group, new_subgroups) gets a root communicator of its own over its members,
+    built through the group's store (torch creates the backend on members only; the others
+    get GroupMember.NON_GROUP_MEMBER from torch): as gloo's groups, it shares no link,
+    queue or lock with another group, so ops on different groups may be issued in
+    different orders on different ranks, and a timeout or a dead member in one group
+    leaves the others usable. Its errors end naming the global ranks of its members.
     """
     ranks = [int(r) for r in opts.global_ranks_in_group]
-    parent = _default_core() if ranks else None
-    if parent is not None and not parent.closed and max(ranks) < parent.size:
-        from collectives import _core
-
-        tag = int.from_bytes(hashlib.blake2b(str(opts.group_id).encode(),
-                                             digest_size=4).digest(), "little")
-        sub = _core.comm_create_group(parent, ranks, tag)
-        if sub.rank != opts.group_rank or sub.size != opts.group_size:
-            raise RuntimeError(f"collectives backend: group {opts.group_id!r}: rank "
-                               f"{sub.rank}/{sub.size}, torch says {opts.group_rank}/"
-                               f"{opts.group_size}")
-        pg = ProcessGroupCollectives(sub, sub.rank, sub.size, owns_core=True,
+    if ranks:
+        rank, size = opts.group_rank, opts.group_size
+        core, ns = _own_communicator(opts.store, rank, size, bind=False)
+        pg = ProcessGroupCollectives(core, rank, size, owns_core=True,
                                      timeout=_op_timeout(opts.timeout))
+        label = "" if ranks == list(range(size)) else \
+            (f"[torch group {opts.group_id}: this is its rank {rank} of {size} (global rank "
+             f"{ranks[rank]}); its ranks 0..{size - 1} are global ranks "
+             f"{','.join(map(str, ranks))}]")
+        pg._set_notes(GroupNotes(core, label, opts.store, ns, rank, size, ranks))
     else:
         pg = _create(opts.store, opts.group_rank, opts.group_size, opts.timeout)
     # torch uses a Python ProcessGroup as the group itself and names only the ones it
     # wraps: without its name, destroy_process_group(group) fails ("name not set")
     pg._group_name = str(opts.group_id)
     return pg
-
-
-def _default_core() -> Any:
-    """The default group's communicator if that group runs on this backend, else None."""
-    try:
-        default = dist.distributed_c10d._get_default_group()
-    except (RuntimeError, ValueError, AttributeError):
-        return None
-    # torch uses the ProcessGroup this backend returns as the group itself
-    return default._core if isinstance(default, ProcessGroupCollectives) else None
 
 
 def register_backend() -> None:
