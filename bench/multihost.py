@@ -3,6 +3,9 @@
     python bench/multihost.py --hosts 2 --per-host 4 --placement cyclic --rate 1gbit \
         --sizes 64M --iters 5 --algos auto,ring --gloo
     python bench/multihost.py --hosts 2 --per-host 4 --collective allgather --sizes 16M --gloo
+    python bench/multihost.py --hosts 2 --per-host 4 --tune /tmp/tune.txt --sizes 8,64M
+    python bench/multihost.py --hosts 2 --per-host 4 --env COLLECTIVES_TUNE_FILE=/tmp/tune.txt \
+        --sizes 8,64K,64M --algos auto,two_level,butterfly,ring --gloo
 
 Builds the cluster of tests/_netns.py (one network namespace per host on a
 bridge, tbf-shaped links, a hostname per host so that same-host ranks use
@@ -15,6 +18,12 @@ S is the whole gathered buffer for allgather, as in nccl-tests) and the
 ratio of Gloo's median to this row's (above 1: faster than Gloo). --algos
 names allreduce algorithms; allgather and broadcast have one algorithm each
 (their rows say "ours").
+
+--tune FILE runs ``collectives-bench allreduce --tune FILE`` in the ranks
+instead (sizes from the smallest to the largest of --sizes, times 8 each
+step): it measures two_level against ring, tree and butterfly per size on
+this cluster and writes rows keyed by its shape (e.g. ``8 65536 butterfly
+2x4``), which ``algorithm="auto"`` reads through COLLECTIVES_TUNE_FILE.
 """
 from __future__ import annotations
 
@@ -107,7 +116,12 @@ def driver(args) -> None:
         hosts = c.hosts_of(n, args.placement)
         port = 20000 + os.getpid() % 20000
         out = os.path.join(tmp, "rows.json")
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--out", out,
+        sizes = [parse_size(s) for s in args.sizes.split(",")]
+        tune = [sys.executable, "-m", "collectives.bench", "allreduce", "--tune",
+                os.path.abspath(args.tune), "-b", str(min(sizes)), "-e", str(max(sizes)),
+                "-f", "8", "--iters", str(args.iters), "--warmup", str(args.warmup)]
+        cmd = tune if args.tune else [
+               sys.executable, str(Path(__file__).resolve()), "--worker", "--out", out,
                "--collective", args.collective,
                "--sizes", args.sizes, "--iters", str(args.iters), "--warmup",
                str(args.warmup), "--algos", args.algos] + (["--gloo"] if args.gloo else [])
@@ -134,6 +148,8 @@ def driver(args) -> None:
                     p.wait()
         if any(p.returncode for p in procs):
             sys.exit(f"ranks failed: {[p.returncode for p in procs]}")
+        if args.tune:
+            return
         rows = json.loads(Path(out).read_text())
     print(f"# {args.collective}, {args.hosts} hosts x {args.per_host} ranks, {args.placement} placement "
           f"{hosts}, links {args.rate}, {args.iters} iterations")
@@ -164,6 +180,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--algos", default="auto,ring")
     ap.add_argument("--gloo", action="store_true", help="time torch.distributed gloo too")
+    ap.add_argument("--tune", default=None, metavar="FILE",
+                    help="run collectives-bench --tune in the ranks, writing FILE (see above)")
     ap.add_argument("--env", action="append", default=[], help="NAME=VALUE for every rank")
     ap.add_argument("--deadline", type=float, default=600)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
