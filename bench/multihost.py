@@ -119,7 +119,8 @@ def driver(args) -> None:
         sizes = [parse_size(s) for s in args.sizes.split(",")]
         tune = [sys.executable, "-m", "collectives.bench", "allreduce", "--tune",
                 os.path.abspath(args.tune), "-b", str(min(sizes)), "-e", str(max(sizes)),
-                "-f", "8", "--iters", str(args.iters), "--warmup", str(args.warmup)]
+                "-f", "8", "--iters", str(args.iters), "--warmup", str(args.warmup)] \
+            if args.tune else []
         cmd = tune if args.tune else [
                sys.executable, str(Path(__file__).resolve()), "--worker", "--out", out,
                "--collective", args.collective,
