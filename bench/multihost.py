@@ -19,6 +19,14 @@ ratio of Gloo's median to this row's (above 1: faster than Gloo). --algos
 names allreduce algorithms; allgather and broadcast have one algorithm each
 (their rows say "ours").
 
+--collective dgc times DGC's sparse exchange alone (the allgatherv of every
+rank's packed selections, then decoding) of a model of --sizes elements
+(4 B each: 100M is a 25 M parameter model), --density of each rank's
+entries, --overlap of them shared by the ranks of a host (replicas of one
+model pick mostly the same entries): "flat" (sparse_ops.exchange, every
+rank's selections cross) against "merged" (dgc_hosts: one union per host
+crosses), and prints the bytes leaving a host per step for each.
+
 --tune FILE runs ``collectives-bench allreduce --tune FILE`` in the ranks
 instead (sizes from the smallest to the largest of --sizes, times 8 each
 step): it measures two_level against ring, tree and butterfly per size on
@@ -54,6 +62,8 @@ def worker(args) -> None:
 
     comm = MPI.COMM_WORLD
     n, r = comm.size, comm.rank
+    if args.collective == "dgc":
+        return dgc_worker(args, comm)
     impls = [a for a in args.algos.split(",") if a] if args.collective == "allreduce" else ["ours"]
     pg = None
     if args.gloo:
@@ -106,6 +116,67 @@ def worker(args) -> None:
         pg.destroy_process_group()
 
 
+def dgc_worker(args, comm) -> None:
+    """Time the flat and the host-merged sparse exchange; rank 0 writes the JSON."""
+    import numpy as np
+    import torch
+    from collectives import MPI
+    from collectives.torch import sparse_ops
+    from collectives.torch.dgc_hosts import HostExchange
+
+    torch.set_num_threads(1)
+    core, n, r = comm._core, comm.size, comm.rank
+    hx = HostExchange.create(core)
+    ids = core.host_ids()
+    host = ids.index(ids[r])
+    fmt = sparse_ops.WireFormat(torch.float32, torch.int32)
+    rows = []
+    for nbytes in [parse_size(s) for s in args.sizes.split(",")]:
+        numel = nbytes // 4
+        k = max(int(numel * args.density), 1)
+        ns = int(k * args.overlap)
+        g = torch.Generator().manual_seed(1000 + host)
+        perm = torch.randperm(numel, generator=g)
+        rest = torch.randint(ns, numel, (4 * k,), generator=torch.Generator().manual_seed(7 + r))
+        own = perm[torch.unique(rest)[:k - ns]]
+        idx = torch.cat([perm[:ns], own]).long()
+        vals = torch.randn(idx.numel(), generator=torch.Generator().manual_seed(r))
+        buf = sparse_ops.pack_selected([(vals, idx)], [k], fmt)
+        out = torch.zeros(numel)
+        times = {"flat": [], "merged": []}
+        host_bytes = {}
+        for it in range(args.warmup + args.iters):
+            for impl in (("flat", "merged") if it % 2 == 0 else ("merged", "flat")):
+                comm.Barrier()
+                t0 = time.perf_counter()
+                if impl == "flat":
+                    gathered, sizes = sparse_ops.exchange(core, n, buf)
+                    out.zero_()
+                    sparse_ops.decode(gathered, sizes, [out], [k], fmt)
+                    # a flat ring's busiest host link: every buffer but one
+                    host_bytes[impl] = sum(sizes) - max(sizes)
+                else:
+                    gathered, sizes, mcaps = hx.exchange(buf, [k], fmt)
+                    out.zero_()
+                    sparse_ops.decode(gathered, sizes, [out], mcaps, HostExchange.merged_format(fmt))
+                    host_bytes[impl] = hx.host_link_bytes
+                dt = time.perf_counter() - t0
+                if it >= args.warmup:
+                    times[impl].append(dt)
+        for impl, ts in times.items():
+            mine = np.array(ts)
+            slowest = np.empty_like(mine)
+            comm.Allreduce(mine, slowest, op=MPI.MAX)
+            hb = np.array([host_bytes[impl]], np.float64)
+            most = np.empty_like(hb)
+            comm.Allreduce(hb, most, op=MPI.MAX)
+            rows.append({"bytes": nbytes, "impl": impl, "median": float(np.median(slowest)),
+                         "best": float(slowest.min()), "n": n, "host_bytes": int(most[0]),
+                         "k": k})
+    if r == 0:
+        Path(args.out).write_text(json.dumps(rows))
+
+
 def driver(args) -> None:
     """Build the cluster, run the ranks in it, print the table."""
     sys.path.insert(0, str(REPO / "tests"))
@@ -123,7 +194,8 @@ def driver(args) -> None:
             if args.tune else []
         cmd = tune if args.tune else [
                sys.executable, str(Path(__file__).resolve()), "--worker", "--out", out,
-               "--collective", args.collective,
+               "--collective", args.collective, "--density", str(args.density),
+               "--overlap", str(args.overlap),
                "--sizes", args.sizes, "--iters", str(args.iters), "--warmup",
                str(args.warmup), "--algos", args.algos] + (["--gloo"] if args.gloo else [])
         procs = []
@@ -159,6 +231,13 @@ def driver(args) -> None:
     for row in rows:
         gloo = [g for g in rows if g["impl"] == "gloo" and g["bytes"] == row["bytes"]]
         ratio = f"{gloo[0]['median'] / row['median']:.2f}" if gloo else "-"
+        if args.collective == "dgc":
+            flat = [g for g in rows if g["impl"] == "flat" and g["bytes"] == row["bytes"]][0]
+            print(f"{row['bytes']:>10} {row['impl']:>10} {row['median']:>10.6f} "
+                  f"{row['best']:>10.6f}  k={row['k']} host link bytes {row['host_bytes']} "
+                  f"({row['host_bytes'] / flat['host_bytes']:.3f} of flat), flat/this "
+                  f"{flat['median'] / row['median']:.2f}")
+            continue
         factor = {"allreduce": 2 * (n - 1) / n, "allgather": (n - 1) / n,
                   "broadcast": 1.0}[args.collective]
         busbw = row["bytes"] * factor / row["median"] / 1e9
@@ -175,7 +254,10 @@ def main() -> None:
     ap.add_argument("--placement", default="block", choices=["block", "cyclic"])
     ap.add_argument("--rate", default="1gbit")
     ap.add_argument("--collective", default="allreduce",
-                    choices=["allreduce", "allgather", "broadcast"])
+                    choices=["allreduce", "allgather", "broadcast", "dgc"])
+    ap.add_argument("--density", type=float, default=0.001, help="dgc: entries sent per rank")
+    ap.add_argument("--overlap", type=float, default=0.0,
+                    help="dgc: fraction of a rank's entries shared by the ranks of its host")
     ap.add_argument("--sizes", default="64M")
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)

@@ -48,31 +48,36 @@ __all__ = ["HostExchange", "merge_union"]
 def merge_union(parts: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
     """Union of the (values, indices) of several ranks, values at equal indices summed.
 
-    Returns (float32 values, int64 indices sorted ascending). The values are
-    added in the order of parts (np.add.at is sequential), so every rank that
+    Returns (float32 values, int64 indices sorted ascending). The values at
+    one index are added in float32 in the order of parts (a stable sort keeps
+    it; np.add.reduceat adds each run left to right), so every rank that
     merges the same parts gets the same bits.
     """
     if not parts:
         return np.zeros(0, np.float32), np.zeros(0, np.int64)
     idx = np.concatenate([np.asarray(i, np.int64) for _, i in parts])
     vals = np.concatenate([np.asarray(v, np.float32) for v, _ in parts])
-    uniq, inv = np.unique(idx, return_inverse=True)
-    out = np.zeros(uniq.size, np.float32)
-    np.add.at(out, inv, vals)
-    return out, uniq
+    if idx.size == 0:
+        return vals, idx
+    order = np.argsort(idx, kind="stable")
+    idx, vals = idx[order], vals[order]
+    starts = np.flatnonzero(np.concatenate(([True], idx[1:] != idx[:-1])))
+    return np.add.reduceat(vals, starts), idx[starts]
 
 
 def _parse(gathered: torch.Tensor, sizes: Sequence[int], caps: Sequence[int],
-           fmt: WireFormat) -> list:
-    """Each buffer's per-tensor (values, indices) as numpy, checked as sparse_ops.decode does."""
+           fmt: WireFormat, fixed: bool = False) -> list:
+    """Each buffer's per-tensor (values, indices) as numpy, checked as sparse_ops.decode does
+    (fixed: every buffer padded to buffer_bytes(caps))."""
     t, base, out = len(caps), 0, []
     for who, nbytes in enumerate(sizes):
         if nbytes < 8 * t or base % 8:
             raise ValueError(f"host sparse exchange: buffer {who} has {nbytes} bytes, expected a "
                              f"header of {t} counts")
         counts = gathered[base:base + 8 * t].view(torch.int64).tolist()
+        need = sparse_ops.buffer_bytes(counts, fmt)
         if any(c < 0 or c > cap for c, cap in zip(counts, caps)) or \
-                sparse_ops.buffer_bytes(counts, fmt) != nbytes:
+                (need > nbytes if fixed else need != nbytes):
             raise ValueError(f"host sparse exchange: buffer {who} has counts {counts} in {nbytes} "
                              f"bytes (caps {list(caps)})")
         total = sum(counts)
@@ -139,12 +144,17 @@ class HostExchange:
         """
         mfmt = self.merged_format(fmt)
         mcaps = [c * self.host.size for c in caps]
-        # 1. the host's buffers, merged alike on every local rank
-        hsizes = _allgatherv(self.host, self.host.size, np.array([buf.numel()], np.int64),
-                             [1] * self.host.size)
-        hbufs = torch.from_numpy(_allgatherv(self.host, self.host.size, buf.numpy(),
-                                             hsizes.tolist()))
-        ranks = _parse(hbufs, hsizes.tolist(), caps, fmt)
+        # 1. the host's buffers, merged alike on every local rank; padded to the caps'
+        # size (a copy in shared memory) so that no size exchange comes first
+        fixed = sparse_ops.buffer_bytes(caps, fmt)
+        if buf.numel() > fixed:
+            raise ValueError(f"host sparse exchange: a buffer of {buf.numel()} bytes, the caps "
+                             f"{list(caps)} hold {fixed}")
+        mine_in = np.zeros(fixed, np.uint8)
+        mine_in[:buf.numel()] = buf.numpy()
+        L = self.host.size
+        hbufs = torch.from_numpy(_allgatherv(self.host, L, mine_in, [fixed] * L))
+        ranks = _parse(hbufs, [fixed] * L, caps, fmt, fixed=True)
         union = [merge_union([per[t] for per in ranks]) for t in range(len(caps))]
         mine = self._pack(union, mcaps, mfmt)
         chunks = [self._pack([self._part(v, i, j) for v, i in union], mcaps, mfmt)
@@ -195,8 +205,19 @@ class HostExchange:
     @staticmethod
     def _pack(sel: Sequence[tuple[np.ndarray, np.ndarray]], caps: Sequence[int],
               fmt: WireFormat) -> torch.Tensor:
-        tsel = [(torch.from_numpy(np.ascontiguousarray(v)), torch.from_numpy(np.ascontiguousarray(i)))
-                for v, i in sel]
-        counts = [int(v.numel()) for v, _ in tsel]
-        # sized by what it holds (pack_selected pads to the caps; strip it)
-        return sparse_ops.pack_selected(tsel, caps, fmt)[:sparse_ops.buffer_bytes(counts, fmt)]
+        """sel in the sparse_ops layout, sized by what it holds (no padding to caps)."""
+        counts = [int(v.size) for v, _ in sel]
+        if any(c > cap for c, cap in zip(counts, caps)):
+            raise ValueError(f"host sparse exchange: counts {counts} exceed caps {list(caps)}")
+        total, t = sum(counts), len(sel)
+        vb, ib = fmt.value_dtype.itemsize, fmt.index_dtype.itemsize
+        vdt = np.dtype(str(fmt.value_dtype).replace("torch.", ""))
+        idt = np.dtype(str(fmt.index_dtype).replace("torch.", ""))
+        voff = 8 * t
+        ioff = voff + sparse_ops._pad8(total * vb)
+        buf = np.zeros(sparse_ops.buffer_bytes(counts, fmt), np.uint8)
+        buf[:voff].view(np.int64)[:] = counts
+        if total:
+            buf[voff:voff + total * vb].view(vdt)[:] = np.concatenate([v for v, _ in sel])
+            buf[ioff:ioff + total * ib].view(idt)[:] = np.concatenate([i for _, i in sel])
+        return torch.from_numpy(buf)
