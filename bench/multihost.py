@@ -156,7 +156,7 @@ def dgc_worker(args, comm) -> None:
                     # a flat ring's busiest host link: every buffer but one
                     host_bytes[impl] = sum(sizes) - max(sizes)
                 else:
-                    gathered, sizes, mcaps = hx.exchange(buf, [k], fmt)
+                    gathered, sizes, mcaps = hx.exchange(buf, [k], [numel], fmt)
                     out.zero_()
                     sparse_ops.decode(gathered, sizes, [out], mcaps, HostExchange.merged_format(fmt))
                     host_bytes[impl] = hx.host_link_bytes

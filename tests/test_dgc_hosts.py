@@ -3,7 +3,7 @@
 In process: merge_union is the union-sum. Multi-process: ranks start in UTS
 namespaces of their own with per-host hostnames (as tests/_netns.py's, but on
 loopback: the exchange's result and bytes do not depend on link speed), so
-the world has hosts; one launch (3 + 2 ranks, cyclic: uneven hosts, two rails) checks that
+the world has hosts; one launch (3 + 2 ranks, cyclic: uneven hosts) checks that
 
 - the host-merged exchange gives exactly the flat exchange's sums (integer
   values: every association is exact), float16 values included;
@@ -81,7 +81,7 @@ for fp16 in (False, True):
     gathered, nbytes = sparse_ops.exchange(core, n, buf)
     flat = [torch.zeros(s) for s in sizes]
     sparse_ops.decode(gathered, nbytes, flat, ks, fmt)
-    mg, msizes, mcaps = hx.exchange(buf, ks, fmt)
+    mg, msizes, mcaps = hx.exchange(buf, ks, sizes, fmt)
     merged = [torch.zeros(s) for s in sizes]
     sparse_ops.decode(mg, msizes, merged, mcaps, HostExchange.merged_format(fmt))
     case = dict(fp16=fp16)
@@ -93,10 +93,10 @@ for fp16 in (False, True):
         if hosts[q] == hosts[r]:
             for t, (v, i) in enumerate(selection(q, hosts[q])):
                 union.setdefault(t, set()).update(i.tolist())
-    P = min(hosts.count(h) for h in set(hosts))
-    want = sum(sparse_ops.buffer_bytes([(len(union[t]) * (j + 1)) // P - (len(union[t]) * j) // P
-                                        for t in range(len(sizes))], HostExchange.merged_format(fmt))
-               for j in range(P))
+    L = hosts.count(hosts[r])
+    want = sum(sparse_ops.buffer_bytes([sum((s * j) // L <= i < (s * (j + 1)) // L for i in union[t])
+                                        for t, s in enumerate(sizes)], HostExchange.merged_format(fmt))
+               for j in range(L))
     expect(hx.host_link_bytes == want, case, f"bundle {hx.host_link_bytes} B, the union's {want} B")
     emit("bytes", fp16=fp16, host=hosts[r], bundle=hx.host_link_bytes, flat=nbytes,
          local=hosts.count(hosts[r]))

@@ -626,7 +626,8 @@ class _SparseDistributedOptimizer(_DistributedOptimizer):
         buf = sparse_ops.pack_selected(sel, [v.numel() for v, _ in sel], wire)
         params = [p for p, _ in self._sparse]
         if self._hosts is not None:  # merged per host before crossing hosts (dgc_hosts)
-            gathered, sizes, mcaps = self._hosts.exchange(buf, caps, wire)
+            gathered, sizes, mcaps = self._hosts.exchange(buf, caps, [p.numel() for p in params],
+                                                          wire)
             self._write_sparse(params, gathered, sizes, mcaps, fixed=False,
                                fmt=HostExchange.merged_format(wire))
             self._stats["host_link_bytes"] += self._hosts.host_link_bytes

@@ -10,17 +10,18 @@ of its host's indices once:
 1. inside the host (shared memory): allgatherv of the L packed buffers; every
    local rank decodes them and forms, per tensor, the union of the indices
    with the values at equal indices summed (float32, in local-rank order);
-2. across hosts on rails: the union of every tensor is cut into P = min_local
-   contiguous parts, and local rank j < P allgathers part j with local rank j
-   of every other host (one bundle per host crosses each host link, spread
-   over P ranks);
-3. inside the host again: each local rank shares the parts it received, so
-   every rank holds every host's union, and scatter-adds them in host order.
+2. local rank j of L merges the entries in part j of each tensor's index
+   range (so the merging is split over the host's ranks);
+3. every rank's merged part is allgathered over the world, which goes in two
+   levels (tune.c, allgather_two_level.c): each part crosses into each other
+   host once, so a host link carries its host's union once per other host;
+   every rank then scatter-adds the parts in rank order.
 
 The result is the flat exchange's union-sum: each output element is the sum
 of every rank's value there. Only the association of that sum differs (a
-host's values first, then hosts in host order, the same order on every rank,
-so every replica stays identical): bit for bit equal to the flat path on
+host's values first, then the hosts' sums in the rank order of the parts
+holding that element, the same on every rank, so every replica stays
+identical): bit for bit equal to the flat path on
 values whose partial sums are exact (integers), within float rounding
 otherwise. Merged values travel as float32 even when ranks send float16, so
 no rounding is added. Bytes per host link: the size of its host's union
@@ -105,102 +106,78 @@ def _allgatherv(core: Any, size: int, buf: np.ndarray, sizes: Sequence[int]) -> 
 
 
 class HostExchange:
-    """The host and rail communicators of one world and the merged sparse exchange over them.
+    """The host communicator of one world and the merged sparse exchange over it.
 
     Build it with ``HostExchange.create(core)`` on every rank of core at the
-    same point (it splits core twice); it is None where the world does not
-    go in two levels (one host, or one rank per host).
+    same point (it splits core); it is None where the world does not go in
+    two levels (one host, or one rank per host).
     """
 
-    def __init__(self, host: Any, rail: Optional[Any], host_index: int, nhosts: int,
-                 local: int, parts: int) -> None:
-        self.host, self.rail = host, rail
-        self.host_index, self.nhosts, self.local, self.parts = host_index, nhosts, local, parts
-        self.host_link_bytes = 0  # bytes of this host's bundle in the last exchange
+    def __init__(self, core: Any, host: Any, hosts: Sequence[int], max_local: int) -> None:
+        self.core, self.host = core, host
+        self.hosts = list(hosts)  # host index of each rank of core
+        self.max_local = max_local
+        self.host_link_bytes = 0  # bytes of this host's union in the last exchange
 
     @classmethod
     def create(cls, core: Any) -> Optional["HostExchange"]:
-        """Split core into host and rail communicators (collective on core), or None."""
+        """Split core into host communicators (collective on core), or None."""
         ids = core.host_ids()
         labels = [ids.index(h) if h else -1 - i for i, h in enumerate(ids)]
         topo = _core.topology(labels)
         if not topo["two_level"]:
             return None
         r = core.rank
-        h, local, parts = topo["host"][r], topo["local"][r], topo["min_local"]
-        host = _core.comm_split(core, h, local)
-        # local rank j < min_local: the rail of every host's local rank j, ranked by host
-        # order; the others are in no rail (they send nothing across hosts)
-        rail = _core.comm_split(core, local if local < parts else _core.UNDEFINED, h)
-        return cls(host, rail, h, len(topo["hosts"]), local, parts)
+        host = _core.comm_split(core, topo["host"][r], topo["local"][r])
+        return cls(core, host, topo["host"], topo["max_local"])
 
-    def exchange(self, buf: torch.Tensor, caps: Sequence[int], fmt: WireFormat
-                 ) -> tuple[torch.Tensor, list, list]:
-        """Exchange this rank's packed buffer (sparse_ops layout, caps per tensor).
+    def exchange(self, buf: torch.Tensor, caps: Sequence[int], numels: Sequence[int],
+                 fmt: WireFormat) -> tuple[torch.Tensor, list, list]:
+        """Exchange this rank's packed buffer (sparse_ops layout; caps and element counts
+        per tensor).
 
-        Returns (gathered, sizes, merged_caps): every host's union in host
+        Returns (gathered, sizes, merged_caps): one merged part per rank, in rank
         order, in the sparse_ops layout with float32 values and fmt's indices,
         for ``sparse_ops.decode(gathered, sizes, outs, merged_caps, merged_format(fmt))``.
         """
         mfmt = self.merged_format(fmt)
-        mcaps = [c * self.host.size for c in caps]
-        # 1. the host's buffers, merged alike on every local rank; padded to the caps'
-        # size (a copy in shared memory) so that no size exchange comes first
+        L, j = self.host.size, self.host.rank
+        # 1. the host's buffers, padded to the caps' size (a copy in shared memory) so
+        # that no size exchange comes first
         fixed = sparse_ops.buffer_bytes(caps, fmt)
         if buf.numel() > fixed:
             raise ValueError(f"host sparse exchange: a buffer of {buf.numel()} bytes, the caps "
                              f"{list(caps)} hold {fixed}")
-        mine_in = np.zeros(fixed, np.uint8)
-        mine_in[:buf.numel()] = buf.numpy()
-        L = self.host.size
-        hbufs = torch.from_numpy(_allgatherv(self.host, L, mine_in, [fixed] * L))
+        padded = np.zeros(fixed, np.uint8)
+        padded[:buf.numel()] = buf.numpy()
+        hbufs = torch.from_numpy(_allgatherv(self.host, L, padded, [fixed] * L))
         ranks = _parse(hbufs, [fixed] * L, caps, fmt, fixed=True)
-        union = [merge_union([per[t] for per in ranks]) for t in range(len(caps))]
-        mine = self._pack(union, mcaps, mfmt)
-        chunks = [self._pack([self._part(v, i, j) for v, i in union], mcaps, mfmt)
-                  for j in range(self.parts)]
-        self.host_link_bytes = sum(c.numel() for c in chunks)
-        # 2. part `local` across hosts (ranked by host order on the rail)
-        got = []  # (host, bytes) of other hosts' parts this rank received
-        if self.rail is not None:
-            part = chunks[self.local]
-            rsizes = _allgatherv(self.rail, self.rail.size, np.array([part.numel()], np.int64),
-                                 [1] * self.rail.size).tolist()
-            rbufs = _allgatherv(self.rail, self.rail.size, part.numpy(), rsizes)
-            off = 0
-            for h, s in enumerate(rsizes):
-                if h != self.host_index:
-                    got.append(rbufs[off:off + s])
-                off += s
-        # 3. share them inside the host: local rank j < P received nhosts - 1 parts
-        others = self.nhosts - 1
-        counts = [others if j < self.parts else 0 for j in range(self.host.size)]
-        mysizes = np.array([g.size for g in got], np.int64)
-        allsizes = _allgatherv(self.host, self.host.size, mysizes, counts).tolist()
-        allbytes = _allgatherv(self.host, self.host.size,
-                               np.concatenate(got) if got else np.zeros(0, np.uint8),
-                               [sum(allsizes[sum(counts[:j]):sum(counts[:j + 1])])
-                                for j in range(self.host.size)])
-        # host order: parts of host h from local ranks 0..P-1 (disjoint indices), ours whole
-        pieces: dict = {self.host_index: [mine.numpy()]}
-        off, k = 0, 0
-        for j in range(self.parts):
-            for h in (x for x in range(self.nhosts) if x != self.host_index):
-                s = allsizes[k]
-                pieces.setdefault(h, []).append(allbytes[off:off + s])
-                off, k = off + s, k + 1
-        bufs = [b for h in range(self.nhosts) for b in pieces[h]]
-        sizes = [int(b.size) for b in bufs]
-        return torch.from_numpy(np.concatenate(bufs)), sizes, mcaps
+        # 2. local rank j merges part j of L of each tensor's index range: the host's
+        # union, cut so that each local rank does 1/L of the merging
+        sel = []
+        for t, numel in enumerate(numels):
+            lo, hi = (numel * j) // L, (numel * (j + 1)) // L
+            parts = []
+            for per in ranks:
+                v, i = per[t]
+                m = (i >= lo) & (i < hi)
+                parts.append((v[m], i[m]))
+            sel.append(merge_union(parts))
+        mcaps = [c * self.max_local for c in caps]
+        mine = self._pack(sel, mcaps, mfmt)
+        # 3. every rank's part to every rank: the world's allgatherv goes in two levels,
+        # so each part crosses into each other host once
+        n = len(self.hosts)
+        sizes = _allgatherv(self.core, n, np.array([mine.numel()], np.int64), [1] * n).tolist()
+        gathered = _allgatherv(self.core, n, mine.numpy(), sizes)
+        me = self.hosts[self.core.rank]
+        self.host_link_bytes = sum(s for s, h in zip(sizes, self.hosts) if h == me)
+        return torch.from_numpy(gathered), [int(s) for s in sizes], mcaps
 
     @staticmethod
     def merged_format(fmt: WireFormat) -> WireFormat:
         """The wire format of merged bundles: float32 values (sums), fmt's indices."""
         return WireFormat(torch.float32, fmt.index_dtype)
-
-    def _part(self, vals: np.ndarray, idx: np.ndarray, j: int) -> tuple:
-        lo, hi = (vals.size * j) // self.parts, (vals.size * (j + 1)) // self.parts
-        return vals[lo:hi], idx[lo:hi]
 
     @staticmethod
     def _pack(sel: Sequence[tuple[np.ndarray, np.ndarray]], caps: Sequence[int],
