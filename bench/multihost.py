@@ -23,9 +23,11 @@ names allreduce algorithms; allgather and broadcast have one algorithm each
 rank's packed selections, then decoding) of a model of --sizes elements
 (4 B each: 100M is a 25 M parameter model), --density of each rank's
 entries, --overlap of them shared by the ranks of a host (replicas of one
-model pick mostly the same entries): "flat" (sparse_ops.exchange, every
-rank's selections cross) against "merged" (dgc_hosts: one union per host
-crosses), and prints the bytes leaving a host per step for each.
+model pick mostly the same entries): "unmerged" (sparse_ops.exchange: the
+two-level allgatherv, every rank's selections cross into each other host
+once) against "merged" (dgc_hosts: one union per host crosses), and prints
+the bytes leaving a host per step for each and for a flat ring over all
+ranks (n - 1 of the n buffers on its busiest host link).
 
 --tune FILE runs ``collectives-bench allreduce --tune FILE`` in the ranks
 instead (sizes from the smallest to the largest of --sizes, times 8 each
@@ -143,18 +145,19 @@ def dgc_worker(args, comm) -> None:
         vals = torch.randn(idx.numel(), generator=torch.Generator().manual_seed(r))
         buf = sparse_ops.pack_selected([(vals, idx)], [k], fmt)
         out = torch.zeros(numel)
-        times = {"flat": [], "merged": []}
+        times = {"unmerged": [], "merged": []}
         host_bytes = {}
         for it in range(args.warmup + args.iters):
-            for impl in (("flat", "merged") if it % 2 == 0 else ("merged", "flat")):
+            for impl in (("unmerged", "merged") if it % 2 == 0 else ("merged", "unmerged")):
                 comm.Barrier()
                 t0 = time.perf_counter()
-                if impl == "flat":
+                if impl == "unmerged":
                     gathered, sizes = sparse_ops.exchange(core, n, buf)
                     out.zero_()
                     sparse_ops.decode(gathered, sizes, [out], [k], fmt)
-                    # a flat ring's busiest host link: every buffer but one
-                    host_bytes[impl] = sum(sizes) - max(sizes)
+                    # each of the host's buffers crosses into each other host once
+                    host_bytes[impl] = sum(s for q, s in enumerate(sizes) if ids[q] == ids[r])
+                    host_bytes["ring"] = sum(sizes) - max(sizes)  # n - 1 of n buffers
                 else:
                     gathered, sizes, mcaps = hx.exchange(buf, [k], [numel], fmt)
                     out.zero_()
@@ -167,12 +170,12 @@ def dgc_worker(args, comm) -> None:
             mine = np.array(ts)
             slowest = np.empty_like(mine)
             comm.Allreduce(mine, slowest, op=MPI.MAX)
-            hb = np.array([host_bytes[impl]], np.float64)
+            hb = np.array([host_bytes[impl], host_bytes["ring"]], np.float64)
             most = np.empty_like(hb)
             comm.Allreduce(hb, most, op=MPI.MAX)
             rows.append({"bytes": nbytes, "impl": impl, "median": float(np.median(slowest)),
                          "best": float(slowest.min()), "n": n, "host_bytes": int(most[0]),
-                         "k": k})
+                         "ring_bytes": int(most[1]), "k": k})
     if r == 0:
         Path(args.out).write_text(json.dumps(rows))
 
@@ -232,11 +235,11 @@ def driver(args) -> None:
         gloo = [g for g in rows if g["impl"] == "gloo" and g["bytes"] == row["bytes"]]
         ratio = f"{gloo[0]['median'] / row['median']:.2f}" if gloo else "-"
         if args.collective == "dgc":
-            flat = [g for g in rows if g["impl"] == "flat" and g["bytes"] == row["bytes"]][0]
+            base = [g for g in rows if g["impl"] == "unmerged" and g["bytes"] == row["bytes"]][0]
             print(f"{row['bytes']:>10} {row['impl']:>10} {row['median']:>10.6f} "
                   f"{row['best']:>10.6f}  k={row['k']} host link bytes {row['host_bytes']} "
-                  f"({row['host_bytes'] / flat['host_bytes']:.3f} of flat), flat/this "
-                  f"{flat['median'] / row['median']:.2f}")
+                  f"({row['host_bytes'] / row['ring_bytes']:.3f} of a flat ring's "
+                  f"{row['ring_bytes']}), unmerged/this {base['median'] / row['median']:.2f}")
             continue
         factor = {"allreduce": 2 * (n - 1) / n, "allgather": (n - 1) / n,
                   "broadcast": 1.0}[args.collective]

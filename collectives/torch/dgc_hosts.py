@@ -7,11 +7,12 @@ allgatherv), against n - 1 buffers on a flat ring's busiest link. Here a
 host's ranks merge their selections first, so a host link carries the union
 of its host's indices once:
 
-1. inside the host (shared memory): allgatherv of the L packed buffers; every
-   local rank decodes them and forms, per tensor, the union of the indices
-   with the values at equal indices summed (float32, in local-rank order);
-2. local rank j of L merges the entries in part j of each tensor's index
-   range (so the merging is split over the host's ranks);
+1. inside the host (shared memory): allgatherv of the L packed buffers
+   (padded to the caps, so no size exchange comes first);
+2. local rank j of L takes the entries of every buffer that fall in part j
+   of each tensor's index range and merges them: the union of those indices,
+   values at equal indices summed (float32, in local-rank order); the host's
+   parts together are its union, and the merging is split over its ranks;
 3. every rank's merged part is allgathered over the world, which goes in two
    levels (tune.c, allgather_two_level.c): each part crosses into each other
    host once, so a host link carries its host's union once per other host;
@@ -21,9 +22,8 @@ The result is the flat exchange's union-sum: each output element is the sum
 of every rank's value there. Only the association of that sum differs (a
 host's values first, then the hosts' sums in the rank order of the parts
 holding that element, the same on every rank, so every replica stays
-identical): bit for bit equal to the flat path on
-values whose partial sums are exact (integers), within float rounding
-otherwise. Merged values travel as float32 even when ranks send float16, so
+identical): bit for bit equal to the flat path on values whose partial
+sums are exact (integers), within float rounding otherwise. Merged values travel as float32 even when ranks send float16, so
 no rounding is added. Bytes per host link: the size of its host's union
 (between 1 and L times one rank's selections, by how much the ranks' indices
 overlap) instead of L (two-level) or n - 1 (flat ring) selections.
