@@ -18,10 +18,10 @@ Per tensor and step, on each rank:
    backward goes on (``overlap=True``, the default); its buffer has the fixed
    size of k entries per tensor, so no size exchange has to come first.
    ``overlap=False`` exchanges all sparse tensors in ``synchronize()``, sized
-   by what was selected; both give the same gradients bit for bit. On
-   several hosts with several ranks on one, a host's selections are merged
-   (summed at equal indices) before they cross hosts (``dgc_hosts``,
-   ``host_merge=True``), in synchronize();
+   by what was selected; both give the same gradients bit for bit. With
+   ``host_merge=True``, on several hosts with several ranks on one, a host's
+   selections are merged (summed at equal indices) before they cross hosts
+   (``dgc_hosts``), in synchronize();
 6. small tensors, and every tensor while the warm-up density is so high
    that the sparse form would cost more bytes than a dense allreduce, go
    through the dense allreduce (momentum applied, no masking).
@@ -104,7 +104,10 @@ class SparseCompressor(NoneCompressor):
         host_merge: on a world of two or more hosts with several ranks on one, merge a
             host's selections (union, values at equal indices summed) before they cross
             hosts, so each host link carries its host's union once (``dgc_hosts``); the
-            exchange then runs in synchronize(). False: every rank's selections cross.
+            exchange then runs in synchronize(). It saves host-link bytes by as much as
+            the host's ranks' selections overlap, for more CPU per rank: opt in where
+            the host links, not the CPUs, bound the step (bench/README.md). False:
+            every rank's selections cross (the two-level allgatherv).
     """
 
     owns_momentum = False
@@ -116,7 +119,7 @@ class SparseCompressor(NoneCompressor):
                  int32_indices: bool = True, min_numel: int = DEFAULT_MIN_NUMEL,
                  dense: Optional[Callable[[str, torch.Tensor], bool]] = None,
                  rounds: int = 3, fused: bool = True, overlap: bool = True,
-                 host_merge: bool = True) -> None:
+                 host_merge: bool = False) -> None:
         if not 0 < compress_ratio <= 1:
             raise ValueError(f"compress_ratio must be in (0, 1], got {compress_ratio}")
         if not 0 < sample_ratio <= 1:
