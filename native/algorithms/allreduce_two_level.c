@@ -15,14 +15,10 @@
  *                          out_j = in_j op x_1 op x_2 ...
  *   B  rail allreduce      the owners of slice j, one per host, in host
  *                          order, allreduce out_j: a ring (reduce-scatter +
- *                          allgather over the H owners) or, when H is a
- *                          power of two of at least 4, up to
- *                          COLL_RAIL_HALVING_BYTES a slice, recursive
- *                          halving then doubling (the ring's bytes in
- *                          2 log2 H steps instead of 2 (H-1)); at most
- *                          COLL_RAIL_FULL_BYTES, recursive doubling (log2 H
- *                          full exchanges: fewer steps, more bytes, so only
- *                          for small ones)
+ *                          allgather over the H owners) or, when slices are
+ *                          at most COLL_RAIL_FULL_BYTES and H is a power of
+ *                          two, recursive doubling (log2 H full exchanges:
+ *                          fewer steps, more bytes, so only for small ones)
  *   C  intra-host bcast    o_h(j) sends the final out_j to the host's others
  *
  * Example, 2 hosts x 2 ranks (ranks 0,1 on host 0; 2,3 on host 1), P = 2:
@@ -70,84 +66,20 @@
 /* A rail's recursive doubling exchanges whole slices both ways at once: each
  * side's send must fit in the socket buffers (as butterfly's full exchange). */
 #define COLL_RAIL_FULL_BYTES (32 * 1024)
-/* Up to this slice size a rail of 4, 8, ... hosts halves and doubles
- * instead of running the ring (the same bytes in fewer, larger steps, as the
- * flat butterfly, which the built-in table takes up to 512 KiB - 1 MiB over
- * tcp); above it the ring's steps to a fixed neighbour pipeline better. */
-#define COLL_RAIL_HALVING_BYTES (1024 * 1024)
-enum { RAIL_RING, RAIL_FULL, RAIL_HALVING };
 #define RAIL_LAG 1
 #define BCAST_LAG 2
 
-/* A step (copying nothing) that completes when every receive added since
- * step `begin` has: then the region they wrote is final. */
-static int join_recvs(coll_sched_t *s, char *out, size_t off, int begin) {
-  int end = s->nsteps, join = coll_sched_copy(s, out + off, out + off, 0);
-  for (int i = begin; i < end; i++)
-    if (s->steps[i].kind != COLL_STEP_SEND) coll_sched_after(s, join, i);
-  return join;
-}
-
-/* Recursive halving then doubling over m = 2^k rail ranks (allreduce_butterfly.c's
- * pattern on the rail): at mask m/2 .. 1 keep the half of my range on my side
- * of the mask, send the other half to part[me ^ mask] and reduce its copy of
- * mine; then the masks back, sending what I own and receiving the partner's.
- * Ranges in elements, cut by coll_split in two at each level; the halves a
- * step sends and receives never overlap, so both may be in flight at once. */
-static int rail_halving(coll_sched_t *s, const int *part, int m, int me, char *out,
-                        const char *acc, size_t off, size_t len, int ready) {
-  size_t elem = s->elem, lo = 0, cnt = len / elem;
-  int begin = s->nsteps, dep = ready, levels = 0;
-  size_t los[32], cnts[32];
-  int gave[32]; /* the send of each level: its half is overwritten on the way back */
-  const char *cur = acc;
-  for (int mask = m / 2; mask >= 1; mask /= 2) {
-    int partner = part[me ^ mask], upper = (me & mask) != 0;
-    size_t o0, n0, o1, n1;
-    coll_split(cnt, 2, 0, &o0, &n0);
-    coll_split(cnt, 2, 1, &o1, &n1);
-    size_t keep_o = lo + (upper ? o1 : o0), keep_n = upper ? n1 : n0;
-    size_t give_o = lo + (upper ? o0 : o1), give_n = upper ? n0 : n1;
-    los[levels] = lo;
-    cnts[levels++] = cnt;
-    size_t go = off + give_o * elem, ko = off + keep_o * elem;
-    gave[levels - 1] = coll_sched_after(s, coll_sched_send(s, partner, cur + go, give_n * elem, go),
-                                        dep);
-    int got = coll_sched_recv_reduce(s, partner, out + ko, cur + ko, keep_n * elem, ko);
-    dep = coll_sched_after(s, got, dep);
-    cur = out;
-    lo = keep_o;
-    cnt = keep_n;
-  }
-  for (int mask = 1; mask < m; mask *= 2) {
-    int partner = part[me ^ mask];
-    size_t plo = los[--levels], pcnt = cnts[levels];
-    /* at this level I own [lo, lo + cnt) of [plo, plo + pcnt); the partner the rest */
-    size_t oo = plo == lo ? lo + cnt : plo, on = pcnt - cnt;
-    size_t so = off + lo * elem, ro = off + oo * elem;
-    coll_sched_after(s, coll_sched_send(s, partner, out + so, cnt * elem, so), dep);
-    int got = coll_sched_recv(s, partner, out + ro, on * elem, ro);
-    coll_sched_after(s, got, gave[levels]);
-    dep = coll_sched_after(s, got, dep);
-    lo = plo;
-    cnt = pcnt;
-  }
-  return join_recvs(s, out, off, begin);
-}
-
 /* Allreduce of [off, off + len) among the m ranks part[0..m-1] (this rank is
- * part[me]) by recursive doubling (RAIL_FULL), halving and doubling
- * (RAIL_HALVING) or a ring: the result lands in out, the operand is acc (in
- * or out), every step runs after `ready`. Returns a step after which out's
- * region is final. */
-static int rail(coll_sched_t *s, const int *part, int m, int me, int mode, char *out,
+ * part[me]) by recursive doubling (full) or a ring: the result lands in out,
+ * the operand is acc (in or out), every step runs after `ready`. Returns a
+ * step after which out's region is final. */
+static int rail(coll_sched_t *s, const int *part, int m, int me, int full, char *out,
                 const char *acc, size_t off, size_t len, int ready) {
   if (m == 1) {
     if (acc == out) return ready;
     return coll_sched_after(s, coll_sched_copy(s, out + off, acc + off, len), ready);
   }
-  if (mode == RAIL_HALVING) return rail_halving(s, part, m, me, out, acc, off, len, ready);
-  if (mode == RAIL_FULL) {
+  if (full) {
     const char *cur = acc;
     int dep = ready;
     for (int mask = 1; mask < m; mask <<= 1) {
@@ -181,7 +113,12 @@ static int rail(coll_sched_t *s, const int *part, int m, int me, int mode, char 
       last = got;
     }
   }
-  return join_recvs(s, out, off, begin);
+  /* A step (copying nothing) that completes when every receive above has:
+   * then the whole region is final. */
+  int end = s->nsteps, join = coll_sched_copy(s, out + off, out + off, 0);
+  for (int i = begin; i < end; i++)
+    if (s->steps[i].kind != COLL_STEP_SEND) coll_sched_after(s, join, i);
+  return join;
 }
 
 coll_result_t coll_allreduce_two_level(coll_sched_t *s, const coll_args_t *a) {
@@ -201,9 +138,7 @@ coll_result_t coll_allreduce_two_level(coll_sched_t *s, const coll_args_t *a) {
   /* Recursive doubling sends log2(H) whole slices per rail, the ring
    * 2 (H-1)/H of one: doubling only where latency rules. Decided per call,
    * not per segment, so that every segment of a rail takes the same route. */
-  int pow2 = (H & (H - 1)) == 0;
-  int mode = pow2 && slice0 <= COLL_RAIL_FULL_BYTES ? RAIL_FULL
-           : pow2 && H >= 4 && slice0 <= COLL_RAIL_HALVING_BYTES ? RAIL_HALVING : RAIL_RING;
+  int full = slice0 <= COLL_RAIL_FULL_BYTES && (H & (H - 1)) == 0;
   size_t cells = (size_t)P * (size_t)K;
   int *mem = malloc(sizeof(int) * (3 * cells + (size_t)H));
   if (!mem) return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory", r);
@@ -242,7 +177,7 @@ coll_result_t coll_allreduce_two_level(coll_sched_t *s, const coll_args_t *a) {
           accs[c] = acc;
         } else if (phase == 1 && r == o) {
           for (int h = 0; h < H; h++) part[h] = coll_topo_owner(t, h, j);
-          fin[c] = rail(s, part, H, hm, mode, out, accs[c], off, l_, ready[c]);
+          fin[c] = rail(s, part, H, hm, full, out, accs[c], off, l_, ready[c]);
         } else if (phase == 2 && r == o) {
           for (int l = 0; l < L; l++) {
             int q = coll_topo_rank(t, hm, l);
