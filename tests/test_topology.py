@@ -329,3 +329,20 @@ def test_dryrun_rejects_bad_arguments():
         dryrun("allgather", [0, 0], 0, "butterfly", 4)
     with pytest.raises(ValueError):
         dryrun("alltoall", [0, 0], 0, "ring", 4)
+
+
+def test_rails_of_4_and_8_hosts_carry_medium_slices_exactly():
+    """Slices of 32 KiB - 80 KiB (past the rails' full-exchange limit) on 4 and 8 hosts:
+    exact sums, uneven element counts, every placement, in place or not, and
+    2(H-1)/H of the message per host link."""
+    for hosts in ([2, 2, 2, 2], [1, 2, 1, 2], [1] * 7 + [2]):
+        H = len(hosts)
+        for name, labels in placements(hosts):
+            for count, seg in ((9001, 0), (20011, 16384)):  # int64: 36-80 KiB slices
+                for in_place in (False, True):
+                    outs, expect, sent = simulate(labels, "two_level", count, seg, in_place)
+                    for r, out in enumerate(outs):
+                        assert np.array_equal(out, expect), (hosts, name, count, in_place, r)
+                    S = count * 8
+                    for h in range(H):
+                        assert sent.get(h, 0) <= 2 * (H - 1) / H * S * 1.01 + 64 * H, (hosts, h)

@@ -49,7 +49,7 @@ __all__ = ["Row", "parse_size", "bus_factor", "sweep_sizes", "element_count", "r
            "expected_output", "sweep", "print_table", "run_ratios", "print_comparison", "tune_table",
            "write_tune_file", "turn_orders", "turn_rounds", "build_parser", "main"]
 # The worker's side, re-exported: the peers' workers and the tests reach it here too.
-from .sweep import (ALGOS, COLLS, DTYPES, OPS, PROGRESS_TAG, Backend,  # noqa: F401
+from .sweep import (ALGOS, MULTIHOST_ALGOS, COLLS, DTYPES, OPS, PROGRESS_TAG, Backend,  # noqa: F401
                     CollectivesBackend, device_note, draw_progress, element_count,
                     expected_output, parse_size, rank_input, sweep, sweep_sizes)
 
@@ -80,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-np", "-n", dest="np", type=int, default=None,
                    help="launch N ranks (driver mode); without it, run inside the current world")
     p.add_argument("--algo", default=",".join(ALGOS),
-                   help="allreduce algorithms, comma-separated")
+                   help="allreduce algorithms, comma-separated (also two_level: reduce in each "
+                        "host, across hosts on rails, broadcast in each host)")
     p.add_argument("--dtype", "-d", default="float32", choices=DTYPES, help="element type")
     p.add_argument("--op", "-o", default="sum", choices=OPS, help="reduction")
     p.add_argument("--root", "-r", type=int, default=0, help="broadcast root")
@@ -133,14 +134,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--worker-json", default=None, help=argparse.SUPPRESS)
     p.add_argument("--turns", default=None, help=argparse.SUPPRESS)  # HOST:PORT,JOB (_bench_turns)
     p.add_argument("--progress", action="store_true", help=argparse.SUPPRESS)
+    # set by --tune, passed on to workers: measure two_level too where the world has its shape
+    p.add_argument("--tuning", action="store_true", help=argparse.SUPPRESS)
     return p
 
 
 def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     args.algos = [a.strip() for a in args.algo.split(",") if a.strip()]
-    bad = [a for a in args.algos if a not in ALGOS]
+    bad = [a for a in args.algos if a not in ALGOS + MULTIHOST_ALGOS]
     if bad or not args.algos:
-        p.error(f"--algo {args.algo}: choose from {','.join(ALGOS)}")
+        p.error(f"--algo {args.algo}: choose from {','.join(ALGOS + MULTIHOST_ALGOS)}")
     if args.coll != "allreduce":
         args.algos = ["auto"]
     args.peers = [x.strip() for x in args.compare.split(",") if x.strip()]
@@ -150,7 +153,8 @@ def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.tune and args.coll != "allreduce":
         p.error("--tune applies to allreduce only")
     if args.tune:
-        args.algos = ["ring", "tree", "butterfly"]
+        args.algos = ["ring", "tree", "butterfly"]  # + two_level on a multi-host world (run_worker)
+        args.tuning = True
     if args.iters < 1 or args.warmup < 0 or args.turn_iters < 0:
         p.error("--iters must be >= 1, --warmup and --turn-iters >= 0")
     if args.runs < 1:
@@ -175,7 +179,7 @@ def worker_args(args: argparse.Namespace, algos: Optional[Sequence[str]] = None)
            "-f", str(args.stepfactor), "--iters", str(args.iters), "--warmup", str(args.warmup),
            "--turn-iters", str(args.turn_iters), "--device", args.device, "--b2b", str(args.b2b),
            "--frontend", args.frontend]
-    return out + (["--check"] if args.check else [])
+    return out + (["--check"] if args.check else []) + (["--tuning"] if args.tuning else [])
 
 
 def run_worker(args: argparse.Namespace, backend: Backend) -> int:
@@ -208,8 +212,14 @@ def run_worker(args: argparse.Namespace, backend: Backend) -> int:
             return
         sys.stderr.write(row_message(rows))
         sys.stderr.flush()
+    algos = list(args.algos)
+    shape = getattr(backend, "shape", lambda: "")()
+    if args.tuning and shape and "two_level" not in algos:
+        # On a world in two levels the table keys its rows by shape (HxL) and
+        # auto picks among two_level and the flat algorithms per size.
+        algos.append("two_level")
     try:
-        rows, notes = sweep(backend, args.coll, args.algos, args.dtype, args.op, args.sizes,
+        rows, notes = sweep(backend, args.coll, algos, args.dtype, args.op, args.sizes,
                             args.iters, args.warmup, args.check, args.root,
                             progress=True if args.progress else None, device=device, gate=gate,
                             turn_iters=args.turn_iters, on_rows=live, b2b=args.b2b)
@@ -253,7 +263,8 @@ def report(args: argparse.Namespace, rows: list[Row], notes: Sequence[str],
     if args.tune:
         table = tune_table(rows)
         write_tune_file(table, args.tune, transport)
-        over = f" over {transport}" if transport else ""
+        over = f" over {transport}" if transport in ("tcp", "shm") else \
+            (f" on {transport} (hosts x ranks per host)" if transport else "")
         print(f"# wrote the allreduce table for {rows[0].nranks} ranks{over} to {os.path.abspath(args.tune)} "
               f"({len(table)} rows); use it with COLLECTIVES_TUNE_FILE={os.path.abspath(args.tune)}")
     sys.stdout.flush()

@@ -32,6 +32,8 @@ COLLS = ("allreduce", "allgather", "broadcast", "reduce_scatter")
 DTYPES = ("int8", "uint8", "int32", "int64", "float16", "float32", "float64")
 OPS = ("sum", "prod", "min", "max")
 ALGOS = ("ring", "tree", "butterfly", "auto")
+# Also accepted by --algo; --tune adds it where the world goes in two levels.
+MULTIHOST_ALGOS = ("two_level",)
 PROGRESS_TAG = "@@collectives-bench-progress"
 
 
@@ -268,10 +270,28 @@ class CollectivesBackend(Backend):
         return [(f"collectives-{a}", a) for a in algos]
 
     def transport(self) -> str:
-        """As the core keys its table: shm when every rank is on this host and tcp is not forced."""
+        """As the core keys its table: the shape HxL (hosts x the most ranks on one) when
+        the world goes in two levels, else shm when every rank is on this host and tcp is
+        not forced, else tcp."""
+        shape = self.shape()
+        if shape:
+            return shape
         forced = os.environ.get("COLLECTIVES_TRANSPORT", "").lower()
         one_host = getattr(self.comm, "local_size", 0) == self.size
         return "tcp" if forced == "tcp" or not one_host else "shm"
+
+    def shape(self) -> str:
+        """"HxL" when this world has two or more hosts and one runs two or more ranks
+        (its allreduce may go two_level), else ""."""
+        from .. import _core
+
+        core = getattr(self.comm, "_core", None)
+        if core is None or self.size < 2:
+            return ""
+        ids = core.host_ids()
+        labels = [ids.index(h) if h else -1 - i for i, h in enumerate(ids)]  # "": a host of its own
+        topo = _core.topology(labels)
+        return f"{len(topo['hosts'])}x{topo['max_local']}" if topo["two_level"] else ""
 
     def barrier(self) -> None:
         """MPI.Barrier."""

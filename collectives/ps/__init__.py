@@ -24,6 +24,19 @@ parameters are one flat float32 vector cut into S balanced contiguous pieces
 and answers per its mode (see ``collectives/ps/_server.py``). Each server
 returns one ``StepReport`` per update: contributors, dropped late
 gradients, staleness of each applied gradient.
+
+``init(host_sum=True)`` sums per host (BytePS / Herring style): the workers
+of one host reduce their gradients over shared memory to the host's first
+worker, which pushes the sum once to each server (counted as a gradient of
+each of them) and broadcasts the reply inside the host, so one message per
+host crosses to a server and back instead of one per worker. Sync mode
+without backup workers only: a backup drops the slowest *workers* of a
+step, but a host's workers wait for each other before their sum leaves, so
+a straggler would hold back its whole host and a backup could only drop
+whole hosts; async and SSP apply each worker's gradient on the version it
+read, which a sum of several workers no longer is. The workers of a host
+must push the same number of times (as in an allreduce), and a worker's
+failure ends its host's group (the server drops all of its workers).
 """
 from __future__ import annotations
 
@@ -56,6 +69,7 @@ class Role:
     num_servers: int
     is_server: bool
     index: int
+    groups: tuple = ()  # host_sum: the worker indices of each host, in host order
 
     @property
     def is_worker(self) -> bool:
@@ -75,6 +89,7 @@ class Role:
 
 _role: Optional[Role] = None
 _links: dict = {}
+_host: Any = None  # host_sum: this worker's host communicator (rank 0: the host's first worker)
 
 
 def _servers_from_env() -> Optional[int]:
@@ -87,17 +102,21 @@ def _servers_from_env() -> Optional[int]:
         raise ValueError(f"{ENV_SERVERS}={text!r} is not an integer number of servers") from None
 
 
-def init(num_servers: Optional[int] = None, timeout: Optional[float] = None) -> Role:
+def init(num_servers: Optional[int] = None, timeout: Optional[float] = None,
+         host_sum: bool = False) -> Role:
     """Join the world and make the server/worker links; returns this rank's Role.
 
     Args:
         num_servers: how many of the ranks serve (default: COLLECTIVES_PS_SERVERS).
         timeout: seconds to wait for every rank (default: COLLECTIVES_TIMEOUT).
+        host_sum: the workers of a host sum their gradients before one push per host
+            (see the module doc; sync mode without backup workers). Every rank passes
+            the same value.
 
     Every rank of the job calls it once. ValueError (before any connection to a
     peer) unless 1 <= num_servers < world size.
     """
-    global _role, _links
+    global _role, _links, _host
     if _role is not None:
         return _role
     if num_servers is None:
@@ -116,20 +135,30 @@ def init(num_servers: Optional[int] = None, timeout: Optional[float] = None) -> 
                          f"< {size} (at least one worker)")
     workers = size - num_servers
     is_server = rank >= workers
-    role = Role(rank, size, int(num_servers), is_server, rank - workers if is_server else rank)
+    groups: tuple = ()
+    if host_sum:
+        ids = comm._core.host_ids()[:workers]
+        groups = tuple(tuple(w for w in range(workers) if ids[w] == h) for h in dict.fromkeys(ids))
+    role = Role(rank, size, int(num_servers), is_server, rank - workers if is_server else rank,
+                groups)
     peers = list(range(workers)) if is_server else role.server_ranks
     t = float(timeout) if timeout else _world._default_timeout()
     _links = open_pairs(rank, size, peers, is_server, t)
+    if host_sum:  # a collective on the world: every rank, servers included, splits
+        from .. import _core
+
+        mine = next((i for i, g in enumerate(groups) if rank in g), _core.UNDEFINED)
+        _host = _core.comm_split(comm._core, mine if not is_server else _core.UNDEFINED, rank, t)
     _world.add_finalize_hook(_close)
     _role = role
     return role
 
 
 def _close() -> None:
-    global _role, _links
+    global _role, _links, _host
     for core in _links.values():
         core.close()
-    _links, _role = {}, None
+    _links, _role, _host = {}, None, None
 
 
 def _layout(params: Iterable[Any], role: Role) -> Layout:
@@ -158,7 +187,9 @@ def serve(params: Iterable[Any], optimizer: Any, mode: str = "sync", *, backup_w
     role = _require(server_side=True)
     layout = _layout(params, role)
     links = {w: _links[w] for w in range(role.num_workers)}
-    srv = Server(links, layout, role.index, optimizer, mode, backup_workers, staleness, on_step)
+    groups = {g[0]: list(g) for g in role.groups if len(g) > 1}
+    srv = Server(links, layout, role.index, optimizer, mode, backup_workers, staleness, on_step,
+                 groups=groups)
     if initial is not None:
         import numpy as np
         srv.set_params(np.asarray(initial, dtype=np.float32).reshape(-1)[layout.shard(role.index)])
@@ -190,8 +221,9 @@ def worker(params: Iterable[Any], compression: Any = "none",
     role = _require(server_side=False)
     layout = _layout(params, role)
     links = {s: _links[r] for s, r in enumerate(role.server_ranks)}
+    host = _host if _host is not None and _host.size > 1 else None
     return Worker(links, layout, role.index, role.server_ranks, compression, timeout,
-                  num_workers=role.num_workers)
+                  num_workers=role.num_workers, host=host)
 
 
 def _require(server_side: bool) -> Role:

@@ -29,13 +29,20 @@ class Worker:
             collectives/ps/_sparse.py).
         timeout: seconds to wait for a server's reply (None: COLLECTIVES_TIMEOUT).
         num_workers: how many workers train (DGC's local clipping scales with it).
+        host: init(host_sum=True): the communicator of this host's workers (its rank 0
+            pushes their sum and broadcasts the reply); dense pushes only ("none", "fp16").
     """
 
     def __init__(self, links: dict, layout: W.Layout, index: int, server_ranks: list,
                  compression: Any = "none", timeout: Optional[float] = None,
-                 num_workers: int = 1) -> None:
+                 num_workers: int = 1, host: Any = None) -> None:
         if isinstance(compression, str) and compression not in ("none", "fp16", "dgc"):
             raise ValueError(f"compression {compression!r} is not 'none', 'fp16' or 'dgc'")
+        if host is not None and not (isinstance(compression, str) and
+                                     compression in ("none", "fp16")):
+            raise ValueError(f"host_sum sums dense gradients: compression 'none' or 'fp16', "
+                             f"not {compression!r}")
+        self.host = host
         self.links, self.layout, self.index = links, layout, index
         self.server_ranks = server_ranks
         self.dtype = W.DTYPE_F16 if compression == "fp16" else W.DTYPE_F32
@@ -122,12 +129,41 @@ class Worker:
         of the layout's size; PSError if a server failed or refused it.
         """
         g = self._flat(grad, "gradient")
+        if self.host is not None:
+            return self._push_host(g)
         if self.sparse is not None:
             return self._push_parts(self.sparse.compress(g, self.dtype))
         if self.dtype == W.DTYPE_F16:
             g = g.astype(np.float16)
         self._all(lambda s: W.message(W.PUSH, self.versions[s], s, self.index, self.layout.hash,
                                       g[self.layout.shard(s)], self.dtype))
+        return self.params
+
+    def _push_host(self, g: np.ndarray) -> np.ndarray:
+        """host_sum: the host's gradients summed at its first worker (float32, shared
+        memory), pushed once per server by it; the reply broadcast inside the host."""
+        from .._core import reduce
+
+        first = self.host.rank == 0
+        total = np.empty_like(g) if first else None
+        try:
+            reduce(self.host, g, total, "sum", 0, self.timeout)
+        except Exception as exc:
+            raise PSError(f"worker {self.index}: summing the host's gradients failed: {exc}") \
+                from exc
+        if first:
+            send = total.astype(np.float16) if self.dtype == W.DTYPE_F16 else total
+            self._all(lambda s: W.message(W.PUSH, self.versions[s], s, self.index,
+                                          self.layout.hash, send[self.layout.shard(s)],
+                                          self.dtype))
+        versions = np.array(self.versions, dtype=np.int64)
+        try:
+            self.host.broadcast(self.params, 0, self.timeout)
+            self.host.broadcast(versions, 0, self.timeout)
+        except Exception as exc:
+            raise PSError(f"worker {self.index}: the host's first worker did not pass the "
+                          f"parameters on: {exc}") from exc
+        self.versions = versions.tolist()
         return self.params
 
     def push_pull_sparse(self, index: Any, values: Any) -> np.ndarray:
@@ -138,6 +174,8 @@ class Worker:
         strictly increasing with one value each; each shard goes as a sparse push, or
         dense where that is fewer bytes.
         """
+        if self.host is not None:
+            raise ValueError("push_pull_sparse: host_sum sums dense gradients (push_pull)")
         idx, val = _sparse.check_sparse(index, values, self.layout.total)
         return self._push_parts(_sparse.split(self.layout, idx, val, self.dtype, W.DTYPE_F32))
 

@@ -23,6 +23,13 @@ before the handler takes the lock, then counts as a PUSH in every mode.
 A worker that fails (its link breaks, it dies) is dropped from the live set
 with a warning: a sync step then completes with the workers left. DONE is
 a worker leaving normally. serve() returns when every worker has left.
+
+Host groups (``groups``, from ``init(host_sum=True)``): a PUSH from a group's
+first worker carries the sum of its group's gradients and counts as a
+gradient of each of them (the step's mean divides by every contributor);
+the group's other workers only pull and leave. Sync mode without backup
+workers only (collectives/ps/__init__.py says why). A group's first worker
+failing drops the whole group: its sums carried theirs.
 """
 from __future__ import annotations
 
@@ -86,12 +93,15 @@ class Server:
         timeout: seconds a handler waits for its worker's next message (None: COLLECTIVES_TIMEOUT).
         keep_reports: how many of the latest StepReports to keep (a long job's memory stays
             bounded; on_step sees every one).
+        groups: {first worker: every worker of its host}: that worker pushes the group's sum
+            (sync mode without backup workers only).
     """
 
     def __init__(self, links: dict, layout: W.Layout, shard: int, optimizer, mode: str = "sync",
                  backup_workers: int = 0, staleness: int = 0,
                  on_step: Optional[Callable[[StepReport], None]] = None,
-                 timeout: Optional[float] = None, keep_reports: int = 100_000) -> None:
+                 timeout: Optional[float] = None, keep_reports: int = 100_000,
+                 groups: Optional[dict] = None) -> None:
         if mode not in MODES:
             raise ValueError(f"mode {mode!r} is not one of {', '.join(MODES)}")
         n = len(links)
@@ -102,6 +112,14 @@ class Server:
             raise ValueError("backup_workers applies to mode='sync' only")
         if staleness < 0:
             raise ValueError(f"staleness={staleness} must be >= 0")
+        self.groups = {int(w): [int(x) for x in g] for w, g in (groups or {}).items()}
+        if self.groups and (mode != "sync" or backup_workers):
+            raise ValueError(f"host_sum sums a host's gradients before one push: mode='sync' "
+                             f"without backup workers only, not mode={mode!r} with "
+                             f"backup_workers={backup_workers} (a backup drops workers, a host "
+                             f"sum ties them together; async and SSP apply each worker's own "
+                             f"gradient)")
+        self.pushes = collections.Counter()  # PUSH/SPUSH messages received per worker
         self.links, self.layout, self.shard = links, layout, shard
         self.optimizer, self.mode = optimizer, mode
         self.backup, self.staleness = int(backup_workers), int(staleness)
@@ -208,7 +226,7 @@ class Server:
                 self.acc += g
             else:
                 self.acc[:] = g
-            self.contributors.append(w)
+            self.contributors.extend(self.groups.get(w, [w]))  # a group's sum counts for each
             self._maybe_complete()
             while self.version <= step:
                 self._wait()
@@ -234,6 +252,10 @@ class Server:
             self.live.discard(w)
             if error is not None:
                 self.dead[w] = error
+                for m in self.groups.get(w, [])[1:]:  # its sums carried theirs
+                    if m in self.live:
+                        self.live.discard(m)
+                        self.dead[m] = f"its host's first worker {w} failed: {error}"
                 warnings.warn(f"parameter server {self.shard}: worker {w} failed and is dropped "
                               f"from training ({error})", RuntimeWarning, stacklevel=2)
                 print(f"collectives.ps: server {self.shard}: dropping worker {w}: {error}",
@@ -317,6 +339,7 @@ class Server:
                         else:
                             g = sparse if sparse is not None else \
                                 buf[W.HEADER_BYTES:count].view(W.DTYPES[dtype]).astype(np.float32)
+                            self.pushes[w] += 1
                             self._push(w, step, g)
                             reply = self.snapshot
                     else:

@@ -101,13 +101,16 @@ class Optimizer:
         checkpoint_every: save the shard after every this many updates (0: only at the end).
         num_servers: as collectives.ps.init (default COLLECTIVES_PS_SERVERS).
         on_step: servers: called with each StepReport.
+        host_sum: as collectives.ps.init: a host's workers sum their gradients before one
+            push per host (mode "sync" without backup workers).
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, mode: str = "sync", *,
                  backup_workers: int = 0, staleness: int = 0, compression: Any = "none",
                  checkpoint: Optional[str] = None, checkpoint_every: int = 0,
                  num_servers: Optional[int] = None,
-                 on_step: Optional[Callable[[StepReport], None]] = None) -> None:
+                 on_step: Optional[Callable[[StepReport], None]] = None,
+                 host_sum: bool = False) -> None:
         self.optimizer = optimizer
         self.update = server_optimizer(optimizer, compression)
         # the worker's compressor (DGC keeps this worker's residuals; call its
@@ -118,7 +121,7 @@ class Optimizer:
             raise TypeError("the parameter server holds float32 parameters")
         self.mode, self.backup_workers, self.staleness = mode, backup_workers, staleness
         self.checkpoint, self.checkpoint_every, self.on_step = checkpoint, checkpoint_every, on_step
-        self.role: Role = init(num_servers)
+        self.role: Role = init(num_servers, host_sum=host_sum)
         self.reports: list = []
         self.client = None
         if self.role.is_worker:

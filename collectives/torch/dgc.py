@@ -18,7 +18,10 @@ Per tensor and step, on each rank:
    backward goes on (``overlap=True``, the default); its buffer has the fixed
    size of k entries per tensor, so no size exchange has to come first.
    ``overlap=False`` exchanges all sparse tensors in ``synchronize()``, sized
-   by what was selected; both give the same gradients bit for bit;
+   by what was selected; both give the same gradients bit for bit. With
+   ``host_merge=True``, on several hosts with several ranks on one, a host's
+   selections are merged (summed at equal indices) before they cross hosts
+   (``dgc_hosts``), in synchronize();
 6. small tensors, and every tensor while the warm-up density is so high
    that the sparse form would cost more bytes than a dense allreduce, go
    through the dense allreduce (momentum applied, no masking).
@@ -59,6 +62,7 @@ from .. import _core
 from . import sparse_ops
 from ._context import as_buffer
 from .compression import NoneCompressor
+from .dgc_hosts import HostExchange
 from .mpi_ops import _scale
 from .basics import Average
 from .optimizer import _DistributedOptimizer, _wait_buckets
@@ -97,6 +101,13 @@ class SparseCompressor(NoneCompressor):
             reference (same result, several passes).
         overlap: exchange each bucket's sparse entries as soon as its gradients are ready
             (during backward); False: all of them in synchronize() after backward.
+        host_merge: on a world of two or more hosts with several ranks on one, merge a
+            host's selections (union, values at equal indices summed) before they cross
+            hosts, so each host link carries its host's union once (``dgc_hosts``); the
+            exchange then runs in synchronize(). It saves host-link bytes by as much as
+            the host's ranks' selections overlap, for more CPU per rank: opt in where
+            the host links, not the CPUs, bound the step (bench/README.md). False:
+            every rank's selections cross (the two-level allgatherv).
     """
 
     owns_momentum = False
@@ -107,7 +118,8 @@ class SparseCompressor(NoneCompressor):
                  steps_per_epoch: Optional[int] = None, fp16_values: bool = False,
                  int32_indices: bool = True, min_numel: int = DEFAULT_MIN_NUMEL,
                  dense: Optional[Callable[[str, torch.Tensor], bool]] = None,
-                 rounds: int = 3, fused: bool = True, overlap: bool = True) -> None:
+                 rounds: int = 3, fused: bool = True, overlap: bool = True,
+                 host_merge: bool = False) -> None:
         if not 0 < compress_ratio <= 1:
             raise ValueError(f"compress_ratio must be in (0, 1], got {compress_ratio}")
         if not 0 < sample_ratio <= 1:
@@ -130,6 +142,7 @@ class SparseCompressor(NoneCompressor):
         self.rounds = int(rounds)
         self.fused = bool(fused)
         self.overlap = bool(overlap)
+        self.host_merge = bool(host_merge)
         self.wire = sparse_ops.WireFormat(torch.float16 if fp16_values else torch.float32,
                                           torch.int32 if int32_indices else torch.int64)
         self.epoch = 0.0
@@ -141,7 +154,7 @@ class SparseCompressor(NoneCompressor):
                          f"sample={self.sample_ratio}, warmup={self.warmup_epochs}/"
                          f"{self.warmup_ratios}, fp16={self.fp16_values}, "
                          f"int32={self.int32_indices}, min_numel={self.min_numel}, "
-                         f"overlap={self.overlap})")
+                         f"overlap={self.overlap}, host_merge={self.host_merge})")
 
     # -- the Compressor interface: the dense path sends tensors unchanged ---------------
     @property
@@ -486,10 +499,16 @@ class _SparseDistributedOptimizer(_DistributedOptimizer):
         self._sparse: list = []  # (param, grad) left for synchronize, in wire order
         self._sparse_index = 0  # sparse tensors selected so far this step
         self._stats = self._new_stats()
+        # Host and rail communicators (a collective on the world, here where every
+        # rank builds its optimizer): None where the world is not in two levels.
+        self._hosts = None
+        if comp.host_merge and self._ctx.size > 1:
+            self._ctx.lane.drain()
+            self._hosts = HostExchange.create(self._ctx.core)
 
     @staticmethod
     def _new_stats() -> dict:
-        return {"dense_bytes": 0, "sparse_bytes": 0, "sent": {}, "caps": {}}
+        return {"dense_bytes": 0, "sparse_bytes": 0, "host_link_bytes": 0, "sent": {}, "caps": {}}
 
     def _check_names(self, named_parameters: Any) -> dict:
         self._names = super()._check_names(named_parameters)
@@ -545,7 +564,7 @@ class _SparseDistributedOptimizer(_DistributedOptimizer):
                 self._ctx.lane.drain()  # after the async ops queued before (see _lane)
                 b.request = self._ctx.core.iallreduce(None, buf, op=op, dtype=dt)
                 self._stats["dense_bytes"] += b.target.numel() * b.target.element_size()
-            if sparse and comp.overlap:
+            if sparse and comp.overlap and self._hosts is None:
                 b.sparse = self._start_sparse(sparse)
             else:
                 self._sparse.extend(sparse)
@@ -578,7 +597,7 @@ class _SparseDistributedOptimizer(_DistributedOptimizer):
         return st
 
     def _write_sparse(self, params: list, gathered: torch.Tensor, sizes: list, caps: list,
-                      fixed: bool) -> None:
+                      fixed: bool, fmt: Optional[sparse_ops.WireFormat] = None) -> None:
         outs, devs = [], []
         for p in params:
             if not (p.grad.is_contiguous() and p.grad.dtype == torch.float32):
@@ -589,7 +608,7 @@ class _SparseDistributedOptimizer(_DistributedOptimizer):
             else:  # decoded on the host, then copied to the GPU gradient
                 outs.append(torch.zeros(p.numel(), dtype=torch.float32))
                 devs.append((p, outs[-1]))
-        sparse_ops.decode(gathered, sizes, outs, caps, self._compression.wire, fixed=fixed)
+        sparse_ops.decode(gathered, sizes, outs, caps, fmt or self._compression.wire, fixed=fixed)
         if self._op is Average:
             for o in outs:
                 _scale(o, 1.0 / self._ctx.size)
@@ -606,9 +625,18 @@ class _SparseDistributedOptimizer(_DistributedOptimizer):
         ctx = self._ctx
         names, caps, sel = self._select(self._sparse)
         # the same layout as the fixed one, sized by what was selected (sizes exchanged first)
-        buf = sparse_ops.pack_selected(sel, [v.numel() for v, _ in sel], self._compression.wire)
-        gathered, sizes = sparse_ops.exchange(ctx.core, ctx.size, buf)
-        self._write_sparse([p for p, _ in self._sparse], gathered, sizes, caps, fixed=False)
+        wire = self._compression.wire
+        buf = sparse_ops.pack_selected(sel, [v.numel() for v, _ in sel], wire)
+        params = [p for p, _ in self._sparse]
+        if self._hosts is not None:  # merged per host before crossing hosts (dgc_hosts)
+            gathered, sizes, mcaps = self._hosts.exchange(buf, caps, [p.numel() for p in params],
+                                                          wire)
+            self._write_sparse(params, gathered, sizes, mcaps, fixed=False,
+                               fmt=HostExchange.merged_format(wire))
+            self._stats["host_link_bytes"] += self._hosts.host_link_bytes
+        else:
+            gathered, sizes = sparse_ops.exchange(ctx.core, ctx.size, buf)
+            self._write_sparse(params, gathered, sizes, caps, fixed=False)
         self._record(names, caps, sel, buf.numel() + 8)  # + the size exchanged first
 
     def _finish_buckets(self) -> None:

@@ -63,10 +63,16 @@ typedef struct {
 
 /* The registry, indexed by coll_algo_t (entry 0, AUTO, has no builder). */
 const coll_algo_entry_t *coll_algo_entry(coll_algo_t id);
-/* What AUTO picks for an allreduce of nbytes on comm: two_level when two or
- * more hosts run and one of them runs two or more ranks; otherwise by rank
- * count, size and whether every link is shared memory (tune.c). */
+/* What AUTO picks for an allreduce of nbytes on comm: when two or more hosts
+ * run and one of them runs two or more ranks, the tuned rows of that shape,
+ * else two_level; otherwise by rank count, size and whether every link is
+ * shared memory (tune.c). */
 coll_algo_t coll_tune_choose_comm(coll_comm_t *comm, size_t nbytes);
+/* The same choice for a world given by its topology t (NULL: one host) and
+ * size ranks, all_shm when every link is shared memory: the tuned rows of
+ * t's shape (HxL) when t is two-level, else two_level (tune.c). */
+struct coll_topo;
+coll_algo_t coll_tune_choose_topo(const struct coll_topo *t, int size, size_t nbytes, int all_shm);
 /* Whether collectives other than allreduce go in two levels on comm: the same
  * topology rule, unless COLLECTIVES_ALGO forces a flat allreduce (tune.c). */
 int coll_tune_two_level(coll_comm_t *comm);

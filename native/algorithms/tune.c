@@ -11,6 +11,14 @@
  * the first matching line for the nearest rank count not above ours wins.
  * COLLECTIVES_ALGO forces one algorithm for every size.
  *
+ * A fourth field HxL (e.g. 2x4) keys rows to a topology instead of a
+ * transport: H hosts, the most populous running L ranks. They are the rows a
+ * communicator in two levels reads (coll_topo_two_level: H >= 2, L >= 2),
+ * written by collectives-bench --tune run on such a cluster, which measures
+ * two_level against the flat algorithms (over the host order) per size; a
+ * tuned table can so pick flat where flat wins. Without a row for its shape
+ * such a communicator goes two_level at every size (the topology rule below).
+ *
  * The transport key matters because the two cost models differ: a shm link
  * copies each byte once and wakes a peer cheaply, a TCP link copies twice
  * through the kernel and pays a system call per message, so they favour
@@ -53,13 +61,20 @@ const coll_algo_entry_t *coll_algo_entry(coll_algo_t id) {
   return (id >= 0 && id < COLL_NUM_ALGOS) ? &registry[id] : NULL;
 }
 
-typedef enum { TUNE_ANY, TUNE_SHM, TUNE_TCP } tune_transport_t;
+typedef enum { TUNE_ANY, TUNE_SHM, TUNE_TCP, TUNE_TOPO } tune_transport_t;
+
+/* What a lookup matches rows against: a transport, or (TUNE_TOPO) a shape. */
+typedef struct {
+  tune_transport_t transport;
+  int hosts, per_host;
+} tune_key_t;
 
 typedef struct {
   int nranks;
   size_t max_bytes;
   coll_algo_t algo;
   tune_transport_t transport;
+  int hosts, per_host; /* TUNE_TOPO rows only */
 } tune_row_t;
 
 /* Built-in table; rows for a rank count apply to that count and above until
@@ -133,20 +148,25 @@ static void load(void) {
     if (!fp) {
       COLL_WARN("cannot read COLLECTIVES_TUNE_FILE %s; using the built-in table", path);
     } else {
-      char line[256], name[64], tp[16];
+      char line[256], name[64], tp[32];
       int cap = 0;
       while (fgets(line, sizeof line, fp)) {
         int nr;
         unsigned long long mb;
         tp[0] = 0;
-        if (line[0] == '#' || sscanf(line, "%d %llu %63s %15s", &nr, &mb, name, tp) < 3) continue;
+        if (line[0] == '#' || sscanf(line, "%d %llu %63s %31s", &nr, &mb, name, tp) < 3) continue;
         coll_algo_t a = algo_by_name(name);
         if (a == COLL_ALGO_AUTO) continue;
         tune_transport_t t = TUNE_ANY;
+        int hosts = 0, per_host = 0;
+        char rest;
         if (strcasecmp(tp, "shm") == 0) t = TUNE_SHM;
         else if (strcasecmp(tp, "tcp") == 0) t = TUNE_TCP;
+        else if (sscanf(tp, "%dx%d%c", &hosts, &per_host, &rest) == 2 && hosts >= 2 && per_host >= 2)
+          t = TUNE_TOPO;
         else if (tp[0]) {
-          COLL_WARN("%s: transport '%s' is neither tcp nor shm; line ignored", path, tp);
+          COLL_WARN("%s: '%s' is neither a transport (tcp, shm) nor a shape HxL of two or more "
+                    "hosts with two or more ranks (2x4); line ignored", path, tp);
           continue;
         }
         if (ntable == cap) {
@@ -155,7 +175,7 @@ static void load(void) {
           if (!t) break;
           table = t;
         }
-        table[ntable++] = (tune_row_t){nr, (size_t)mb, a, t};
+        table[ntable++] = (tune_row_t){nr, (size_t)mb, a, t, hosts, per_host};
       }
       fclose(fp);
       COLL_INFO(COLL_LOG_TUNE, "read %d rows from %s", ntable, path);
@@ -163,11 +183,13 @@ static void load(void) {
   }
 }
 
-static int row_applies(const tune_row_t *row, tune_transport_t tp) {
-  return row->transport == TUNE_ANY || row->transport == tp;
+static int row_applies(const tune_row_t *row, tune_key_t k) {
+  if (k.transport == TUNE_TOPO) /* only rows measured on this shape */
+    return row->transport == TUNE_TOPO && row->hosts == k.hosts && row->per_host == k.per_host;
+  return row->transport == TUNE_ANY || row->transport == k.transport;
 }
 
-static coll_algo_t lookup(const tune_row_t *t, int nt, int size, size_t nbytes, tune_transport_t tp) {
+static coll_algo_t lookup(const tune_row_t *t, int nt, int size, size_t nbytes, tune_key_t tp) {
   int best = -1;
   for (int i = 0; i < nt; i++)
     if (row_applies(&t[i], tp) && t[i].nranks <= size && t[i].nranks > best) best = t[i].nranks;
@@ -177,7 +199,7 @@ static coll_algo_t lookup(const tune_row_t *t, int nt, int size, size_t nbytes, 
   return COLL_ALGO_AUTO;
 }
 
-static coll_algo_t choose(int size, size_t nbytes, tune_transport_t tp) {
+static coll_algo_t choose(int size, size_t nbytes, tune_key_t tp) {
   pthread_once(&once, load);
   if (forced != COLL_ALGO_AUTO) return forced;
   coll_algo_t a = table ? lookup(table, ntable, size, nbytes, tp) : COLL_ALGO_AUTO;
@@ -186,17 +208,27 @@ static coll_algo_t choose(int size, size_t nbytes, tune_transport_t tp) {
   return a == COLL_ALGO_AUTO ? COLL_ALGO_RING : a;
 }
 
-coll_algo_t coll_tune_choose_comm(coll_comm_t *comm, size_t nbytes) {
-  /* Two or more hosts, one running two or more ranks: two levels at every
-   * size. Per host link it sends 2(H-1)/H of the message against 2(n-1)/n
-   * for a flat ring, in 2(H-1) network steps against 2(n-1) or 2 log2(n);
-   * on the namespace cluster at 1 Gbit/s (bench/README.md, "Several ranks
-   * per host") 64 MiB took 0.57-0.66x the flat ring's time at 2 hosts (0.91x
-   * at 4 x 2), and 8 B - 64 KiB 0.37-0.45x the flat ring's at 2 x 4, level
-   * with the flat butterfly there. COLLECTIVES_ALGO still wins. */
+coll_algo_t coll_tune_choose_topo(const coll_topo_t *t, int size, size_t nbytes, int all_shm) {
+  /* Two or more hosts, one running two or more ranks: the tuned rows of this
+   * shape (HxL), else two levels at every size. Per host link it sends
+   * 2(H-1)/H of the message against 2(n-1)/n for a flat ring, in 2(H-1)
+   * network steps against 2(n-1) or 2 log2(n); on the namespace cluster at
+   * 1 Gbit/s (bench/README.md, "Several ranks per host") 64 MiB took
+   * 0.57-0.66x the flat ring's time at 2 hosts (0.91x at 4 x 2), and
+   * 8 B - 64 KiB 0.37-0.45x the flat ring's at 2 x 4, level with the flat
+   * butterfly there. COLLECTIVES_ALGO still wins. */
   pthread_once(&once, load);
-  if (forced == COLL_ALGO_AUTO && coll_topo_two_level(coll_comm_topo(comm))) return COLL_ALGO_TWO_LEVEL;
-  return choose(comm->size, nbytes, coll_links_all_shm(comm) ? TUNE_SHM : TUNE_TCP);
+  if (forced != COLL_ALGO_AUTO) return forced;
+  if (coll_topo_two_level(t)) {
+    tune_key_t k = {TUNE_TOPO, t->nhosts, t->max_local};
+    coll_algo_t a = table ? lookup(table, ntable, size, nbytes, k) : COLL_ALGO_AUTO;
+    return a == COLL_ALGO_AUTO ? COLL_ALGO_TWO_LEVEL : a;
+  }
+  return choose(size, nbytes, (tune_key_t){all_shm ? TUNE_SHM : TUNE_TCP, 0, 0});
+}
+
+coll_algo_t coll_tune_choose_comm(coll_comm_t *comm, size_t nbytes) {
+  return coll_tune_choose_topo(coll_comm_topo(comm), comm->size, nbytes, coll_links_all_shm(comm));
 }
 
 int coll_tune_two_level(coll_comm_t *comm) {
@@ -209,5 +241,5 @@ int coll_tune_two_level(coll_comm_t *comm) {
  * one host, over the transport COLLECTIVES_TRANSPORT asks for. */
 coll_algo_t coll_tune_choose(int size, size_t nbytes) {
   int tcp = strcasecmp(coll_param_str(COLL_PARAM_TRANSPORT), "tcp") == 0;
-  return choose(size, nbytes, tcp ? TUNE_TCP : TUNE_SHM);
+  return coll_tune_choose_topo(NULL, size, nbytes, !tcp);
 }

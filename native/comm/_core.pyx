@@ -649,9 +649,38 @@ def count_of(buf, dtype=None) -> int:
     return v.count
 
 
-def tune_choose(int size, size_t nbytes) -> str:
-    """The algorithm AUTO picks for an allreduce of nbytes on size ranks."""
-    return coll_algo_name(coll_tune_choose(size, nbytes)).decode()
+def tune_choose(int size, size_t nbytes, labels=None) -> str:
+    """The algorithm AUTO picks for an allreduce of nbytes on size ranks.
+
+    Args:
+        size: the rank count (one host, over COLLECTIVES_TRANSPORT) when labels is None.
+        nbytes: the message size.
+        labels: one int per rank, equal for ranks that share a host (size is then
+            len(labels)): the choice of a world of that topology, with the tuned
+            rows of its shape (HxL) when it goes in two levels.
+    """
+    if labels is None:
+        return coll_algo_name(coll_tune_choose(size, nbytes)).decode()
+    cdef int n = len(labels)
+    if n < 1:
+        raise ValueError("tune_choose needs at least one rank")
+    cdef int *lab = <int *>malloc(sizeof(int) * n)
+    cdef coll_topo_t t
+    cdef coll_algo_t a
+    if lab == NULL:
+        raise MemoryError()
+    try:
+        for i in range(n):
+            lab[i] = int(labels[i])
+        if coll_topo_build(&t, n, lab) != 0:
+            raise MemoryError()
+    finally:
+        free(lab)
+    import os
+    tcp = os.environ.get("COLLECTIVES_TRANSPORT", "").lower() == "tcp"
+    a = coll_tune_choose_topo(&t, n, nbytes, t.nhosts == 1 and not tcp)
+    coll_topo_free(&t)
+    return coll_algo_name(a).decode()
 
 
 def hmac_sha256(bytes key, bytes msg) -> bytes:

@@ -215,6 +215,7 @@ cdef extern from "transport/wire.h" nogil:
         COLL_KIND_REDUCE_SCATTER
 
 cdef extern from "algorithms/algorithms.h" nogil:
+    coll_algo_t coll_tune_choose_topo(const coll_topo_t *t, int size, size_t nbytes, int all_shm)
     coll_result_t coll_dryrun(int n, const int *labels, int rank, int kind, coll_algo_t algo,
                               size_t count, coll_dtype_t dtype, size_t segment_bytes,
                               const void *inp, void *out, long long **steps, int *nsteps,
