@@ -19,7 +19,6 @@ import collectives
 from collectives.rendezvous.env import byte_size
 
 from ._agree import Agreement, LayoutMismatch
-from ._lane import Lane, Names
 
 # torch dtype -> the core's dtype name (what travels on the wire unchanged)
 CORE_DTYPES = {
@@ -119,9 +118,7 @@ class TorchContext:
         self.fusion_threshold: int = fusion_threshold()
         self.lock = threading.RLock()
         self.agreement = Agreement(self.core, self.rank, self.size)
-        self.lane = Lane()  # the *_async operations (see _lane)
-        self.names = Names()  # their names in flight
-        self.agreement.before_exchange = self.lane.drain
+        self.lane = _negotiator(self.core, self.rank, self.size)  # every op (see _negotiate)
         self.timeline: Any = None  # a timeline.Timeline while one records (rank 0)
         self.process_sets: dict = {}  # id -> registered process set (see process_sets)
         self.next_process_set_id = 1
@@ -129,6 +126,8 @@ class TorchContext:
         order = list(dict.fromkeys(hosts))
         self.cross_rank: int = order.index(hosts[self.rank])
         self.cross_size: int = len(order)
+        if self.size > 1:  # from here on only the negotiating thread uses the world's links
+            self.lane.start()
 
     # -- agreement ------------------------------------------------------------
     def check_now(self, key: Any, what: str) -> None:
@@ -136,6 +135,16 @@ class TorchContext:
         (compared on every call, never cached; see _agree)."""
         if self.size > 1:
             self.agreement.agree(what, key if isinstance(key, str) else repr(key))
+
+
+def _negotiator(core: Any, rank: int, size: int) -> Any:
+    """The world's Negotiator, configured from HOROVOD_* (see _knobs)."""
+    from . import _knobs
+    from ._plan import serve_plan
+    from ._negotiate import Negotiator
+    warn, expire = _knobs.stall_times(_knobs.collective_timeout())
+    return Negotiator(core, rank, size, _knobs.cycle_time_s(), _knobs.cache_capacity(), warn,
+                      expire, lambda plan: serve_plan(core, plan))
 
 
 class _Holder:
