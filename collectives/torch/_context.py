@@ -1,4 +1,4 @@
-"""The state of ``collectives.torch``: one context object holding the world communicator.
+"""The state of ``collectives.torch``: one context object holding Horovod's communicators.
 
 Everything the Horovod API needs between calls (the communicator, the node
 layout, the fusion threshold, the per-call agreement of arguments across
@@ -102,15 +102,35 @@ def as_buffer(tensor: torch.Tensor) -> tuple[Any, Optional[str]]:
 
 
 class TorchContext:
-    """The world communicator and what the Horovod API derives from it.
+    """Horovod's communicator and what the Horovod API derives from it.
+
+    Every operation of the Horovod API (the negotiation's rounds and the data
+    movement) runs on a root communicator with links of its own over the world's
+    ranks (``rendezvous.links.own_links``), never on the world's links: the user's
+    thread may issue collectives there (MPI.COMM_WORLD, torch.distributed, JAX) in
+    any interleaving with the negotiating thread's, which on shared links would
+    meet in a different order on each rank.
 
     Args:
-        comm: the world ``collectives.MPI.Comm`` from ``collectives.init()``.
+        comm: the world ``collectives.MPI.Comm`` from ``collectives.init()`` (or the
+            communicator passed to ``hvd.init(comm=...)``).
     """
 
     def __init__(self, comm: Any) -> None:
-        self.comm = comm
-        self.core = comm._core
+        from collectives.rendezvous.links import own_links
+
+        self.world = comm
+        # collectives on comm, at the same point on every rank (hvd.init's)
+        self.core = own_links(comm._core)  # the operations' data
+        try:
+            # the rounds: on links of their own too, so they never wait behind the data
+            # queued on self.core's progress thread
+            self.control = own_links(comm._core) if comm.size > 1 else self.core
+            # the same front-end class over Horovod's own links (pickled-object calls)
+            self.comm = type(comm)._from_core(self.core, comm.local_rank, comm.local_size)
+        except BaseException:
+            self.core.close()
+            raise
         self.rank: int = comm.rank
         self.size: int = comm.size
         self.local_rank: int = comm.local_rank
@@ -118,16 +138,34 @@ class TorchContext:
         self.fusion_threshold: int = fusion_threshold()
         self.lock = threading.RLock()
         self.agreement = Agreement(self.core, self.rank, self.size)
-        self.lane = _negotiator(self.core, self.rank, self.size)  # every op (see _negotiate)
+        self.lane = _negotiator(self.control, self.core, self.rank, self.size)  # (_negotiate)
         self.timeline: Any = None  # a timeline.Timeline while one records (rank 0)
         self.process_sets: dict = {}  # id -> registered process set (see process_sets)
         self.next_process_set_id = 1
-        hosts = comm.allgather(socket.gethostname()) if self.size > 1 else [socket.gethostname()]
+        hosts = self.comm.allgather(socket.gethostname()) if self.size > 1 else \
+            [socket.gethostname()]
         order = list(dict.fromkeys(hosts))
         self.cross_rank: int = order.index(hosts[self.rank])
         self.cross_size: int = len(order)
-        if self.size > 1:  # from here on only the negotiating thread uses the world's links
+        if self.size > 1:  # from here on only the negotiating thread uses these links
             self.lane.start()
+
+    def close(self) -> None:
+        """Free the process sets' communicators and close Horovod's two communicators
+        (after the negotiating thread ended: it uses them)."""
+        from .. import _core
+
+        for pset in list(self.process_sets.values()):
+            view = getattr(pset, "view", None)
+            sub = getattr(view, "core", None)
+            if sub is not None and sub is not self.core and not sub.closed:
+                try:
+                    _core.comm_free(sub)
+                except Exception:  # noqa: BLE001 -- closing the root below frees it anyway
+                    pass
+        if self.control is not self.core:
+            self.control.close()
+        self.core.close()
 
     # -- agreement ------------------------------------------------------------
     def check_now(self, key: Any, what: str) -> None:
@@ -137,14 +175,15 @@ class TorchContext:
             self.agreement.agree(what, key if isinstance(key, str) else repr(key))
 
 
-def _negotiator(core: Any, rank: int, size: int) -> Any:
-    """The world's Negotiator, configured from HOROVOD_* (see _knobs)."""
+def _negotiator(control: Any, core: Any, rank: int, size: int) -> Any:
+    """The world's Negotiator, configured from HOROVOD_* (see _knobs): rounds on control,
+    data on core."""
     from . import _knobs
     from ._plan import serve_plan
     from ._negotiate import Negotiator
     warn, expire = _knobs.stall_times(_knobs.collective_timeout())
-    return Negotiator(core, rank, size, _knobs.cycle_time_s(), _knobs.cache_capacity(), warn,
-                      expire, lambda plan: serve_plan(core, plan))
+    return Negotiator(control, rank, size, _knobs.cycle_time_s(), _knobs.cache_capacity(), warn,
+                      expire, lambda plan: serve_plan(core, plan), data=core)
 
 
 class _Holder:

@@ -6,11 +6,19 @@ broadcasts, process-set registration) is queued here under a key (its
 process set, its kind and its name; an unnamed op gets Horovod's
 ``<kind>.noname.<n>``, n counting this process's calls) and a description of
 what must match across ranks. One background thread per world, the only
-thread that issues collectives on the world's links, runs *rounds*; each
+thread that issues collectives on Horovod's links, runs *rounds*; each
 round every rank says which keys it has queued, and every rank then runs the
 keys that every rank (every member of the key's process set) has queued, in
 the same order. So rank 0 may queue ``allgather_async(name="x")`` before a
 barrier and rank 1 after it: the barrier runs first, then ``x``.
+
+Links: none of this touches the world's links (``TorchContext`` makes two
+root communicators of their own at init, ``rendezvous.links.own_links``): the
+rounds run on one, the operations' data on the other. The user's thread may
+then call MPI.COMM_WORLD, torch.distributed or JAX on the world at any time,
+in any interleaving with the rounds, and a round never waits behind the data
+of ops agreed earlier (a blocking call on a communicator waits for the
+requests queued on its progress thread).
 
 A round (identical decisions on every rank; nothing is decided by one rank
 alone except rank 0's stall expiries, which travel as records):
@@ -44,11 +52,15 @@ alone except rank 0's stall expiries, which travel as records):
 
 Rounds are paced so that no thread spins: a rank with something new starts
 the next round ``HOROVOD_CYCLE_TIME`` after the previous one started (new
-ops in between are agreed and run together, as Horovod's cycle); with
-nothing new but ops queued somewhere and no progress for t seconds it waits
-min(max(cycle, t/4), IDLE_S); with nothing queued anywhere it waits IDLE_S
-(or until a local op is queued). A rank waiting in a round for a slower
-rank blocks in the collective, which every rank joins within IDLE_S.
+ops in between are agreed and run together, as Horovod's cycle; a rank idle
+since longer than that starts one at once); with nothing new but ops queued
+on some rank (as the last round said: this one's or another's) and no
+progress for t seconds it waits min(max(cycle, t/4), IDLE_S); with nothing
+queued anywhere it waits IDLE_S (or until a local op is queued). Between
+rounds the thread sleeps on a condition variable; a rank waiting in a round
+for a slower rank blocks in poll() inside the collective (after the core's
+short spin), which every rank joins within IDLE_S. So idle ranks run ten
+small rounds a second, and a stalled op costs a few rounds a second.
 
 ``join()`` is the key ``join``: a rank that announced it serves every
 allreduce the others agree on with zeros (from the plan in its record), and
@@ -182,7 +194,8 @@ class Negotiator:
     """The queue of operations of one world and the thread that agrees and runs them.
 
     Args:
-        core: the world's core ``Communicator`` (rounds travel on it).
+        core: the communicator the rounds travel on: links of their own, used by nothing
+            else, so a round never waits behind data queued on ``data`` (see _context).
         rank, size: this rank and the world's size.
         cycle_s: HOROVOD_CYCLE_TIME in seconds.
         capacity: response-cache entries.
@@ -192,8 +205,9 @@ class Negotiator:
 
     def __init__(self, core: Any, rank: int, size: int, cycle_s: float, capacity: int,
                  stall_warn_s: float, stall_expire_s: float,
-                 serve: Callable[[int], None]) -> None:
+                 serve: Callable[[int], None], data: Any = None) -> None:
         self.core, self.rank, self.size = core, rank, size
+        self.data = data if data is not None else core  # where fused allreduces run
         self.cycle_s = cycle_s
         self.cache = Cache(capacity)
         self.stall_warn_s, self.stall_expire_s = stall_warn_s, stall_expire_s
@@ -349,7 +363,7 @@ class Negotiator:
                 if self._new or (self._stopping and not self._queue) or \
                         any(not j.announced for j in self._queue):
                     wait = self.cycle_s
-                elif self._queue or self._stopping:
+                elif self._queue or self._stopping or self._busy_any:
                     wait = min(max(self.cycle_s, (now - self._last_progress) / 4), IDLE_S)
                 else:
                     wait = IDLE_S
@@ -450,7 +464,7 @@ class Negotiator:
                 self.stats["ran"] += 1
         if parts:
             self.stats["fused"] = self.stats.get("fused", 0) + 1
-            self.fuse(self.core, parts)
+            self.fuse(self.data, parts)
 
     def _take(self, key: str) -> Any:
         for i, j in enumerate(self._queue):

@@ -40,7 +40,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
 
     _knobs.apply_mapped()  # HOROVOD_* checked, and mapped onto ours before the rendezvous
     with HOLDER.lock:
-        if HOLDER.context is not None and (comm is None or HOLDER.context.comm is comm):
+        if HOLDER.context is not None and (comm is None or HOLDER.context.world is comm):
             register_initial(HOLDER.context, process_sets)
             return
         world = comm if comm is not None else collectives.init()
@@ -56,19 +56,21 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
 
 
 def shutdown() -> None:
-    """Wait for nothing more, close the world communicator and forget the state."""
-    if HOLDER.context is not None:
+    """Run what every rank queued, close Horovod's links and the world, forget the state."""
+    ctx = HOLDER.context
+    if ctx is not None:
         from .timeline import stop_timeline
 
         from ._knobs import collective_timeout
 
         # with every rank: ops every rank queued before shutdown() still run (_negotiate)
-        ended = HOLDER.context.lane.stop(collective_timeout() + 10.0)
+        ended = ctx.lane.stop(collective_timeout() + 10.0)
         stop_timeline()  # written now, before the world goes
         if not ended:  # its thread is still in a collective: closing the links under it
             with HOLDER.lock:  # would free what it uses; the world is left to the exit
                 HOLDER.context = None
             return
+        ctx.close()
     with HOLDER.lock:
         HOLDER.context = None
     collectives.finalize()
