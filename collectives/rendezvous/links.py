@@ -31,7 +31,7 @@ from . import auth as _auth
 from . import env as _env
 from . import world as _world
 
-__all__ = ["own_links", "advertise_of"]
+__all__ = ["own_links", "own_links_many", "advertise_of"]
 
 MAX_RECORD = 64 << 10  # bytes of one rank's address record (a bound on what a peer sends)
 
@@ -79,21 +79,35 @@ def own_links(core: Any, advertise: Optional[str] = None) -> Any:
     Returns:
         The new communicator; rank i of it is rank i of core. Close it with ``close()``.
     """
+    return own_links_many(core, 1, advertise)[0]
+
+
+def own_links_many(core: Any, count: int, advertise: Optional[str] = None) -> list:
+    """`count` communicators as own_links makes one, for the cost of one exchange on core
+    (one broadcast of their context ids, one gather of every rank's addresses)."""
     from .._core import Communicator, comm_generation, comm_set_generation
 
     rank, size = core.rank, core.size
     if size == 1:
-        return Communicator(0, 1)
-    comm_id = np.frombuffer(os.urandom(16), dtype=np.uint8).copy()
-    core.broadcast(comm_id, 0)  # rank 0's id: equal on every rank, new for this job's links
+        return [Communicator(0, 1) for _ in range(count)]
+    ids = np.frombuffer(os.urandom(16 * count), dtype=np.uint8).copy()
+    core.broadcast(ids, 0)  # rank 0's ids: equal on every rank, new for this job's links
     host = advertise if advertise is not None else advertise_of(core)
-    new = Communicator(rank, size, host, comm_id.tobytes())
+    key = _auth.link_key(_auth.job_secret(rank))
+    generation = comm_generation(core)
+    made: list = []
     try:
-        new.set_link_key(_auth.link_key(_auth.job_secret(rank)))
-        generation = comm_generation(core)
-        if generation:  # an elastic world's number: a message of another one is refused
-            comm_set_generation(new, generation)
-        mine: dict = {}
+        for i in range(count):
+            new = Communicator(rank, size, host, ids[16 * i:16 * (i + 1)].tobytes())
+            made.append(new)
+            new.set_link_key(key)
+            if generation:  # an elastic world's number: a message of another one is refused
+                comm_set_generation(new, generation)
+        # One gather for all: every rank's record as exchange_addresses publishes it for
+        # the first communicator ("addr/<rank>": address, port, host id, CPUs, shared
+        # settings, encryption), plus the ports of all; the others' records are the
+        # first's with their own port (the second line).
+        mine: dict = {"ports": ",".join(str(new.port) for new in made).encode()}
         gathered: list = []
 
         def put(key: str, value: bytes) -> None:
@@ -101,14 +115,24 @@ def own_links(core: Any, advertise: Optional[str] = None) -> Any:
                 raise RuntimeError(f"own_links: {key!r} published after the exchange")
             mine[key] = value
 
-        def get(key: str) -> bytes:
+        def get(key: str, i: int = 0) -> bytes:
             if not gathered:
                 gathered.extend(_gather_records(core, mine))
-            return gathered[int(key.rpartition("/")[2])][key]
+            peer = int(key.rpartition("/")[2])
+            value = gathered[peer][key]
+            if i and key.startswith("addr/"):
+                fields = value.decode().split("\n")
+                fields[1] = gathered[peer]["ports"].decode().split(",")[i]
+                value = "\n".join(fields).encode()
+            return value
 
-        hosts, host_cpus = _world.exchange_addresses(new, rank, size, host, put, get)
-        _world.apply_host_policy(new, *_world.local_place(hosts, rank), host_cpus)
+        for i, new in enumerate(made):
+            hosts, host_cpus = _world.exchange_addresses(
+                new, rank, size, host, put if i == 0 else (lambda k, v: None),
+                lambda k, i=i: get(k, i))
+            _world.apply_host_policy(new, *_world.local_place(hosts, rank), host_cpus)
     except BaseException:
-        new.close()
+        for new in made:
+            new.close()
         raise
-    return new
+    return made

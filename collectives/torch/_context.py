@@ -117,19 +117,21 @@ class TorchContext:
     """
 
     def __init__(self, comm: Any) -> None:
-        from collectives.rendezvous.links import own_links
+        from collectives.rendezvous.links import own_links_many
 
         self.world = comm
-        # collectives on comm, at the same point on every rank (hvd.init's)
-        self.core = own_links(comm._core)  # the operations' data
+        # collectives on comm, at the same point on every rank (hvd.init's): the operations'
+        # data on self.core; the rounds on self.control, links of their own too, so that a
+        # round never waits behind the data queued on self.core's progress thread
+        if comm.size > 1:
+            self.core, self.control = own_links_many(comm._core, 2)
+        else:
+            self.core = self.control = own_links_many(comm._core, 1)[0]
         try:
-            # the rounds: on links of their own too, so they never wait behind the data
-            # queued on self.core's progress thread
-            self.control = own_links(comm._core) if comm.size > 1 else self.core
             # the same front-end class over Horovod's own links (pickled-object calls)
             self.comm = type(comm)._from_core(self.core, comm.local_rank, comm.local_size)
         except BaseException:
-            self.core.close()
+            self.close()
             raise
         self.rank: int = comm.rank
         self.size: int = comm.size
@@ -155,7 +157,7 @@ class TorchContext:
         (after the negotiating thread ended: it uses them)."""
         from .. import _core
 
-        for pset in list(self.process_sets.values()):
+        for pset in list(getattr(self, "process_sets", {}).values()):
             view = getattr(pset, "view", None)
             sub = getattr(view, "core", None)
             if sub is not None and sub is not self.core and not sub.closed:

@@ -4,8 +4,9 @@ A process set is a subset of the world's ranks that runs collectives of its
 own. Registering one (``add_process_set`` after ``init``, or
 ``init(process_sets=[...])``) is collective over every rank, as in Horovod:
 every rank checks that all passed the same ranks (an agreement on the world),
-then the world communicator is split (``_core.comm_split``), so the set's
-communicator reuses the world's links: no socket is opened. Every rank of the
+then Horovod's communicator (over the world's ranks, on links of its own:
+see _context) is split (``_core.comm_split``), so the set's communicator
+reuses those links: no socket is opened. Every rank of the
 world numbers sets alike (ids 1, 2, ... in registration order; 0 is the
 global set).
 
