@@ -11,10 +11,12 @@ interleaving on each rank. A communicator with its own listener, links,
 lock and progress thread has no such constraint: its messages never share a
 link with the world's.
 
-``own_links(core)`` makes one. It is a collective on ``core`` (two small
-ones: a broadcast of the new context id, an allgather of the addresses), so
-every rank calls it at the same point of its program, from the thread that
-issues core's other collectives. The new communicator has core's ranks and
+``own_links(core)`` makes one. It is a collective on ``core``: for the world,
+an exchange through the world's store (rank 0's new context id, every rank's
+address), so the world's own links are not connected for it; for another
+communicator, a broadcast and an allgather on it. Every rank calls it at the
+same point of its program, from the thread that issues core's other
+collectives. The new communicator has core's ranks and
 size, the job's link key, core's generation, and the same host policy
 (spin, oversubscription, host ids: so same-host peers use shared memory and
 a failure names the peer's host as the world's do).
@@ -68,6 +70,20 @@ def _gather_records(core: Any, mine: dict) -> list:
     return records
 
 
+def _store_records(client: Any, ns: str, rank: int, size: int, mine: dict,
+                   timeout: float) -> list:
+    """Every rank's record, through the world's store under ns."""
+    blob = json.dumps({k: v.hex() for k, v in mine.items()}).encode()
+    client.set(f"{ns}{rank}", blob)
+    out = []
+    for peer in range(size):
+        text = client.get(f"{ns}{peer}", timeout=timeout)
+        if len(text) > MAX_RECORD:
+            raise ValueError(f"own_links: rank {peer} published {len(text)} bytes")
+        out.append({k: bytes.fromhex(v) for k, v in json.loads(text).items()})
+    return out
+
+
 def own_links(core: Any, advertise: Optional[str] = None) -> Any:
     """A new root ``collectives._core.Communicator`` over core's ranks with links of its own.
 
@@ -83,15 +99,31 @@ def own_links(core: Any, advertise: Optional[str] = None) -> Any:
 
 
 def own_links_many(core: Any, count: int, advertise: Optional[str] = None) -> list:
-    """`count` communicators as own_links makes one, for the cost of one exchange on core
-    (one broadcast of their context ids, one gather of every rank's addresses)."""
+    """`count` communicators as own_links makes one, for the cost of one exchange (their
+    context ids from rank 0, then every rank's addresses)."""
     from .._core import Communicator, comm_generation, comm_set_generation
 
     rank, size = core.rank, core.size
     if size == 1:
         return [Communicator(0, 1) for _ in range(count)]
-    ids = np.frombuffer(os.urandom(16 * count), dtype=np.uint8).copy()
-    core.broadcast(ids, 0)  # rank 0's ids: equal on every rank, new for this job's links
+    state = _world._state
+    client = getattr(state, "client", None) if state is not None else None
+    if client is not None and state.core is core:
+        # the world itself: exchange through its store, not its links, so that a front end
+        # that never uses the world's links does not connect them (each costs a handshake)
+        state.links_made = getattr(state, "links_made", 0) + 1  # equal on every rank
+        ns = f"{state.prefix}links/{state.links_made}/"
+        timeout = _world._default_timeout()
+        if rank == 0:
+            client.set(ns + "ids", os.urandom(16 * count))
+        ids = np.frombuffer(client.get(ns + "ids", timeout=timeout), dtype=np.uint8)
+        if ids.size != 16 * count:
+            raise ValueError(f"own_links: rank 0 published {ids.size} bytes of context ids")
+        records: Any = lambda mine: _store_records(client, ns, rank, size, mine, timeout)
+    else:
+        ids = np.frombuffer(os.urandom(16 * count), dtype=np.uint8).copy()
+        core.broadcast(ids, 0)  # rank 0's ids: equal on every rank, new for these links
+        records = lambda mine: _gather_records(core, mine)  # noqa: E731
     host = advertise if advertise is not None else advertise_of(core)
     key = _auth.link_key(_auth.job_secret(rank))
     generation = comm_generation(core)
@@ -117,7 +149,7 @@ def own_links_many(core: Any, count: int, advertise: Optional[str] = None) -> li
 
         def get(key: str, i: int = 0) -> bytes:
             if not gathered:
-                gathered.extend(_gather_records(core, mine))
+                gathered.extend(records(mine))
             peer = int(key.rpartition("/")[2])
             value = gathered[peer][key]
             if i and key.startswith("addr/"):

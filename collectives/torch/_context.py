@@ -117,16 +117,15 @@ class TorchContext:
     """
 
     def __init__(self, comm: Any) -> None:
-        from collectives.rendezvous.links import own_links_many
+        from collectives.rendezvous.links import own_links
 
         self.world = comm
-        # collectives on comm, at the same point on every rank (hvd.init's): the operations'
-        # data on self.core; the rounds on self.control, links of their own too, so that a
-        # round never waits behind the data queued on self.core's progress thread
-        if comm.size > 1:
-            self.core, self.control = own_links_many(comm._core, 2)
-        else:
-            self.core = self.control = own_links_many(comm._core, 1)[0]
+        # a collective on comm, at the same point on every rank (hvd.init's). The rounds and
+        # the data share these links (the negotiating thread alone uses them, in one order):
+        # a second communicator for the rounds, so that a round does not wait behind the
+        # data queued on the progress thread, measured no faster within this host's noise
+        # (bench/README.md) and cost one more link set-up per init
+        self.core = self.control = own_links(comm._core)
         try:
             # the same front-end class over Horovod's own links (pickled-object calls)
             self.comm = type(comm)._from_core(self.core, comm.local_rank, comm.local_size)
@@ -144,7 +143,8 @@ class TorchContext:
         self.timeline: Any = None  # a timeline.Timeline while one records (rank 0)
         self.process_sets: dict = {}  # id -> registered process set (see process_sets)
         self.next_process_set_id = 1
-        hosts = self.comm.allgather(socket.gethostname()) if self.size > 1 else \
+        # host ids ("hostname/boot id") as own_links set them: no message needed
+        hosts = [h.split("/")[0] for h in self.core.host_ids()] if self.size > 1 else \
             [socket.gethostname()]
         order = list(dict.fromkeys(hosts))
         self.cross_rank: int = order.index(hosts[self.rank])

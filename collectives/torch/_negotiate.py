@@ -12,13 +12,14 @@ keys that every rank (every member of the key's process set) has queued, in
 the same order. So rank 0 may queue ``allgather_async(name="x")`` before a
 barrier and rank 1 after it: the barrier runs first, then ``x``.
 
-Links: none of this touches the world's links (``TorchContext`` makes two
-root communicators of their own at init, ``rendezvous.links.own_links``): the
-rounds run on one, the operations' data on the other. The user's thread may
-then call MPI.COMM_WORLD, torch.distributed or JAX on the world at any time,
-in any interleaving with the rounds, and a round never waits behind the data
-of ops agreed earlier (a blocking call on a communicator waits for the
-requests queued on its progress thread).
+Links: none of this touches the world's links (``TorchContext`` makes a root
+communicator of its own at init, ``rendezvous.links.own_links``; the rounds
+and the operations' data run there). The user's thread may then call
+MPI.COMM_WORLD, torch.distributed or JAX on the world at any time, in any
+interleaving with the rounds. (The Negotiator takes the rounds' communicator
+and the data's apart; a blocking round waits for the requests queued on its
+communicator's progress thread, so separate ones would let rounds overlap the
+data, at the cost of one more link set-up per init.)
 
 A round (identical decisions on every rank; nothing is decided by one rank
 alone except rank 0's stall expiries, which travel as records):
