@@ -44,8 +44,9 @@ def advertise_of(core: Any) -> str:
     environment's store address, else loopback; ``COLLECTIVES_IFNAME`` wins as always."""
     state = _world._state
     client = getattr(state, "client", None) if state is not None else None
-    if client is not None:
-        return _env.advertise_address(client.host, client.port)
+    inner = getattr(client, "inner", client)  # an elastic world's PrefixedClient wraps one
+    if inner is not None and hasattr(inner, "host"):
+        return _env.advertise_address(inner.host, inner.port)
     host = os.environ.get("COLLECTIVES_STORE_ADDR", "") or os.environ.get("MASTER_ADDR", "")
     return _env.advertise_address(host.rsplit(":", 1)[0] if host else None, None)
 
