@@ -572,3 +572,38 @@ def test_remote_rank_exit_code_and_output_come_back(fake_ssh):
     res = launcher("-H", "fakehost:1", "sh", "-c", "echo from $COLLECTIVES_RANK; exit 4")
     assert res.returncode == 4, res.stderr
     assert "[0]<stdout>:from 0" in res.stdout
+
+
+HVD_DUMP = ("import os; print(' '.join(f'{k}={os.environ.get(k)}' for k in ("
+            "'HOROVOD_FUSION_THRESHOLD', 'HOROVOD_CYCLE_TIME', 'HOROVOD_CACHE_CAPACITY', "
+            "'HOROVOD_TIMELINE', 'HOROVOD_STALL_CHECK_TIME_SECONDS', 'HOROVOD_LOG_LEVEL', "
+            "'HOROVOD_AUTOTUNE', 'COLLECTIVES_START_TIMEOUT', 'COLLECTIVES_IFNAME')))")
+
+
+def test_horovodrun_command_line_runs_after_renaming(tmp_path):
+    """horovodrun's common flags: each becomes the variable horovodrun would set; --gloo and
+    --mpi are accepted and ignored; -p is the ssh port of remote ranks."""
+    res = launcher("-np", "2", "-H", "localhost:2", "-p", "2222", "--start-timeout", "20",
+                   "--network-interface", "lo", "--fusion-threshold-mb", "32",
+                   "--cycle-time-ms", "2.5", "--cache-capacity", "256",
+                   "--timeline-filename", str(tmp_path / "t.json"),
+                   "--stall-check-warning-time-seconds", "30", "--log-level", "DEBUG",
+                   "--autotune", "--gloo", "--verbose", sys.executable, "-c", HVD_DUMP)
+    assert res.returncode == 0, res.stderr
+    lines = [ln.split(":", 1)[1] for ln in res.stdout.splitlines() if "<stdout>:" in ln]
+    assert len(lines) == 2, res.stdout
+    for line in lines:
+        got = dict(kv.split("=", 1) for kv in line.split())
+        assert got == {"HOROVOD_FUSION_THRESHOLD": str(32 << 20), "HOROVOD_CYCLE_TIME": "2.5",
+                       "HOROVOD_CACHE_CAPACITY": "256",
+                       "HOROVOD_TIMELINE": str(tmp_path / "t.json"),
+                       "HOROVOD_STALL_CHECK_TIME_SECONDS": "30", "HOROVOD_LOG_LEVEL": "debug",
+                       "HOROVOD_AUTOTUNE": "1", "COLLECTIVES_START_TIMEOUT": "20",
+                       "COLLECTIVES_IFNAME": "lo"}, line
+    assert launcher("-np", "1", "--mpi", sys.executable, "-c", "pass").returncode == 0
+    bad = launcher("-np", "1", "--cycle-time-ms", "-1", sys.executable, "-c", "pass")
+    assert bad.returncode != 0 and "--cycle-time-ms" in bad.stderr
+    args = run._parser().parse_args(["-p", "2222", "--start-timeout", "5", "x"])
+    from collectives.launcher import horovod_flags
+
+    assert horovod_flags.exports_from(args)[1] == ["-p", "2222"]

@@ -631,6 +631,9 @@ def _parser() -> argparse.ArgumentParser:
     from .elastic_driver import add_arguments
 
     add_arguments(p)  # --elastic --min-np --max-np --max-restarts --host-discovery-script
+    from . import horovod_flags
+
+    horovod_flags.add_arguments(p)  # horovodrun's -p --fusion-threshold-mb ... --gloo --mpi
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command and its arguments")
     return p
 
@@ -702,10 +705,14 @@ def main(argv: Optional[list[str]] = None) -> int:
             parser.error(f"--servers {args.servers}: need 1 <= servers < -np ({np}), "
                          f"leaving at least one worker")
         exports["COLLECTIVES_PS_SERVERS"] = str(args.servers)
-    ssh_options: list[str] = []
+    from . import horovod_flags
+
+    hvd_env, ssh_options = horovod_flags.exports_from(args)
+    for name, value in hvd_env.items():
+        exports.setdefault(name, value)  # an explicit -x wins
     if args.start_timeout is not None:
         exports["COLLECTIVES_START_TIMEOUT"] = f"{args.start_timeout:g}"
-        ssh_options = ["-o", f"ConnectTimeout={max(1, int(args.start_timeout))}"]
+        ssh_options += ["-o", f"ConnectTimeout={max(1, int(args.start_timeout))}"]
 
     try:
         # Every rank would refuse a bad COLLECTIVES_* setting: say it once, before starting any.

@@ -37,7 +37,6 @@ have finished, not at once.
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import struct
 import threading
@@ -45,6 +44,8 @@ import time
 from typing import Any, Callable, Optional
 
 import numpy as np
+
+from .exceptions import LayoutMismatch
 
 SLOT = 512
 HEAD = 32
@@ -54,12 +55,6 @@ MAGIC = 0x41445648  # "HVDA"
 OK, FAILED, JOINED = 1, 2, 3  # JOINED: this rank is in join() (see _join)
 PLAN = 1 << 62  # set in `extra` of an allreduce a joined rank can serve (see _join)
 _HEAD = struct.Struct("<IIQqq")  # magic, status, digest, nbytes, extra: HEAD bytes
-
-
-class LayoutMismatch(RuntimeError, ValueError):
-    """Ranks passed different arguments (shape, dtype, root, op, name) to the same call,
-    or another rank's call failed before any data moved: every rank raises it, and the
-    communicator stays usable."""
 
 
 def digest(text: bytes) -> int:
@@ -265,50 +260,3 @@ def _usable(core: Any) -> bool:
         return not core.closed and not core.broken
     except Exception:
         return False
-
-
-_depth = threading.local()
-
-
-def symmetric(what: str, get: Callable[[], Any]) -> Callable:
-    """Decorator: an exception raised before the call's agreement (bad argument on this
-    rank) is first announced to every rank through a FAILED slot, so they raise too
-    instead of waiting in a collective this rank never joins. `get()` returns the
-    context's Agreement, or raises if there is none (then nothing is exchanged)."""
-
-    def wrap(fn: Callable) -> Callable:
-        @functools.wraps(fn)
-        def call(*args: Any, **kwargs: Any) -> Any:
-            depth = getattr(_depth, "n", 0)
-            if depth:
-                return fn(*args, **kwargs)
-            try:
-                agreement = get()
-            except Exception:
-                agreement = None
-            before = agreement.calls if agreement is not None else 0
-            timeline = agreement.timeline if agreement is not None else None
-            start = time.perf_counter_ns() if timeline is not None else 0
-            _depth.n = 1
-            try:
-                return fn(*args, **kwargs)
-            except Exception as e:
-                if agreement is not None and agreement.size > 1 and agreement.calls == before \
-                        and _usable(agreement.core):
-                    agreement.fail(what, e)
-                from .exceptions import internal_error
-
-                translated = internal_error(e)  # a failed collective: Horovod's class
-                if translated is e:
-                    raise
-                raise translated from e
-            finally:
-                _depth.n = 0
-                if timeline is not None:
-                    name = kwargs.get("name")
-                    timeline.record(fn.__name__, "op", start, time.perf_counter_ns(),
-                                    {"name": name} if isinstance(name, str) else None)
-
-        return call
-
-    return wrap

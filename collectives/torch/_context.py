@@ -1,4 +1,4 @@
-"""The state of ``collectives.torch``: one context object holding the world communicator.
+"""The state of ``collectives.torch``: one context object holding Horovod's communicators.
 
 Everything the Horovod API needs between calls (the communicator, the node
 layout, the fusion threshold, the per-call agreement of arguments across
@@ -19,7 +19,6 @@ import collectives
 from collectives.rendezvous.env import byte_size
 
 from ._agree import Agreement, LayoutMismatch
-from ._lane import Lane, Names
 
 # torch dtype -> the core's dtype name (what travels on the wire unchanged)
 CORE_DTYPES = {
@@ -103,15 +102,36 @@ def as_buffer(tensor: torch.Tensor) -> tuple[Any, Optional[str]]:
 
 
 class TorchContext:
-    """The world communicator and what the Horovod API derives from it.
+    """Horovod's communicator and what the Horovod API derives from it.
+
+    Every operation of the Horovod API (the negotiation's rounds and the data
+    movement) runs on a root communicator with links of its own over the world's
+    ranks (``rendezvous.links.own_links``), never on the world's links: the user's
+    thread may issue collectives there (MPI.COMM_WORLD, torch.distributed, JAX) in
+    any interleaving with the negotiating thread's, which on shared links would
+    meet in a different order on each rank.
 
     Args:
-        comm: the world ``collectives.MPI.Comm`` from ``collectives.init()``.
+        comm: the world ``collectives.MPI.Comm`` from ``collectives.init()`` (or the
+            communicator passed to ``hvd.init(comm=...)``).
     """
 
     def __init__(self, comm: Any) -> None:
-        self.comm = comm
-        self.core = comm._core
+        from collectives.rendezvous.links import own_links
+
+        self.world = comm
+        # a collective on comm, at the same point on every rank (hvd.init's). The rounds and
+        # the data share these links (the negotiating thread alone uses them, in one order):
+        # a second communicator for the rounds, so that a round does not wait behind the
+        # data queued on the progress thread, measured no faster within this host's noise
+        # (bench/README.md) and cost one more link set-up per init
+        self.core = self.control = own_links(comm._core)
+        try:
+            # the same front-end class over Horovod's own links (pickled-object calls)
+            self.comm = type(comm)._from_core(self.core, comm.local_rank, comm.local_size)
+        except BaseException:
+            self.close()
+            raise
         self.rank: int = comm.rank
         self.size: int = comm.size
         self.local_rank: int = comm.local_rank
@@ -119,16 +139,35 @@ class TorchContext:
         self.fusion_threshold: int = fusion_threshold()
         self.lock = threading.RLock()
         self.agreement = Agreement(self.core, self.rank, self.size)
-        self.lane = Lane()  # the *_async operations (see _lane)
-        self.names = Names()  # their names in flight
-        self.agreement.before_exchange = self.lane.drain
+        self.lane = _negotiator(self.control, self.core, self.rank, self.size)  # (_negotiate)
         self.timeline: Any = None  # a timeline.Timeline while one records (rank 0)
         self.process_sets: dict = {}  # id -> registered process set (see process_sets)
         self.next_process_set_id = 1
-        hosts = comm.allgather(socket.gethostname()) if self.size > 1 else [socket.gethostname()]
+        # host ids ("hostname/boot id") as own_links set them: no message needed
+        hosts = [h.split("/")[0] for h in self.core.host_ids()] if self.size > 1 else \
+            [socket.gethostname()]
         order = list(dict.fromkeys(hosts))
         self.cross_rank: int = order.index(hosts[self.rank])
         self.cross_size: int = len(order)
+        if self.size > 1:  # from here on only the negotiating thread uses these links
+            self.lane.start()
+
+    def close(self) -> None:
+        """Free the process sets' communicators and close Horovod's two communicators
+        (after the negotiating thread ended: it uses them)."""
+        from .. import _core
+
+        for pset in list(getattr(self, "process_sets", {}).values()):
+            view = getattr(pset, "view", None)
+            sub = getattr(view, "core", None)
+            if sub is not None and sub is not self.core and not sub.closed:
+                try:
+                    _core.comm_free(sub)
+                except Exception:  # noqa: BLE001 -- closing the root below frees it anyway
+                    pass
+        if self.control is not self.core:
+            self.control.close()
+        self.core.close()
 
     # -- agreement ------------------------------------------------------------
     def check_now(self, key: Any, what: str) -> None:
@@ -136,6 +175,17 @@ class TorchContext:
         (compared on every call, never cached; see _agree)."""
         if self.size > 1:
             self.agreement.agree(what, key if isinstance(key, str) else repr(key))
+
+
+def _negotiator(control: Any, core: Any, rank: int, size: int) -> Any:
+    """The world's Negotiator, configured from HOROVOD_* (see _knobs): rounds on control,
+    data on core."""
+    from . import _knobs
+    from ._plan import serve_plan
+    from ._negotiate import Negotiator
+    warn, expire = _knobs.stall_times(_knobs.collective_timeout())
+    return Negotiator(control, rank, size, _knobs.cycle_time_s(), _knobs.cache_capacity(), warn,
+                      expire, lambda plan: serve_plan(core, plan), data=core)
 
 
 class _Holder:

@@ -1,64 +1,132 @@
-"""The async lane: Horovod's ``*_async`` operations run here, in program order.
+"""Jobs: one ``collectives.torch`` operation as the negotiation (``_negotiate``) queues it.
 
-Horovod's ``allgather_async`` (and reducescatter, alltoall, broadcast and the
-grouped forms) returns a handle at once while the operation is in flight. The
-core's collectives here start with the per-call agreement (``_agree``), a
-blocking exchange, so an operation that must not block the caller runs, whole
-(agreement and data), on one worker thread per context: the lane. Jobs run
-one at a time in the order they were queued; every exchange made on another
-thread first waits for the lane to drain (``Agreement.before_exchange``), so
-every rank still issues its collectives in its program order and the ranks
-stay matched, whatever mixes sync and async calls.
-
-The in-flight names (Horovod rejects a second in-flight op with a name already
-in flight, with ValueError) are tracked here too, per kind of operation.
+A job is the operation's key (process set, kind, name), the description
+that every rank must pass alike, and a function that does the operation on
+the negotiating thread once every rank has queued the key. It is the
+handle ``poll()`` / ``synchronize()`` take. ``queue_call`` and ``run_call``
+give the blocking calls the same path: queue, then wait.
 """
 from __future__ import annotations
 
-import collections
 import threading
 import time
 from typing import Any, Callable, Optional
 
-__all__ = ["Lane", "Job", "Names"]
+from .exceptions import LayoutMismatch
+
+__all__ = ["Job", "op_key", "queue_call", "run_call", "Launched", "CALL"]
+
+_UNSET = object()
+
+
+class _Call(threading.local):
+    """The public call in progress on this thread: its number (Horovod's handle: every
+    public call takes one; 0: none yet) and whether it has queued its op."""
+
+    handle = 0
+    queued = False
+
+
+CALL = _Call()
+
+
+def op_key(ctx: Any, kind: str, name: Optional[str]) -> str:
+    """Horovod's op name, ``<kind>.<name>`` or ``<kind>.noname.<n>`` (n: the number of the
+    public call, as Horovod's handle: every call takes one, named or not, so ranks that make
+    the same calls agree on the names even where one rank's call failed; a call refused as a
+    duplicate name gives its number back), prefixed by the process set's id when not the
+    world. An op queued from inside a running op runs at once and takes no number."""
+    if name is not None:
+        text = f"{kind}.{name}"
+    elif ctx.lane.on_lane():
+        text = f"{kind}.nested"
+    else:
+        pid = getattr(ctx, "process_set_id", 0)
+        text = f"{kind}.noname.{CALL.handle or ctx.lane.next_handle(pid)}"
+    CALL.handle = 0
+    CALL.queued = True
+    pid = getattr(ctx, "process_set_id", 0)
+    return f"ps{pid}:{text}" if pid else text
 
 
 class Job:
-    """One operation queued on the lane; a handle for ``poll()``/``synchronize()``.
+    """One queued operation; a handle for ``poll()``/``synchronize()``.
 
     Args:
-        fn: runs on the lane; its return value is the handle's output.
+        fn: runs on the negotiating thread; its return value is the handle's output.
         keep: objects (input tensors) kept alive until the job ran.
         chained: fn returns a handle of its own (an allreduce queued on the core's
             progress thread): this one completes when that one does, with its output.
+        key: the op's key (see op_key); desc: what every rank must pass alike;
+        plan: an allreduce plan a joined rank can serve (see _join), or 0;
+        members: the world ranks of the op's process set (None: every rank).
     """
 
-    def __init__(self, fn: Callable[[], Any], keep: Any = None, chained: bool = False) -> None:
-        self.label = ""  # the operation, for the timeline
+    def __init__(self, fn: Optional[Callable[[], Any]], keep: Any = None, chained: bool = False,
+                 key: str = "", desc: str = "", plan: int = 0,
+                 members: Optional[tuple] = None) -> None:
+        self.label = key  # the operation, for the timeline
         self.timeline: Any = None
         self.queued = 0
-        self._fn = fn
+        self.fn = fn
         self._keep = keep
         self._chained = chained
+        self.key, self.desc, self.plan, self.members = key, desc, plan, members
+        self.slot: Optional[int] = None  # its response-cache slot while queued as a hit
+        self.announced = False
+        self.evicting = False
+        self.since = 0.0
+        self.agreed = 0  # perf_counter_ns when every rank had queued it (timeline)
+        self.fuse: Any = None  # (input, output) of an allreduce that may run fused
         self._event = threading.Event()
         self._output: Any = None
         self._error: Optional[BaseException] = None
 
     def run(self) -> None:
-        """Run on the lane (never raises: the error is kept for wait())."""
+        """Run on the negotiating thread (never raises: the error is kept for wait())."""
         start = time.perf_counter_ns()
         try:
-            self._output = self._fn()
+            if self.fn is not None:
+                self._output = self.fn()
         except BaseException as e:  # noqa: BLE001 -- re-raised by wait() on the caller
             self._error = e
+            if isinstance(e, LayoutMismatch) and self.key and self.key not in str(e):
+                self._error = LayoutMismatch(f"{self.key!r}: {e}")  # which op, on every rank
+                self._error.__cause__ = e
         finally:
-            self._fn = None
+            self.fn = None
             self._keep = None
             if self.timeline is not None:
                 args = {"op": self.label}
-                self.timeline.record("QUEUE", "async", self.queued, start, args)
+                agreed = self.agreed or start
+                self.timeline.record("NEGOTIATE", "async", self.queued, agreed, args)
+                self.timeline.record("QUEUE", "async", agreed, start, args)
                 self.timeline.record("RUN", "async", start, time.perf_counter_ns(), args)
             self._event.set()
+
+    def fail(self, error: BaseException) -> None:
+        """Complete with `error` without running (the ranks disagreed, or it stalled)."""
+        self.fn, self._keep, self._chained = None, None, False
+        self._error = error
+        self._event.set()
+
+    def attach(self, handle: Any) -> None:
+        """Complete as started with `handle` (poll/wait go to it) without running fn: the
+        negotiation ran this op fused with others (see _fusion)."""
+        self.fn, self._keep, self._chained, self.fuse = None, None, True, None
+        self._output = handle
+        if self.timeline is not None:
+            now = time.perf_counter_ns()
+            args = {"op": self.label, "fused": True}
+            self.timeline.record("NEGOTIATE", "async", self.queued, self.agreed or now, args)
+            self.timeline.record("RUN", "async", self.agreed or now, now, args)
+        self._event.set()
+
+    def result(self, value: Any) -> None:
+        """Complete with `value` without running (join)."""
+        self.fn, self._keep, self._chained = None, None, False
+        self._output = value
+        self._event.set()
 
     def poll(self) -> bool:
         """True once the operation has completed (wait() then returns at once)."""
@@ -81,87 +149,43 @@ class Job:
             return self._output.wait()
         return self._output
 
+    Wait = wait  # as a core request (DistributedOptimizer waits on its buckets' jobs)
+
     def __call__(self) -> Any:
         """Same as wait(): Horovod's ``sparse_allreduce_async`` returns a function that
         waits and returns the result, and scripts call the handle."""
         return self.wait()
 
 
-class Lane:
-    """One worker thread running Jobs in order (started on first use, a daemon)."""
+class Launched:
+    """A core request as a chained job's output (poll/wait)."""
 
-    def __init__(self) -> None:
-        self._cv = threading.Condition()
-        self._queue: collections.deque = collections.deque()
-        self._busy = False
-        self._thread: Optional[threading.Thread] = None
-        self.timeline: Any = None  # a timeline.Timeline while one records
+    def __init__(self, request: Any) -> None:
+        self.request = request
 
-    def on_lane(self) -> bool:
-        """True on the lane's own thread."""
-        return threading.current_thread() is self._thread
+    def poll(self) -> bool:
+        """True once the request has completed."""
+        return self.request is None or self.request.Test()
 
-    def submit(self, job: Job) -> Job:
-        """Queue `job` after every job queued before it; return it."""
-        job.timeline, job.queued = self.timeline, time.perf_counter_ns()
-        with self._cv:
-            self._queue.append(job)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="collectives-torch-lane",
-                                                daemon=True)
-                self._thread.start()
-            self._cv.notify_all()
-        return job
-
-    def drain(self) -> None:
-        """Wait until every queued job has run (no-op on the lane itself)."""
-        if self._thread is None or self.on_lane():
-            return
-        with self._cv:
-            while self._queue or self._busy:
-                self._cv.wait()
-
-    def _loop(self) -> None:
-        while True:
-            with self._cv:
-                while not self._queue:
-                    self._cv.wait()
-                job = self._queue.popleft()
-                self._busy = True
-            try:
-                job.run()
-            finally:
-                with self._cv:
-                    self._busy = False
-                    self._cv.notify_all()
+    def wait(self) -> None:
+        """Wait for the request."""
+        if self.request is not None:
+            self.request.Wait()
 
 
-class Names:
-    """The names of async operations in flight, per kind ("allreduce", "allgather", ...)."""
+def queue_call(ctx: Any, kind: str, name: Optional[str], fn: Callable[[], Any],
+               desc: Optional[str] = None, keep: Any = None, chained: bool = False,
+               plan: int = 0, fuse: Any = None) -> Job:
+    """Queue fn as the op `kind`/`name` of ctx (a world or process-set context)."""
+    members = tuple(ctx.ranks) if getattr(ctx, "process_set_id", 0) else None
+    key = op_key(ctx, kind, name)
+    job = Job(fn, keep, chained, key, desc if desc is not None else kind, plan, members)
+    job.label = kind if name is None else f"{kind} {name}"
+    job.fuse = fuse if not getattr(ctx, "process_set_id", 0) else None
+    return ctx.lane.submit(job)
 
-    def __init__(self) -> None:
-        self._held: dict = {}
-        self._lock = threading.Lock()
 
-    def check(self, kind: str, name: Optional[str]) -> None:
-        """ValueError (as Horovod) if an operation of this kind named `name` is in flight."""
-        if name is None:
-            return
-        with self._lock:
-            holder = self._held.get((kind, name))
-            if holder is not None and not holder.poll():
-                raise ValueError(
-                    f"{kind}: an operation named {name!r} is already in flight; Horovod "
-                    "rejects a second one with the same name (synchronize the first, or use "
-                    "another name)")
-            self._held.pop((kind, name), None)
-
-    def hold(self, kind: str, name: Optional[str], handle: Any) -> Any:
-        """Record `handle` as the in-flight operation `name`; return it."""
-        if name is not None:
-            with self._lock:
-                self._held[(kind, name)] = handle
-                if len(self._held) > 4096:  # forget finished ones (bounded)
-                    for key in [k for k, h in self._held.items() if h.poll()]:
-                        del self._held[key]
-        return handle
+def run_call(ctx: Any, kind: str, name: Optional[str], fn: Callable[[], Any],
+             desc: Optional[str] = None) -> Any:
+    """queue_call, then wait for it and return its output (the blocking calls)."""
+    return queue_call(ctx, kind, name, fn, desc).wait()

@@ -36,12 +36,19 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         raise NotImplementedError("collectives.torch.init: comm must be a collectives.MPI.Comm")
     from .process_sets import register_initial
 
+    from . import _knobs
+
+    _knobs.apply_mapped()  # HOROVOD_* checked, and mapped onto ours before the rendezvous
     with HOLDER.lock:
-        if HOLDER.context is not None and (comm is None or HOLDER.context.comm is comm):
+        if HOLDER.context is not None and (comm is None or HOLDER.context.world is comm):
             register_initial(HOLDER.context, process_sets)
             return
         world = comm if comm is not None else collectives.init()
         HOLDER.context = TorchContext(world)
+    from ._fusion import run_fused
+
+    HOLDER.context.lane.fuse = run_fused  # allreduces agreed together run as one (_fusion)
+    HOLDER.context.lane.fusion_bytes = HOLDER.context.fusion_threshold
     register_initial(HOLDER.context, process_sets)
     from .timeline import timeline_from_env
 
@@ -49,12 +56,21 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
 
 
 def shutdown() -> None:
-    """Wait for nothing more, close the world communicator and forget the state."""
-    if HOLDER.context is not None:
+    """Run what every rank queued, close Horovod's links and the world, forget the state."""
+    ctx = HOLDER.context
+    if ctx is not None:
         from .timeline import stop_timeline
 
-        HOLDER.context.lane.drain()  # the async ops queued before shutdown() run first
+        from ._knobs import collective_timeout
+
+        # with every rank: ops every rank queued before shutdown() still run (_negotiate)
+        ended = ctx.lane.stop(collective_timeout() + 10.0)
         stop_timeline()  # written now, before the world goes
+        if not ended:  # its thread is still in a collective: closing the links under it
+            with HOLDER.lock:  # would free what it uses; the world is left to the exit
+                HOLDER.context = None
+            return
+        ctx.close()
     with HOLDER.lock:
         HOLDER.context = None
     collectives.finalize()

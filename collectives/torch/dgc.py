@@ -61,6 +61,7 @@ import torch
 from .. import _core
 from . import sparse_ops
 from ._context import as_buffer
+from ._lane import Launched, queue_call
 from .compression import NoneCompressor
 from .dgc_hosts import HostExchange
 from .mpi_ops import _scale
@@ -561,8 +562,12 @@ class _SparseDistributedOptimizer(_DistributedOptimizer):
                 b.target = torch.cat(dense_t) if len(dense_t) > 1 else dense_t[0]
                 buf, dt = as_buffer(b.target)
                 op = "avg" if self._op is Average else "sum"
-                self._ctx.lane.drain()  # after the async ops queued before (see _lane)
-                b.request = self._ctx.core.iallreduce(None, buf, op=op, dtype=dt)
+                ctx = self._ctx
+                b.request = queue_call(  # negotiated as every op (see _negotiate)
+                    ctx, "allreduce", f"dgc.dense.bucket{b.index}",
+                    lambda: Launched(ctx.core.iallreduce(None, buf, op=op, dtype=dt)),
+                    desc=f"dgc dense bucket {b.index} numel={b.target.numel()} op={op}",
+                    keep=b.target, chained=True)
                 self._stats["dense_bytes"] += b.target.numel() * b.target.element_size()
             if sparse and comp.overlap and self._hosts is None:
                 b.sparse = self._start_sparse(sparse)
@@ -591,9 +596,12 @@ class _SparseDistributedOptimizer(_DistributedOptimizer):
                   gathered=buf, request=None)
         if ctx.size > 1:
             st["gathered"] = torch.empty(ctx.size * buf.numel(), dtype=torch.uint8)
-            ctx.lane.drain()
-            st["request"] = ctx.core.iallgatherv(buf.numpy(), st["gathered"].numpy(),
-                                                 [buf.numel()] * ctx.size)
+            gathered, counts = st["gathered"].numpy(), [buf.numel()] * ctx.size
+            st["request"] = queue_call(
+                ctx, "allgather", None,
+                lambda: Launched(ctx.core.iallgatherv(buf.numpy(), gathered, counts)),
+                desc=f"dgc sparse allgather bytes={buf.numel()}", keep=(buf, gathered),
+                chained=True)
         return st
 
     def _write_sparse(self, params: list, gathered: torch.Tensor, sizes: list, caps: list,

@@ -244,7 +244,12 @@ def _reset() -> None:
         shutdown()
     except Exception:  # the world was broken already: close it all the same
         with HOLDER.lock:
-            HOLDER.context = None
+            ctx, HOLDER.context = HOLDER.context, None
+        if ctx is not None and ctx.lane.stop(1.0):  # (its thread ended: links unused)
+            try:
+                ctx.close()  # Horovod's own links; a new world gets new ones at init()
+            except Exception:  # noqa: BLE001 -- broken links close all the same
+                pass
         collectives.finalize()
     init()
 

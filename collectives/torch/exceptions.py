@@ -52,3 +52,9 @@ def internal_error(exc: BaseException) -> BaseException:
         err.__cause__ = exc
         return err
     return exc
+
+
+class LayoutMismatch(RuntimeError, ValueError):
+    """Ranks passed different arguments (shape, dtype, root, op, name) to the same call,
+    or another rank's call failed before any data moved: every rank raises it, and the
+    communicator stays usable."""

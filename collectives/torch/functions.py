@@ -16,7 +16,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from ..rendezvous.safe_pickle import allow as _plain
-from ._agree import symmetric
+from ._route import symmetric
 from ._context import as_buffer, check_tensor, current, wire_dtype
 from .process_sets import check_process_set, current_world, in_process_set, set_root
 
@@ -212,6 +212,5 @@ def allgather_object(obj: Any, name: Optional[str] = None, process_set: Any = No
         A list with one object per rank.
     """
     check_process_set(process_set)
-    current().lane.drain()  # after the async ops queued before it (see _lane)
     return current().comm.allgather(obj)
 

@@ -1,12 +1,13 @@
 """Horovod's alltoall, reducescatter and grouped allgather/reducescatter, with autograd,
-and the ``*_async`` forms that run on the async lane.
+and their ``*_async`` forms.
 
 Split from ``mpi_ops`` (which keeps allreduce, allgather and broadcast). Every
-operation starts with the per-call agreement (``_agree``), as in ``mpi_ops``.
-The ``*_async`` functions check their arguments on the caller's thread (a bad
-argument raises there, before anything is sent, and the other ranks are told
-through the agreement), then queue the whole operation on the context's lane
-(``_lane``) and return a handle at once: ``poll()`` is False until it has run.
+operation is queued under its name and runs once every rank queued it
+(``_negotiate``), starting with the per-call agreement (``_agree``), as in
+``mpi_ops``. The ``*_async`` functions check their arguments on the caller's
+thread (a bad argument raises there, before anything is queued, and the other
+ranks' op fails naming it), then queue the op and return a handle at once:
+``poll()`` is False until it has run.
 
 Gradients follow Horovod's autograd functions exactly:
 
@@ -128,7 +129,7 @@ def alltoall(tensor: torch.Tensor, splits: Splits = None, name: Optional[str] = 
 @_symmetric("alltoall")
 def alltoall_async(tensor: torch.Tensor, splits: Splits = None, name: Optional[str] = None,
                    process_set: Any = None) -> Job:
-    """Start an alltoall (see alltoall) on the async lane; returns at once.
+    """Start an alltoall (see alltoall), negotiated by name; returns at once.
 
     Returns:
         A handle; ``synchronize()`` returns the pair (output, received_splits) as Horovod's.

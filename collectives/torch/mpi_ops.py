@@ -1,23 +1,18 @@
 """Horovod's tensor operations (``horovod.torch.mpi_ops``) over the collectives core.
 
 Each operation is: check and coerce the tensor -> (autograd Function) ->
-a ``Handle`` that owns the core request and every buffer it uses -> the
-core. Every ``*_async`` function (allreduce and broadcast here; allgather,
-alltoall, reducescatter in ``gather_ops``) checks its arguments, then runs,
-agreement included, on the context's async lane (``_lane``) and returns at
-once (an allreduce's data then moves on the core's progress thread); every
-rank still issues collectives in the same program order (every exchange on
-the caller's thread waits for the lane first, and a blocking collective waits
-for the queued allreduces), so mixing them is safe. A second ``*_async`` of
-the same kind with a name still in flight raises ValueError.
-
-Every call starts with the agreement of ``_agree``: one small allgather in
-which every rank sees every rank's arguments (name, shape, dtype, root, op).
-Ranks that passed different ones all get a ``LayoutMismatch`` (a RuntimeError
-and a ValueError), and a rank whose arguments are invalid raises its own
-error while the others get a ``LayoutMismatch`` naming it; either way no data
-moved and every operation can be called again. Tensors of up to ``INLINE``
-bytes travel inside that allgather, which then is the whole collective.
+a job queued under the op's name (``_lane``) -> the negotiation
+(``_negotiate``), which runs it on its thread once every rank has queued
+that name, in one order on every rank -> a ``Handle`` that owns the core
+request and every buffer it uses. ``*_async`` functions return the job at
+once; the blocking ones wait for it. An allreduce's description (shape,
+dtype, op, scale factors) is compared in the negotiation itself, so it runs
+with no per-call agreement and may be fused with others agreed alongside
+(``_fusion``); the other ops run their per-call agreement (``_agree``) on
+the negotiating thread: one small allgather in which every rank sees every
+rank's arguments, raising ``LayoutMismatch`` on every rank if they differ
+(tensors of up to ``INLINE`` bytes travel inside it). A second op under a
+name still in flight on this rank raises ValueError (Horovod's).
 """
 from __future__ import annotations
 
@@ -27,10 +22,11 @@ import numpy as np
 import torch
 
 from .._core import check_root
-from ._agree import LayoutMismatch, inline_bytes, reduce_inline, symmetric
+from ._agree import LayoutMismatch, inline_bytes, reduce_inline
 from ._context import HOLDER, as_buffer, check_tensor, current, wire_dtype
 from ._join import encode_plan, join
-from ._lane import Job
+from ._lane import Job, queue_call
+from ._route import symmetric
 from .basics import (Adasum, Average, Max, Min, Product, ReduceOp, Sum, ccl_built, cross_rank,
                      cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, init,
                      is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
@@ -54,10 +50,10 @@ __all__ = [
 ]
 
 
-def _symmetric(what: str) -> Callable:
-    """An argument error raised on one rank before the agreement reaches every rank; the
-    op runs in its process_set (see process_sets)."""
-    inner = symmetric(what, lambda: current().agreement)
+def _symmetric(what: str, route: Optional[bool] = None) -> Callable:
+    """Negotiated by name, and an argument error raised on one rank reaches every rank
+    (see _agree.symmetric); the op runs in its process_set (see process_sets)."""
+    inner = symmetric(what, lambda: current().agreement, route)
     return lambda fn: in_process_set(inner(fn))
 
 
@@ -163,14 +159,13 @@ def _on_callers_stream(fn: Callable[[], Any]) -> Callable[[], Any]:
 
 
 def _queue(kind: str, name: Optional[str], fn: Callable[[], Any], keep: Any,
-           chained: bool = False) -> Job:
-    """Run fn on the async lane as the in-flight operation `name` of this kind (ValueError
-    if one is in flight); chained: fn returns a Handle, the job completes with it."""
-    ctx = current()
-    ctx.names.check(kind, name)
-    job = Job(bind_active(_on_callers_stream(fn)), keep, chained)
-    job.label = kind if name is None else f"{kind} {name}"
-    return ctx.names.hold(kind, name, ctx.lane.submit(job))
+           chained: bool = False, desc: Optional[str] = None, plan: int = 0,
+           fuse: Any = None) -> Job:
+    """Queue fn as the op `name` of this kind (see _negotiate; ValueError if one is in
+    flight); it runs once every rank queued it. chained: fn returns a Handle, the job
+    completes with it. desc: what every rank must pass alike (default: the kind alone)."""
+    return queue_call(current(), kind, name, bind_active(_on_callers_stream(fn)), desc, keep,
+                      chained, plan, fuse)
 
 
 def _check_group(tensors: Any) -> list:
@@ -209,8 +204,11 @@ def _describe(what: str, name: Optional[str], tensor: torch.Tensor, **more: Any)
 
 
 def _allreduce_start(tensor: torch.Tensor, output: torch.Tensor, op: ReduceOp, prescale: float,
-                     postscale: float, name: Optional[str], what: str) -> Handle:
-    """Queue out = op over ranks of tensor (output may be tensor itself: in place)."""
+                     postscale: float, name: Optional[str], what: str, agree: bool = True
+                     ) -> Handle:
+    """Queue out = op over ranks of tensor (output may be tensor itself: in place);
+    agree=False: the negotiation already compared every rank's arguments (see
+    _allreduce_job), so no per-call agreement."""
     ctx = current()
     check_tensor(tensor)
     if op is Adasum:  # not a core op: see adasum
@@ -240,8 +238,7 @@ def _allreduce_start(tensor: torch.Tensor, output: torch.Tensor, op: ReduceOp, p
             output.detach().copy_(recv)
         return output
 
-    if ctx.size > 1:
-        # a rank in join() serves it with zeros from the plan in `extra` (see _join)
+    if ctx.size > 1 and agree:
         plan = encode_plan(rbuf.size, dt or rbuf.dtype.name, op.core) \
             if isinstance(rbuf, np.ndarray) else 0
         agreed = ctx.agreement.agree(what, _describe(what, name, tensor, op=op.name),
@@ -251,6 +248,24 @@ def _allreduce_start(tensor: torch.Tensor, output: torch.Tensor, op: ReduceOp, p
             return Handle([], output, finish)
     req = ctx.core.iallreduce(sbuf, rbuf, op=op.core, dtype=dt)
     return Handle([req], output, finish, keep=(tensor, send, recv))
+
+
+def _allreduce_job(tensor: torch.Tensor, output: torch.Tensor, op: ReduceOp, prescale: float,
+                   postscale: float, name: Optional[str]) -> Job:
+    """Queue an allreduce under its name with everything that must match in its description,
+    and its plan (a joined rank serves it with zeros; see _join)."""
+    desc = _describe("allreduce", None, tensor, op=op.name, prescale=prescale,
+                     postscale=postscale, device=tensor.device.type)
+    plan = 0
+    if op is not Adasum and tensor.device.type == "cpu":
+        wdt = wire_dtype(tensor.dtype)
+        core_dt = {torch.bfloat16: "bfloat16"}.get(wdt, str(wdt)[6:])
+        plan = encode_plan(tensor.numel(), core_dt, op.core)
+    agree = op is Adasum
+    # fuse: the negotiation may run it fused with others agreed alongside (see _fusion)
+    return _queue("allreduce", name, lambda: _allreduce_start(
+        tensor, output, op, prescale, postscale, name, "allreduce", agree), tensor, True,
+        desc=desc, plan=plan, fuse=(tensor, output) if plan else None)
 
 
 def _resolve_allreduce_op(average: Optional[bool], op: Optional[ReduceOp],
@@ -285,9 +300,8 @@ def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: 
     """
     _check_process_set(process_set)
     op = _resolve_allreduce_op(average, op, tensor)
-    output = _empty_like(tensor)
-    return _queue("allreduce", name, lambda: _allreduce_start(
-        tensor, output, op, prescale_factor, postscale_factor, name, "allreduce"), tensor, True)
+    return _allreduce_job(tensor, _empty_like(tensor), op, prescale_factor, postscale_factor,
+                          name)
 
 
 @_symmetric("allreduce")
@@ -302,8 +316,7 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None,
     """
     _check_process_set(process_set)
     op = _resolve_allreduce_op(average, op, tensor)
-    return _queue("allreduce", name, lambda: _allreduce_start(
-        tensor, tensor, op, prescale_factor, postscale_factor, name, "allreduce"), tensor, True)
+    return _allreduce_job(tensor, tensor, op, prescale_factor, postscale_factor, name)
 
 
 @keeps_process_set
@@ -314,9 +327,8 @@ class _AllreduceFunction(torch.autograd.Function):
     def forward(ctx: Any, tensor: torch.Tensor, op: ReduceOp, prescale: float, postscale: float,
                 name: Optional[str]) -> torch.Tensor:
         ctx.op, ctx.prescale, ctx.postscale = op, prescale, postscale
-        output = _empty_like(tensor)
-        return synchronize(_allreduce_start(tensor, output, op, prescale, postscale, name,
-                                            "allreduce"))
+        return synchronize(_allreduce_job(tensor, _empty_like(tensor), op, prescale, postscale,
+                                          name))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
@@ -325,7 +337,7 @@ class _AllreduceFunction(torch.autograd.Function):
         return g, None, None, None, None
 
 
-@_symmetric("allreduce")
+@_symmetric("allreduce", route=False)
 def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
               compression: type = Compression.none, op: Optional[ReduceOp] = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
@@ -351,12 +363,12 @@ def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Option
     if compressed.requires_grad and torch.is_grad_enabled():
         out = _AllreduceFunction.apply(compressed, op, prescale_factor, postscale_factor, name)
     else:
-        out = synchronize(_allreduce_start(compressed, _empty_like(compressed), op,
-                                           prescale_factor, postscale_factor, name, "allreduce"))
+        out = synchronize(_allreduce_job(compressed, _empty_like(compressed), op,
+                                         prescale_factor, postscale_factor, name))
     return compression.decompress(out, cctx)
 
 
-@_symmetric("allreduce")
+@_symmetric("allreduce", route=False)
 def allreduce_(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
                op: Optional[ReduceOp] = None, prescale_factor: float = 1.0,
                postscale_factor: float = 1.0, process_set: Any = None) -> torch.Tensor:

@@ -8,10 +8,10 @@ when the dtype changes or the bucket would exceed the fusion threshold
 bucket) or a quarter of the model (but not below 1 MiB, so small models
 keep one bucket), or as given by ``groups``. A hook after gradient accumulation
 (``register_post_accumulate_grad_hook``) marks a parameter ready; bucket k is
-launched (one non-blocking allreduce on the core's progress thread) once all
-its gradients are ready and buckets 0..k-1 are launched. Launching strictly
-in bucket order is what makes every rank submit the same fused buffers in the
-same order without negotiation. ``step()`` launches what is left and waits.
+launched once all its gradients are ready and buckets 0..k-1 are launched:
+queued as an allreduce named after its first parameter (``_negotiate``), run
+as one non-blocking core allreduce once every rank queued it (a rank in
+``join()`` serves it with zeros). ``step()`` launches what is left and waits.
 
 A bucket of one parameter is reduced in place in ``p.grad`` (no copy); larger
 buckets are packed into a fusion buffer kept for the next step.
@@ -29,6 +29,8 @@ from .._core import CollectivesError
 from ._context import as_buffer, check_tensor, current, wire_dtype
 from .compression import Compression
 from .basics import Adasum, Average, ReduceOp, Sum
+from ._join import encode_plan
+from ._lane import Launched, queue_call, run_call
 from .exceptions import internal_error
 from .mpi_ops import _scale
 from .process_sets import ProcessSet, in_process_set, set_context
@@ -93,9 +95,11 @@ class _DistributedOptimizer:
                        for b in self._buckets)
         if not _elastic.is_elastic():  # (a worker joining an elastic job builds its
             # optimizer while the others train: they would not be there to agree)
-            ctx.check_now(("DistributedOptimizer", op.name, self._predivide,
-                           self.backward_passes_per_step, compression.__name__, layout),
-                          "DistributedOptimizer")
+            key = ("DistributedOptimizer", op.name, self._predivide,
+                   self.backward_passes_per_step, compression.__name__, layout)
+            run_call(ctx, "DistributedOptimizer", None,
+                     lambda: ctx.check_now(key, "DistributedOptimizer"))
+        self._names = names
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in order]
 
     @property
@@ -247,9 +251,18 @@ class _DistributedOptimizer:
                 b.target = b.flat
             _scale(b.target, prescale)
             buf, dt = as_buffer(b.target)
+            ctx = self._ctx
+            # queued under the name of its first parameter, as Horovod's per-parameter names
+            name = f"{self._names.get(id(b.params[0]), '?')}.bucket{b.index}"
+            plan = encode_plan(b.numel, dt or buf.dtype.name, core_op) \
+                if b.target.device.type == "cpu" else 0
             try:
-                self._ctx.lane.drain()  # after the async ops queued before (see _lane)
-                b.request = self._ctx.core.iallreduce(None, buf, op=core_op, dtype=dt)
+                b.request = queue_call(
+                    ctx, "allreduce", name,
+                    lambda: Launched(ctx.core.iallreduce(None, buf, op=core_op, dtype=dt)),
+                    desc=f"DistributedOptimizer bucket {b.index} numel={b.numel} "
+                         f"dtype={str(b.dtype)[6:]} op={core_op}", keep=b.target, chained=True,
+                    plan=plan)
             except CollectivesError as exc:  # the world is broken: Horovod's class
                 raise internal_error(exc) from None
         self._launched += 1

@@ -4,8 +4,9 @@ A process set is a subset of the world's ranks that runs collectives of its
 own. Registering one (``add_process_set`` after ``init``, or
 ``init(process_sets=[...])``) is collective over every rank, as in Horovod:
 every rank checks that all passed the same ranks (an agreement on the world),
-then the world communicator is split (``_core.comm_split``), so the set's
-communicator reuses the world's links: no socket is opened. Every rank of the
+then Horovod's communicator (over the world's ranks, on links of its own:
+see _context) is split (``_core.comm_split``), so the set's communicator
+reuses those links: no socket is opened. Every rank of the
 world numbers sets alike (ids 1, 2, ... in registration order; 0 is the
 global set).
 
@@ -126,8 +127,6 @@ class SetContext:
                  ) -> None:
         from ..MPI import _comms as _mpi_comms
         from ._agree import Agreement
-        from ._lane import Names
-
         self.parent = parent
         self.process_set_id = process_set_id
         self.ranks = ranks
@@ -140,10 +139,8 @@ class SetContext:
         self.local_size: int = self.comm.local_size
         self.fusion_threshold = parent.fusion_threshold
         self.lock = parent.lock
-        self.lane = parent.lane  # one lane: async ops of every set run in program order
-        self.names = Names()  # names in flight are per set, as Horovod's tensor queues
+        self.lane = parent.lane  # one negotiation: keys carry the set's id (see _lane.op_key)
         self.agreement = Agreement(core, self.rank, self.size)
-        self.agreement.before_exchange = self.lane.drain
         self.agreement.timeline = parent.timeline
 
     @property
@@ -306,13 +303,20 @@ def _dynamic_allowed() -> bool:
 
 
 def _register(ctx: TorchContext, ranks: list, what: str) -> int:
-    """Collective over every rank: agree on `ranks`, split the world, record the set."""
-    if any(not 0 <= r < ctx.size for r in ranks) or len(set(ranks)) != len(ranks) or not ranks:
-        raise ValueError(f"{what}: ranks {ranks} must be distinct ranks in [0, {ctx.size})")
-    for pid, entry in ctx.process_sets.items():
-        if entry.ranks == ranks:
-            raise ValueError(f"{what}: attempted to add a duplicate process set: {ranks} "
-                             f"(process set {pid})")
+    """Collective over every rank: agree on `ranks`, split the world, record the set (one
+    negotiated op, see _negotiate)."""
+    from ._lane import run_call
+
+    return run_call(ctx, "add_process_set", None, lambda: _register_now(ctx, ranks, what))
+
+
+def _register_now(ctx: TorchContext, ranks: list, what: str) -> int:
+    try:
+        _check_new_set(ctx, ranks, what)
+    except Exception as e:  # every rank hears of it, so none waits in the agreement below
+        if ctx.size > 1:
+            ctx.agreement.fail(what, e)
+        raise
     ctx.check_now(f"{what} ranks={ranks}", what)  # every rank the same set, or all raise
     from .. import _core
 
@@ -323,6 +327,15 @@ def _register(ctx: TorchContext, ranks: list, what: str) -> int:
     view = SetContext(ctx, pid, ranks, sub) if member else None
     ctx.process_sets[pid] = _Entry(ranks, view)
     return pid
+
+
+def _check_new_set(ctx: TorchContext, ranks: list, what: str) -> None:
+    if any(not 0 <= r < ctx.size for r in ranks) or len(set(ranks)) != len(ranks) or not ranks:
+        raise ValueError(f"{what}: ranks {ranks} must be distinct ranks in [0, {ctx.size})")
+    for pid, entry in ctx.process_sets.items():
+        if entry.ranks == ranks:
+            raise ValueError(f"{what}: attempted to add a duplicate process set: {ranks} "
+                             f"(process set {pid})")
 
 
 def register_initial(ctx: TorchContext, sets: Any) -> None:
@@ -397,6 +410,13 @@ def remove_process_set(process_set: Any) -> bool:
     if not _dynamic_allowed():
         raise ValueError(f"Remove process sets dynamically only with {DYNAMIC_ENV}=1 (or "
                          "hvd.init(process_sets='dynamic'))")
+    from ._lane import run_call
+
+    return run_call(ctx, "remove_process_set", None, lambda: _remove_now(ctx, pid))
+
+
+def _remove_now(ctx: TorchContext, pid: Optional[int]) -> bool:
+    """remove_process_set on the negotiating thread (every rank at the same point)."""
     entry = ctx.process_sets.get(pid) if pid is not None else None
     ctx.check_now(f"remove_process_set id={pid if entry is not None else None}",
                   "remove_process_set")
@@ -407,7 +427,6 @@ def remove_process_set(process_set: Any) -> bool:
         ps.process_set_id = None
         ps.ranks = None
     if entry.view is not None:
-        ctx.lane.drain()
         from .. import _core
 
         _core.comm_free(entry.view.core)

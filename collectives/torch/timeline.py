@@ -14,9 +14,10 @@ thread (the caller's thread, the async lane):
 - the operation call itself, named by its kind (``allreduce``, ``allgather``,
   ``broadcast``, ``alltoall``, ``reducescatter``, ``barrier``...), with the
   tensor name in ``args``;
-- ``NEGOTIATE``: the per-call agreement of arguments across ranks (``_agree``);
-- ``QUEUE`` (from the ``*_async`` call until the lane starts it) and ``RUN``
-  (the lane running it) for asynchronous operations;
+- ``NEGOTIATE``: from queueing an op until every rank has queued its name
+  (``_negotiate``), and the per-call agreement of arguments (``_agree``);
+- ``QUEUE`` (agreed, waiting for the ops agreed before it) and ``RUN`` (the
+  negotiating thread running it; ``fused`` in args when run fused);
 - ``WAIT``: ``synchronize()`` waiting for an operation to complete.
 """
 from __future__ import annotations
