@@ -53,7 +53,7 @@ from collectives.torch.dgc_hosts import HostExchange
 hvd.init()
 torch.set_num_threads(1)
 r, n = hvd.rank(), hvd.size()
-core = current().core
+core = current().world._core  # the world's: Horovod's own links belong to its negotiating thread
 hx = HostExchange.create(core)
 expect(hx is not None, "create", "no two-level world")
 sizes, ks = [20000, 3001, 64], [40, 9, 64]

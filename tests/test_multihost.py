@@ -102,13 +102,15 @@ verify_hashes(comm)
 emit("cases", count=cases)
 """
 
-# (hosts x ranks per host, or per-host counts), placement. Each shape runs in one
-# placement, and together they cover 2, 3 and 4 hosts, 2, 3 and 4 ranks per host, uneven
-# hosts, block and cyclic (every shape in both placements is checked without namespaces,
-# in tests/test_topology.py's schedule simulator, which counts every host link's bytes).
+# (hosts x ranks per host, or per-host counts), placement, encrypted. Each shape runs in
+# one placement, and together they cover 2, 3 and 4 hosts, 2, 3 and 4 ranks per host,
+# uneven hosts, block and cyclic (every shape in both placements is checked without
+# namespaces, in tests/test_topology.py's schedule simulator, which counts every host
+# link's bytes). The 2- and 3-host shapes run with COLLECTIVES_ENCRYPT=1: the links between
+# hosts sealed in AES-256-GCM, those inside a host shared memory (issue 37, section 3).
 SHAPES = [
-    ([2, 2], "block"), ([4, 4], "cyclic"), ([2, 2, 2], "cyclic"),
-    ([2, 2, 2, 2], "block"), ([2, 3], "cyclic"),
+    ([2, 2], "block", True), ([4, 4], "cyclic", False), ([2, 2, 2], "cyclic", True),
+    ([2, 2, 2, 2], "block", False), ([2, 3], "cyclic", False),
 ]
 
 
@@ -124,15 +126,18 @@ def _placement(sizes, placement):
     return out
 
 
-@pytest.mark.parametrize("sizes,placement", SHAPES,
-                         ids=[f"{'+'.join(map(str, s))}-{p}" for s, p in SHAPES])
-def test_every_collective_on_a_namespace_cluster(sizes, placement):
+@pytest.mark.parametrize("sizes,placement,encrypt", SHAPES,
+                         ids=[f"{'+'.join(map(str, s))}-{p}{'-encrypted' if e else ''}"
+                              for s, p, e in SHAPES])
+def test_every_collective_on_a_namespace_cluster(sizes, placement, encrypt):
     n = sum(sizes)
+    env = {"COLLECTIVES_DEBUG": "INFO", "COLLECTIVES_DEBUG_SUBSYS": "TUNE,NET"}
+    if encrypt:
+        env.update(COLLECTIVES_ENCRYPT="1", COLLECTIVES_JOB_SECRET="multihost-" + "ab" * 16)
     with Cluster(len(sizes), rate="4gbit") as c:
         hosts = c.hosts_of(n, _placement(sizes, placement))
         res = run_world(n, GRID_BODY, args=[",".join(map(str, hosts))], timeout=220,
-                        rank_env=c.rank_env(free_port()), prefix=c.prefix,
-                        env={"COLLECTIVES_DEBUG": "INFO", "COLLECTIVES_DEBUG_SUBSYS": "TUNE"})
+                        rank_env=c.rank_env(free_port()), prefix=c.prefix, env=env)
     assert not c.exists(), "the cluster's namespaces outlived it"
     res.assert_ok()
     for r in range(n):
@@ -141,6 +146,15 @@ def test_every_collective_on_a_namespace_cluster(sizes, placement):
         assert h["local_size"] == hosts.count(hosts[r])
         assert h["local_rank"] == [q for q in range(n) if hosts[q] == hosts[r]].index(r)
         assert res[r].one("cases")["count"] > 500
+        # each link says how it goes: shared memory inside a host, TCP between hosts,
+        # sealed in AES-256-GCM exactly when the job encrypts
+        links = [l for l in res[r].stderr.splitlines() if "<-> rank" in l]
+        assert links, res[r].stderr[-2000:]
+        for line in links:
+            if "via shm" in line:
+                assert "AES" not in line, line
+            else:
+                assert ("AES-256-GCM" in line) == encrypt, line
     # auto chose two levels, and said so (COLLECTIVES_DEBUG=INFO)
     assert "two_level" in res[0].stderr, res[0].stderr[-2000:]
 

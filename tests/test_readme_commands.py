@@ -29,6 +29,7 @@ RUN = {
     "python -m pytest -m cuda tests/test_cuda.py tests/test_cuda_hw.py": None,
     "python -m collectives.bench allgather -np 3 -b 1K -e 64M --check": "0 ok",
     "python -m collectives.launcher.k8s_secret collectives-job-secret": "kind: secret",
+    "python -m collectives.torch._knobs": "horovod_cycle_time",
 }
 # Commands that need what the suite cannot give (network namespaces, a Horovod
 # checkout, minutes of training): their module must start from the clone's root,

@@ -58,7 +58,12 @@ def test_join_serves_allreduces_with_zeros(n):
     for rank in range(n):
         assert res[rank].get("fail") == [], res.report()
     res.assert_ok()
+    # rank n - 1 runs the most steps, so it joins last; after that the ranks join in an
+    # order their timing decides (Horovod returns the rank whose join came last), so only
+    # agreement is checked: the same rank everywhere, and never rank 0, which joined first
+    mid = {res[rank].one("mid")["value"] for rank in range(n)}
+    last2 = {res[rank].one("last2")["value"] for rank in range(n)}
     for rank in range(n):
         assert res[rank].one("last")["value"] == n - 1
-        assert res[rank].one("mid")["value"] == n - 1  # rank 0 joined first
-        assert res[rank].one("last2")["value"] == n - 1
+    assert len(mid) == 1 and mid <= set(range(1, n)), res.report()
+    assert len(last2) == 1 and last2 <= set(range(n)), res.report()

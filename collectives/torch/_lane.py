@@ -141,7 +141,7 @@ class Job:
         if self._error is not None:
             from .exceptions import internal_error
 
-            err = internal_error(self._error)
+            err = internal_error(self._error, self.members)
             if err is self._error:
                 raise err
             raise err from self._error

@@ -319,6 +319,19 @@ class Negotiator:
             self._closed = True
         return thread is None or not thread.is_alive()
 
+    def abandon(self, timeout: float) -> bool:
+        """Leave without the other ranks (this process is finalizing): the thread ends after
+        its current round; ops still queued fail. True once it has ended (within timeout)."""
+        with self._cv:
+            self._abandon = True
+            self._cv.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+        with self._cv:
+            self._closed = True
+        return thread is None or not thread.is_alive()
+
     def start(self) -> None:
         """Start the negotiating thread (at init, on every rank: rounds need every rank)."""
         with self._cv:

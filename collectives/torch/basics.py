@@ -45,6 +45,9 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
             return
         world = comm if comm is not None else collectives.init()
         HOLDER.context = TorchContext(world)
+        from ..rendezvous import world as _world
+
+        _world.add_finalize_hook(_leave_with_the_world)
     from ._fusion import run_fused
 
     HOLDER.context.lane.fuse = run_fused  # allreduces agreed together run as one (_fusion)
@@ -74,6 +77,25 @@ def shutdown() -> None:
     with HOLDER.lock:
         HOLDER.context = None
     collectives.finalize()
+
+
+def _leave_with_the_world() -> None:
+    """collectives.finalize() without hvd.shutdown() (at exit: a script that raised, or
+    one that never calls shutdown, as Horovod allows): Horovod's links close with the
+    world's, so that the other ranks learn at once that this rank left, as they would of
+    the world's links, instead of when this process is gone (after a slow teardown: torch
+    and JAX take seconds). The negotiating thread leaves after its current round
+    (bounded); if it is still in a collective then, its links are left to the exit."""
+    ctx = HOLDER.context
+    if ctx is None:
+        return
+    if ctx.lane.abandon(_LEAVE_S):
+        ctx.close()
+    with HOLDER.lock:
+        HOLDER.context = None
+
+
+_LEAVE_S = 2.0  # what finalize waits for the negotiating thread's current round
 
 
 def is_initialized() -> bool:

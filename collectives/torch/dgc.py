@@ -61,7 +61,7 @@ import torch
 from .. import _core
 from . import sparse_ops
 from ._context import as_buffer
-from ._lane import Launched, queue_call
+from ._lane import Launched, queue_call, run_call
 from .compression import NoneCompressor
 from .dgc_hosts import HostExchange
 from .mpi_ops import _scale
@@ -505,7 +505,9 @@ class _SparseDistributedOptimizer(_DistributedOptimizer):
         self._hosts = None
         if comp.host_merge and self._ctx.size > 1:
             self._ctx.lane.drain()
-            self._hosts = HostExchange.create(self._ctx.core)
+            ctx = self._ctx  # on the negotiating thread, as every op on ctx.core (_lane)
+            self._hosts = run_call(ctx, "allgather", None, lambda: HostExchange.create(ctx.core),
+                                   desc="dgc host exchange")
 
     @staticmethod
     def _new_stats() -> dict:
@@ -637,13 +639,17 @@ class _SparseDistributedOptimizer(_DistributedOptimizer):
         buf = sparse_ops.pack_selected(sel, [v.numel() for v, _ in sel], wire)
         params = [p for p, _ in self._sparse]
         if self._hosts is not None:  # merged per host before crossing hosts (dgc_hosts)
-            gathered, sizes, mcaps = self._hosts.exchange(buf, caps, [p.numel() for p in params],
-                                                          wire)
+            numels = [p.numel() for p in params]
+            gathered, sizes, mcaps = run_call(
+                ctx, "allgather", None, lambda: self._hosts.exchange(buf, caps, numels, wire),
+                desc="dgc sparse exchange merged per host")
             self._write_sparse(params, gathered, sizes, mcaps, fixed=False,
                                fmt=HostExchange.merged_format(wire))
             self._stats["host_link_bytes"] += self._hosts.host_link_bytes
         else:
-            gathered, sizes = sparse_ops.exchange(ctx.core, ctx.size, buf)
+            gathered, sizes = run_call(ctx, "allgather", None,
+                                       lambda: sparse_ops.exchange(ctx.core, ctx.size, buf),
+                                       desc="dgc sparse exchange")
             self._write_sparse(params, gathered, sizes, caps, fixed=False)
         self._record(names, caps, sel, buf.numel() + 8)  # + the size exchanged first
 

@@ -11,7 +11,7 @@ it. ``HostsUpdatedInterrupt`` is raised by ``state.commit()`` under
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional, Sequence
 
 from .._core import CollectivesError
 
@@ -45,10 +45,24 @@ class HostsUpdatedInterrupt(RuntimeError):
         self.skip_sync = skip_sync
 
 
-def internal_error(exc: BaseException) -> BaseException:
-    """`exc` as a HorovodInternalError if it is a core CollectivesError, else `exc`."""
+def internal_error(exc: BaseException, members: Optional[Sequence[int]] = None) -> BaseException:
+    """`exc` as a HorovodInternalError if it is a core CollectivesError, else `exc`.
+
+    The text is explained as the world's failures are (rendezvous.world.explain_failure:
+    this rank's report goes to the store and the cause other ranks reported comes first),
+    since Horovod's own links (rendezvous.links) break where the world's would: a rank
+    that sees only "rank 1 closed the connection" learns that rank 3 died. members: the
+    world ranks of the op's process set (None: every rank)."""
     if isinstance(exc, CollectivesError) and not isinstance(exc, HorovodInternalError):
-        err = HorovodInternalError(str(exc), exc.error_code)
+        from ..rendezvous import world as _world
+        text = str(exc)
+        state = _world._state
+        if state is not None and state.core is not None:
+            try:
+                text = _world.explain_failure(state.core.rank, text, members)
+            except Exception:  # noqa: BLE001 -- best effort: the core's own words stand
+                pass
+        err = HorovodInternalError(text, exc.error_code)
         err.__cause__ = exc
         return err
     return exc
