@@ -84,9 +84,12 @@ def test_ipc_order_mismatch_names_both_sides():
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("fault", ["nowait", "noack"])
 def test_emulated_gpu_catches_a_missing_wait(fault):
-    """With the reader's wait on the writer's event skipped (test-only fault), the
-    emulated GPU lets reads run before the bytes are produced: some value is wrong.
-    So the exact results above are the events' doing, not the emulation's timing."""
+    """With one wait skipped (test-only faults) some value is wrong: nowait, the reader's
+    wait on the writer's event (reads run before the bytes are produced); noack, the
+    writer's wait on the reader's event (the writer's next overwrite, or the caller's
+    next use of its buffer, runs before the read). So the exact results above are
+    the events' doing, not the emulation's timing. 3 ranks: at 2, a ring's ACK and
+    its next DESC come from the same kernel, so either wait covers the other."""
     res = _run(3, "fake", {"COLLECTIVES_CUDA_IPC_FAULT": fault})
     assert not res.timed_out, res.report()
     assert any(r.get("fail") for r in res.ranks), res.report()
