@@ -315,6 +315,11 @@ def test_device_cuda_sweep_on_the_emulated_gpu(coll: str) -> None:
     assert re.search(r"device 0 device-to-device copy .*: [0-9.]+ GB/s", res.stdout), res.stdout
     assert re.search(r"collectives-auto \S+: busbw [0-9.]+ GB/s = [0-9.]+ x the device copy",
                      res.stdout), res.stdout
+    if coll == "allreduce":  # both ranks on the one (emulated) GPU: 4 / (5 x 2) of the copy
+        assert re.search(r"allreduce memory-traffic floor, 2 rank\(s\) per GPU: busbw [0-9.]+ "
+                         r"GB/s = 0\.40 x the device copy", res.stdout), res.stdout
+        assert re.search(r"collectives-auto \S+: .* = [0-9.]+ of the memory-traffic floor",
+                         res.stdout), res.stdout
 
 
 def test_device_cuda_without_a_gpu_says_so() -> None:

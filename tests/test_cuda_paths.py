@@ -186,7 +186,7 @@ def test_pipelined_tcp_path_keeps_segments_in_flight(n, backend):
 def test_ipc_path_keeps_segments_in_flight(n, backend):
     """Same-host GPU buffers over CUDA IPC, 64 KiB segments: exact results, and a link
     had DESCs of at least 2 segments posted before the first of them was acknowledged
-    (the reader's ACK still ends each segment: no stream-ordered signal yet)."""
+    (stream order: tests/test_cuda_ipc_order.py checks the events)."""
     env = _env(backend, {"COLLECTIVES_CUDA_SEGMENT_BYTES": "64K"})
     res = run_world(n, PIPE_BODY, timeout=280, env=env, collective_timeout=60).assert_ok()
     for rr in res.ranks:

@@ -227,7 +227,8 @@ def run_worker(args: argparse.Namespace, backend: Backend) -> int:
         if gate is not None:
             gate.close()
     if device is not None and backend.rank == 0:
-        notes = notes + device_note(device, rows)
+        sharing = -(-backend.comm.local_size // max(1, _core.cuda_device_count()))
+        notes = notes + device_note(device, rows, coll=args.coll, sharing=sharing)
     backend.finish()
     if backend.rank == 0:
         if args.worker_json:

@@ -188,19 +188,32 @@ class DeviceCase:
         self.recv.copy_to(self.host_recv)
 
 
-def device_note(device: int, rows: Sequence["Row"], nbytes: int = 256 << 20) -> list[str]:
-    """The device's own copy bandwidth, and each implementation's largest-size busbw over it."""
+def device_note(device: int, rows: Sequence["Row"], nbytes: int = 256 << 20,
+                coll: str = "", sharing: int = 1) -> list[str]:
+    """The device's own copy bandwidth, and each implementation's largest-size busbw over it;
+    for allreduce also over the memory-traffic floor of `sharing` ranks on one GPU."""
     from .. import _core
 
     copy = _core.cuda_copy_bandwidth(device, nbytes)
     notes = [f"device {device} device-to-device copy (cudaMemcpy, {human_size(nbytes)}): "
              f"{copy:.1f} GB/s, the physical limit"]
+    # A ring allreduce of N bytes reads and writes 5 (n-1)/n N per rank (each reduction
+    # reads two operands and writes one, each gather copy reads and writes one), so k
+    # ranks on one GPU move 5 k (n-1)/n N through its memory, which a copy drives at
+    # 2 x copy (its n / t counts one side): busbw <= 4 copy / (5 k).
+    floor = 4 * copy / (5 * max(1, sharing)) if coll == "allreduce" else 0.0
+    if floor:
+        notes.append(f"allreduce memory-traffic floor, {sharing} rank(s) per GPU: busbw "
+                     f"{floor:.1f} GB/s = {floor / copy:.2f} x the device copy")
     for impl in dict.fromkeys(r.impl for r in rows):
         best = max((r for r in rows if r.impl == impl and r.busbw), key=lambda r: r.size,
                    default=None)
         if best is not None:
-            notes.append(f"{impl} {human_size(best.size)}: busbw {best.busbw:.1f} GB/s = "
-                         f"{best.busbw / copy:.2f} x the device copy")
+            line = (f"{impl} {human_size(best.size)}: busbw {best.busbw:.1f} GB/s = "
+                    f"{best.busbw / copy:.2f} x the device copy")
+            if floor:
+                line += f" = {best.busbw / floor:.2f} of the memory-traffic floor"
+            notes.append(line)
     return notes
 
 

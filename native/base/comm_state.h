@@ -93,6 +93,8 @@ struct coll_comm {
   coll_request_t *qhead, *qtail;
 
   struct coll_cuda *cuda; /* stream, events, pools, IPC maps (cuda.c); NULL until a GPU call */
+  struct coll_ipc_sig *ipc_sig; /* CUDA IPC links' interprocess events (transport/cuda_ipc.c);
+                                 NULL until the first stream-ordered record */
   struct coll_p2p *p2p;   /* point-to-point state (p2p.c); NULL until the first one */
 
   /* Subcommunicators (comm/subcomm.c). A communicator made by

@@ -106,6 +106,20 @@ static const coll_param_decl_t params[COLL_NUM_PARAMS] = {
                                      "collectives on GPU buffers up to this many bytes are copied "
                                      "whole to pinned host memory and run on the host path (0: never)",
                                      "bytes"},
+    [COLL_PARAM_CUDA_IPC_EVENTS] = {"COLLECTIVES_CUDA_IPC_EVENTS", "1",
+                                    "CUDA IPC links: 1 orders each segment by interprocess events "
+                                    "on the GPU streams, so segments run back to back; 0 waits on "
+                                    "the host for each segment's read (a round trip per segment)",
+                                    "one of: 0, 1"},
+    [COLL_PARAM_CUDA_IPC_SLOTS] = {"COLLECTIVES_CUDA_IPC_SLOTS", "16",
+                                   "interprocess events per CUDA IPC link and direction: how many "
+                                   "segments' signals may be outstanding before one is re-recorded",
+                                   "integer, 1 to 64"},
+    [COLL_PARAM_CUDA_IPC_FAULT] = {"COLLECTIVES_CUDA_IPC_FAULT", "0",
+                                   "tests only: nowait makes a reader skip the wait on the sender's "
+                                   "event, noack makes a sender skip the wait on the reader's event "
+                                   "(the emulated GPU must then show wrong bytes)",
+                                   "one of: 0, nowait, noack"},
     [COLL_PARAM_P2P_BUFFER_BYTES] = {"COLLECTIVES_P2P_BUFFER_BYTES", "64M",
                                      "point-to-point messages that arrive before their receive "
                                      "is posted are kept up to this many bytes in all; later "

@@ -25,6 +25,7 @@
 #include "algorithms/topology.h"
 #include "base/status.h"
 #include "comm/gpu_small.h"
+#include "transport/cuda_ipc.h"
 #include "transport/transport.h"
 #include "transport/wire.h"
 
@@ -741,6 +742,7 @@ void coll_comm_destroy(coll_comm_t *comm) {
   coll_comm_topo_forget(comm);
   coll_links_close_all(comm);
   coll_tcp_shutdown(comm);
+  coll_ipc_signals_free(comm); /* before the CUDA state: they are events of its device */
   coll_cuda_destroy(comm);
   free(comm->keep.steps);
   free(comm->keep.edges);

@@ -21,16 +21,21 @@ def cuda_stats(comm) -> dict:
     pinned-staged links; staged_max_ahead / staged_max_apply: most pieces of one link
     staged ahead of its socket / handed to the GPU and not yet seen done at once;
     ipc_descs: CUDA IPC descriptors posted; ipc_max_posted: most of one link posted and
-    not yet acknowledged. All 0 before the first GPU call.
+    not yet acknowledged; ipc_signals: IPC records ordered by an interprocess event
+    (COLLECTIVES_CUDA_IPC_EVENTS=1); ipc_slot_reuses: those whose event had been
+    recorded before; gpu_waits: times the device executor slept on the GPU inside a
+    call. All 0 before the first GPU call.
     """
     cdef Communicator c = comm
     cdef coll_cuda_stats_t *s = coll_cuda_stats(c._live())
     names = ("small_calls", "whole_calls", "device_runs", "staged_pieces", "staged_max_ahead",
-             "staged_max_apply", "ipc_descs", "ipc_max_posted")
+             "staged_max_apply", "ipc_descs", "ipc_max_posted", "ipc_signals", "ipc_slot_reuses",
+             "gpu_waits")
     if s == NULL:
         return dict.fromkeys(names, 0)
     return dict(zip(names, (s.small_calls, s.whole_calls, s.device_runs, s.staged_pieces, s.staged_max_ahead,
-                            s.staged_max_apply, s.ipc_descs, s.ipc_max_posted)))
+                            s.staged_max_apply, s.ipc_descs, s.ipc_max_posted, s.ipc_signals,
+                            s.ipc_slot_reuses, s.gpu_waits)))
 
 
 def cuda_device_count() -> int:

@@ -249,6 +249,9 @@ cdef extern from "cuda/cuda.h" nogil:
         uint64_t staged_max_apply
         uint64_t ipc_descs
         uint64_t ipc_max_posted
+        uint64_t ipc_signals
+        uint64_t ipc_slot_reuses
+        uint64_t gpu_waits
     coll_cuda_stats_t *coll_cuda_stats(coll_comm_t *comm)
     int coll_cuda_pointer_device(const void *p)
     const char *coll_cuda_error_text()

@@ -37,6 +37,12 @@
   coll_result_t prefix##ipc_export(coll_comm_t *comm, const void *p, unsigned char handle[COLL_CUDA_IPC_HANDLE_BYTES], uint64_t *offset, uint64_t *alloc_base); \
   coll_result_t prefix##ipc_open(coll_comm_t *comm, int peer, const unsigned char handle[COLL_CUDA_IPC_HANDLE_BYTES], void **base, size_t *size, int *already_mapped); \
   void prefix##ipc_close(int device, void *base, size_t size); \
+  coll_result_t prefix##xevent_create(coll_comm_t *comm, void **ev, unsigned char handle[COLL_CUDA_IPC_EVENT_BYTES]); \
+  coll_result_t prefix##xevent_open(coll_comm_t *comm, int peer, const unsigned char handle[COLL_CUDA_IPC_EVENT_BYTES], void **ev); \
+  void prefix##xevent_destroy(void *ev, int own); \
+  coll_result_t prefix##xevent_record(coll_comm_t *comm, void *ev); \
+  coll_result_t prefix##xevent_wait(coll_comm_t *comm, void *ev); \
+  coll_result_t prefix##lane_after(coll_comm_t *comm, int lane, int after); \
   void prefix##destroy(coll_comm_t *comm);
 
 COLL_CUDA_DECLARE(coll_cudart_)

@@ -97,6 +97,33 @@ coll_cuda_stats_t *coll_cuda_stats(coll_comm_t *comm) {
   return (coll_cuda_stats_t *)comm->cuda; /* both backends' state starts with it */
 }
 
+coll_result_t coll_cuda_xevent_create(coll_comm_t *comm, void **ev, unsigned char handle[COLL_CUDA_IPC_EVENT_BYTES]) {
+  return fake() ? coll_cudafake_xevent_create(comm, ev, handle) : coll_cudart_xevent_create(comm, ev, handle);
+}
+
+coll_result_t coll_cuda_xevent_open(coll_comm_t *comm, int peer, const unsigned char handle[COLL_CUDA_IPC_EVENT_BYTES], void **ev) {
+  return fake() ? coll_cudafake_xevent_open(comm, peer, handle, ev) : coll_cudart_xevent_open(comm, peer, handle, ev);
+}
+
+void coll_cuda_xevent_destroy(void *ev, int own) {
+  if (!ev) return;
+  if (fake()) coll_cudafake_xevent_destroy(ev, own); else coll_cudart_xevent_destroy(ev, own);
+}
+
+coll_result_t coll_cuda_xevent_record(coll_comm_t *comm, void *ev) {
+  return fake() ? coll_cudafake_xevent_record(comm, ev) : coll_cudart_xevent_record(comm, ev);
+}
+
+coll_result_t coll_cuda_xevent_wait(coll_comm_t *comm, void *ev) {
+  return fake() ? coll_cudafake_xevent_wait(comm, ev) : coll_cudart_xevent_wait(comm, ev);
+}
+
+coll_result_t coll_cuda_lane_after(coll_comm_t *comm, int lane, int after) {
+  if (lane < 0 || lane >= COLL_CUDA_LANES || after < 0 || after >= COLL_CUDA_LANES || lane == after)
+    return coll_error(comm, COLL_INTERNAL_ERROR, "rank %d: CUDA lanes %d after %d", comm->rank, lane, after);
+  return fake() ? coll_cudafake_lane_after(comm, lane, after) : coll_cudart_lane_after(comm, lane, after);
+}
+
 coll_result_t coll_cuda_poll(coll_comm_t *comm, uint64_t ticket, int *done) {
   return fake() ? coll_cudafake_poll(comm, ticket, done) : coll_cudart_poll(comm, ticket, done);
 }

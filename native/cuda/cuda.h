@@ -101,6 +101,10 @@ typedef struct {
   uint64_t staged_max_apply; /* most incoming pieces on the GPU of one link at once */
   uint64_t ipc_descs;        /* CUDA IPC DESC records posted */
   uint64_t ipc_max_posted;   /* most DESCs of one link posted and not yet acknowledged */
+  uint64_t ipc_signals;      /* CUDA IPC records ordered by an interprocess event */
+  uint64_t ipc_slot_reuses;  /* ... whose event had been recorded before (a ring slot reused) */
+  uint64_t gpu_waits;        /* times the device executor slept on the GPU inside a call
+                                (not counting the final wait for its own work) */
 } coll_cuda_stats_t;
 /* NULL before the communicator's first device call. */
 coll_cuda_stats_t *coll_cuda_stats(coll_comm_t *comm);
@@ -134,6 +138,31 @@ coll_result_t coll_cuda_ipc_import(coll_comm_t *comm, int peer,
 void coll_cuda_ipc_release(const void *base);
 /* Mappings open in this process (tests, and the leak check of issue 26). */
 int coll_cuda_ipc_open_count(void);
+
+/* Interprocess events (cudaEventInterprocess): stream-ordered signals between
+ * the ranks of one host, which let a CUDA IPC link order the reader's read
+ * after the writer's producing work, and the writer's next overwrite after
+ * the read, on the GPU instead of on the hosts (transport/cuda_ipc.c).
+ * CUDA's rule, which the emulated GPU follows: a wait orders the waiting
+ * stream after the most recent record of the event *called* before the
+ * wait was called, in whichever process; a record called later does not
+ * count, and one called earlier but overwritten by a later record before the
+ * wait is called makes the wait longer (never shorter). So a record must be
+ * called before its peer hears of it, and a reused event only delays.
+ * Create: a new event of this process and its handle for peers. Open: a
+ * peer's event from its handle. Destroy (own or opened; NULL is ignored).
+ * Record and wait are on lane 0, the communicator's stream. */
+#define COLL_CUDA_IPC_EVENT_BYTES 64
+coll_result_t coll_cuda_xevent_create(coll_comm_t *comm, void **ev,
+                                      unsigned char handle[COLL_CUDA_IPC_EVENT_BYTES]);
+coll_result_t coll_cuda_xevent_open(coll_comm_t *comm, int peer,
+                                    const unsigned char handle[COLL_CUDA_IPC_EVENT_BYTES], void **ev);
+void coll_cuda_xevent_destroy(void *ev, int own);
+coll_result_t coll_cuda_xevent_record(coll_comm_t *comm, void *ev);
+coll_result_t coll_cuda_xevent_wait(coll_comm_t *comm, void *ev);
+/* Work queued on `lane` from now on runs after the work queued so far on
+ * lane `after` (an event recorded there, waited on by the other). */
+coll_result_t coll_cuda_lane_after(coll_comm_t *comm, int lane, int after);
 
 /* Frees the stream, events, pools and IPC mappings (at communicator destroy). */
 void coll_cuda_destroy(coll_comm_t *comm);

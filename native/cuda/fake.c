@@ -14,7 +14,16 @@
  * reading it is done, or posts a CUDA IPC DESC before its bytes are final,
  * sees stale bytes here and fails the tests, as it would on a GPU, and the
  * executors' paths for unfinished work run. Nothing orders two lanes but the
- * caller, as on a GPU.
+ * caller, as on a GPU. Work nobody waits for still finishes on its own, late
+ * (a thread runs what has been queued for 20 ms), as a GPU's does.
+ *
+ * Interprocess events (cudaEventInterprocess, cuda.h) are a page of shared
+ * memory each: a record counts itself at call time and publishes its number
+ * when its lane reaches it; a wait blocks its lane, and all work behind it,
+ * until the record counted at the wait's call is published. So a reader
+ * that skips its wait on the writer's event reads bytes the writer's lazy
+ * lane has not produced yet, and a writer that overwrites what a peer has
+ * not read yet changes the peer's result: both show as wrong values.
  *
  * Test double only: its allocation list is a process global (the real path
  * keeps all state on the communicator), guarded by a mutex.
@@ -66,8 +75,31 @@ typedef struct {
 static fake_open_t opened[FAKE_MAX_OPEN];
 static int nopened;
 
-/* Work queued on a lane, run in order when a ticket covering it is due. */
-enum { OP_COPY, OP_REDUCE, OP_SCALE };
+/* An interprocess event: one page of shared memory per event, which the
+ * peer maps by name (its "handle"). `calls` counts the records called, at
+ * call time; `done` is the number of the last record the lane has run. A
+ * wait takes the `calls` of its call time as its target, as CUDA's wait
+ * takes the most recent record called before it (cuda.h). */
+typedef struct {
+  uint64_t calls, done; /* accessed with __atomic builtins: other processes write them */
+  int32_t owner;        /* the creating process: a wait on a dead one's event gives up */
+} fake_xpage_t;
+
+typedef struct {
+  fake_xpage_t *pg;
+  char name[48];
+} fake_xevent_t;
+
+#define FAKE_MAX_EVENTS 1024
+static char evnames[FAKE_MAX_EVENTS][48]; /* own events' files, removed at exit */
+static int nevnames;
+
+/* Work queued on a lane, run in order when a ticket covering it is due.
+ * SIGNAL publishes an interprocess event's record, XWAIT blocks the lane
+ * until one is published, LANE until another lane has run its first
+ * `value` ops (coll_cuda_lane_after): the lane then stops there, as a GPU
+ * stream does, and everything after waits. */
+enum { OP_COPY, OP_REDUCE, OP_SCALE, OP_SIGNAL, OP_XWAIT, OP_LANE };
 typedef struct {
   int kind;
   void *dst;
@@ -77,6 +109,10 @@ typedef struct {
   coll_op_t op;
   double divisor;
   uint64_t fence; /* the count of the first fence that covers it */
+  fake_xpage_t *ev; /* SIGNAL, XWAIT */
+  uint64_t value;   /* SIGNAL: the record's number; XWAIT: the one waited for; LANE: op count */
+  int lane;         /* LANE: the lane waited for */
+  double queued;    /* when it was queued (the progress thread runs old work) */
 } fake_op_t;
 
 #define FAKE_QUEUE 1024
@@ -85,7 +121,7 @@ typedef struct fake_state {
   coll_cuda_stats_t stats; /* first: cuda.c reads it without knowing the backend */
   uint64_t issued[COLL_CUDA_LANES], completed[COLL_CUDA_LANES];
   fake_op_t q[COLL_CUDA_LANES][FAKE_QUEUE];
-  size_t qhead[COLL_CUDA_LANES], qtail[COLL_CUDA_LANES];
+  size_t qhead[COLL_CUDA_LANES], qtail[COLL_CUDA_LANES]; /* ops run / queued, ever */
   unsigned polls;
   unsigned char *pinned[4];
   size_t pinned_bytes[4];
@@ -105,6 +141,8 @@ static fake_state_t *state(coll_comm_t *comm) { return (fake_state_t *)comm->cud
 const char *coll_cudafake_error_text(void) { return "emulated CUDA call failed"; }
 int coll_cudafake_built(void) { return 1; }
 int coll_cudafake_device_count(void) { return 1; }
+
+static void progress_start(void); /* the emulated GPU's own progress, below */
 
 static const fake_alloc_t *find(const void *p) {
   for (int i = 0; i < nallocs; i++)
@@ -126,6 +164,7 @@ int coll_cudafake_pointer_device(const void *p) {
 static void unlink_all(void) {
   pthread_mutex_lock(&mu);
   for (int i = 0; i < nallocs; i++) shm_unlink(allocs[i].name);
+  for (int i = 0; i < nevnames; i++) shm_unlink(evnames[i]);
   pthread_mutex_unlock(&mu);
 }
 
@@ -244,8 +283,37 @@ coll_result_t coll_cudafake_begin(coll_comm_t *comm, int device, void *stream, v
     s->next = states;
     states = s;
     pthread_mutex_unlock(&qmu);
+    progress_start();
   }
   return COLL_SUCCESS;
+}
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void nap(void) {
+  struct timespec t = {0, 20000}; /* 20 us: a lane blocked on another process */
+  nanosleep(&t, NULL);
+}
+
+static int owner_gone(const fake_xpage_t *pg) {
+  return kill(pg->owner, 0) != 0 && errno == ESRCH;
+}
+
+static void run_lane(fake_state_t *s, int lane, uint64_t k, size_t upto, double older);
+
+/* Whether o may run now (a blocked lane stops at it). qmu held. */
+static int runnable(fake_state_t *s, const fake_op_t *o) {
+  if (o->kind == OP_XWAIT)
+    return __atomic_load_n(&o->ev->done, __ATOMIC_ACQUIRE) >= o->value || owner_gone(o->ev);
+  if (o->kind == OP_LANE) {
+    if (s->qhead[o->lane] < o->value) run_lane(s, o->lane, UINT64_MAX, o->value, 1e300);
+    return s->qhead[o->lane] >= o->value;
+  }
+  return 1;
 }
 
 static void run_op(const fake_op_t *o) {
@@ -253,44 +321,114 @@ static void run_op(const fake_op_t *o) {
     if (o->n && o->dst != o->src) memmove(o->dst, o->src, o->n);
   } else if (o->kind == OP_REDUCE) {
     coll_reduce_kernel(o->dtype, o->op)(o->dst, o->src, o->src2, o->n, NULL);
-  } else {
+  } else if (o->kind == OP_SCALE) {
     coll_scale(o->dst, o->src, o->n, o->dtype, o->divisor);
+  } else if (o->kind == OP_SIGNAL) {
+    /* Records of one event run in call order (one lane), so done only grows;
+     * release: the peer that sees it sees the bytes written before it. */
+    __atomic_store_n(&o->ev->done, o->value, __ATOMIC_RELEASE);
   }
 }
 
-/* Runs lane's work covered by fence count k (all of it: k = UINT64_MAX). qmu held. */
-static void run_until(fake_state_t *s, int lane, uint64_t k) {
-  while (s->qhead[lane] < s->qtail[lane]) {
+/* Runs lane's ops in order while they are covered by fence count k, are
+ * among its first `upto`, were queued before `older` (seconds) and may run.
+ * qmu held. */
+static void run_lane(fake_state_t *s, int lane, uint64_t k, size_t upto, double older) {
+  while (s->qhead[lane] < s->qtail[lane] && s->qhead[lane] < upto) {
     fake_op_t *o = &s->q[lane][s->qhead[lane] % FAKE_QUEUE];
-    if (o->fence > k) break;
+    if (o->fence > k || o->queued > older || !runnable(s, o)) break;
     run_op(o);
     s->qhead[lane]++;
   }
-  if (k != UINT64_MAX && k > s->completed[lane]) s->completed[lane] = k;
 }
 
-static void run_all(fake_state_t *s) {
-  for (int l = 0; l < COLL_CUDA_LANES; l++) {
-    run_until(s, l, UINT64_MAX);
-    s->completed[l] = s->issued[l];
+/* Ticket count k of lane is done: no op it covers is left. qmu held. */
+static int lane_done(fake_state_t *s, int lane, uint64_t k) {
+  if (k <= s->completed[lane]) return 1;
+  if (s->qhead[lane] < s->qtail[lane] && s->q[lane][s->qhead[lane] % FAKE_QUEUE].fence <= k)
+    return 0;
+  s->completed[lane] = k;
+  return 1;
+}
+
+/* Runs everything queued on s, waiting out lanes blocked on other processes
+ * (without holding qmu, so they and this process's other threads move). */
+static void drain(fake_state_t *s) {
+  for (;;) {
+    pthread_mutex_lock(&qmu);
+    int left = 0;
+    for (int l = 0; l < COLL_CUDA_LANES; l++) {
+      run_lane(s, l, UINT64_MAX, SIZE_MAX, 1e300);
+      left |= s->qhead[l] < s->qtail[l];
+    }
+    if (!left)
+      for (int l = 0; l < COLL_CUDA_LANES; l++) s->completed[l] = s->issued[l];
+    pthread_mutex_unlock(&qmu);
+    if (!left) return;
+    nap();
   }
+}
+
+/* The emulated GPU's own progress: work left queued longer than
+ * FAKE_LATE_S runs without the host asking, as a GPU finishes work nobody
+ * waits for. Until then only a wait or every other poll runs it, so hosts
+ * that race their GPU still see stale bytes; and a lane blocked on another
+ * process's event moves once that process's record has run, even while
+ * that process's host sleeps on a socket. */
+#define FAKE_LATE_S 0.02
+static int progress_started;
+
+static void *progress_main(void *arg) {
+  (void)arg;
+  for (;;) {
+    struct timespec t = {0, 2000000};
+    nanosleep(&t, NULL);
+    pthread_mutex_lock(&qmu);
+    double older = now_s() - FAKE_LATE_S;
+    for (fake_state_t *s = states; s; s = s->next)
+      for (int l = 0; l < COLL_CUDA_LANES; l++) run_lane(s, l, UINT64_MAX, SIZE_MAX, older);
+    pthread_mutex_unlock(&qmu);
+  }
+  return NULL;
+}
+
+static void progress_forked(void) { progress_started = 0; } /* the child has no such thread */
+static void progress_atfork_register(void) { pthread_atfork(NULL, NULL, progress_forked); }
+
+static void progress_start(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, progress_atfork_register);
+  pthread_mutex_lock(&qmu);
+  if (!progress_started) {
+    pthread_t th;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&th, &at, progress_main, NULL) == 0) progress_started = 1;
+    pthread_attr_destroy(&at);
+  }
+  pthread_mutex_unlock(&qmu);
 }
 
 static void enqueue(fake_state_t *s, int lane, const fake_op_t *o) {
   pthread_mutex_lock(&qmu);
-  if (s->qtail[lane] - s->qhead[lane] == FAKE_QUEUE) { /* full: the oldest finishes early */
-    run_op(&s->q[lane][s->qhead[lane] % FAKE_QUEUE]);
-    s->qhead[lane]++;
+  while (s->qtail[lane] - s->qhead[lane] == FAKE_QUEUE) { /* full: the oldest finishes early */
+    run_lane(s, lane, UINT64_MAX, s->qhead[lane] + 1, 1e300);
+    if (s->qtail[lane] - s->qhead[lane] < FAKE_QUEUE) break;
+    pthread_mutex_unlock(&qmu); /* blocked on another process */
+    nap();
+    pthread_mutex_lock(&qmu);
   }
   fake_op_t *slot = &s->q[lane][s->qtail[lane]++ % FAKE_QUEUE];
   *slot = *o;
   slot->fence = s->issued[lane] + 1;
+  slot->queued = now_s();
   pthread_mutex_unlock(&qmu);
 }
 
 coll_result_t coll_cudafake_copy_on(coll_comm_t *comm, int lane, void *dst, const void *src, size_t n) {
   if (n == 0 || dst == src) return COLL_SUCCESS;
-  fake_op_t o = {OP_COPY, dst, src, NULL, n, COLL_UINT8, COLL_SUM, 1.0, 0};
+  fake_op_t o = {.kind = OP_COPY, .dst = dst, .src = src, .n = n};
   enqueue(state(comm), lane, &o);
   return COLL_SUCCESS;
 }
@@ -298,14 +436,16 @@ coll_result_t coll_cudafake_copy_on(coll_comm_t *comm, int lane, void *dst, cons
 coll_result_t coll_cudafake_reduce(coll_comm_t *comm, void *out, const void *in1, const void *in2,
                                    size_t count, coll_dtype_t dtype, coll_op_t op) {
   if (!coll_reduce_kernel(dtype, op)) return coll_error(comm, COLL_INTERNAL_ERROR, "rank %d: no kernel", comm->rank);
-  fake_op_t o = {OP_REDUCE, out, in1, in2, count, dtype, op, 1.0, 0};
+  fake_op_t o = {.kind = OP_REDUCE, .dst = out, .src = in1, .src2 = in2, .n = count,
+                 .dtype = dtype, .op = op};
   enqueue(state(comm), 0, &o);
   return COLL_SUCCESS;
 }
 
 coll_result_t coll_cudafake_scale(coll_comm_t *comm, void *out, const void *in, size_t count,
                                   coll_dtype_t dtype, double divisor) {
-  fake_op_t o = {OP_SCALE, out, in, NULL, count, dtype, COLL_SUM, divisor, 0};
+  fake_op_t o = {.kind = OP_SCALE, .dst = out, .src = in, .n = count, .dtype = dtype,
+                 .divisor = divisor};
   enqueue(state(comm), 0, &o);
   return COLL_SUCCESS;
 }
@@ -327,8 +467,12 @@ coll_result_t coll_cudafake_poll(coll_comm_t *comm, uint64_t ticket, int *done) 
   pthread_mutex_lock(&qmu);
   *done = 1;
   if (k > s->completed[lane]) {
-    if (s->polls++ % 2 == 0) *done = 0; /* still "running" */
-    else run_until(s, lane, k);
+    if (s->polls++ % 2 == 0) {
+      *done = 0; /* still "running" */
+    } else {
+      run_lane(s, lane, k, SIZE_MAX, 1e300);
+      *done = lane_done(s, lane, k);
+    }
   }
   pthread_mutex_unlock(&qmu);
   return COLL_SUCCESS;
@@ -336,19 +480,125 @@ coll_result_t coll_cudafake_poll(coll_comm_t *comm, uint64_t ticket, int *done) 
 
 coll_result_t coll_cudafake_wait(coll_comm_t *comm, uint64_t ticket) {
   fake_state_t *s = state(comm);
-  pthread_mutex_lock(&qmu);
+  int lane = (int)(ticket % COLL_CUDA_LANES);
   uint64_t k = ticket / COLL_CUDA_LANES;
-  if (k > s->completed[ticket % COLL_CUDA_LANES]) run_until(s, (int)(ticket % COLL_CUDA_LANES), k);
-  pthread_mutex_unlock(&qmu);
-  return COLL_SUCCESS;
+  for (;;) {
+    pthread_mutex_lock(&qmu);
+    run_lane(s, lane, k, SIZE_MAX, 1e300);
+    int done = lane_done(s, lane, k);
+    pthread_mutex_unlock(&qmu);
+    if (done) return COLL_SUCCESS;
+    nap();
+  }
 }
 
 coll_result_t coll_cudafake_finish(coll_comm_t *comm) {
   fake_state_t *s = state(comm);
-  if (!s) return COLL_SUCCESS;
+  if (s) drain(s);
+  return COLL_SUCCESS;
+}
+
+coll_result_t coll_cudafake_lane_after(coll_comm_t *comm, int lane, int after) {
+  fake_state_t *s = state(comm);
   pthread_mutex_lock(&qmu);
-  run_all(s);
+  size_t queued = s->qtail[after];
   pthread_mutex_unlock(&qmu);
+  fake_op_t o = {.kind = OP_LANE, .lane = after, .value = queued};
+  enqueue(s, lane, &o);
+  return COLL_SUCCESS;
+}
+
+coll_result_t coll_cudafake_xevent_create(coll_comm_t *comm, void **ev,
+                                          unsigned char handle[COLL_CUDA_IPC_EVENT_BYTES]) {
+  fake_xevent_t *e = calloc(1, sizeof *e);
+  *ev = NULL;
+  if (!e) return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory", comm->rank);
+  pthread_mutex_lock(&mu);
+  snprintf(e->name, sizeof e->name, "/coll-fakegpu-%d-%lu", (int)getpid(), serial++);
+  int fd = shm_open(e->name, O_CREAT | O_EXCL | O_RDWR, 0600);
+  void *m = MAP_FAILED;
+  if (fd >= 0 && ftruncate(fd, (off_t)sizeof(fake_xpage_t)) == 0)
+    m = mmap(NULL, sizeof(fake_xpage_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (fd >= 0) close(fd);
+  if (m != MAP_FAILED && nevnames < FAKE_MAX_EVENTS) {
+    snprintf(evnames[nevnames++], sizeof evnames[0], "%s", e->name);
+  } else {
+    if (m != MAP_FAILED) munmap(m, sizeof(fake_xpage_t));
+    if (fd >= 0) shm_unlink(e->name);
+    m = MAP_FAILED;
+  }
+  pthread_mutex_unlock(&mu);
+  if (m == MAP_FAILED) {
+    free(e);
+    return coll_error(comm, COLL_CUDA_ERROR, "rank %d: cannot create an emulated interprocess event",
+                      comm->rank);
+  }
+  e->pg = m;
+  e->pg->owner = (int32_t)getpid();
+  memset(handle, 0, COLL_CUDA_IPC_EVENT_BYTES);
+  memcpy(handle, e->name, sizeof e->name);
+  *ev = e;
+  return COLL_SUCCESS;
+}
+
+coll_result_t coll_cudafake_xevent_open(coll_comm_t *comm, int peer,
+                                        const unsigned char handle[COLL_CUDA_IPC_EVENT_BYTES], void **ev) {
+  fake_xevent_t *e = calloc(1, sizeof *e);
+  *ev = NULL;
+  if (!e) return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: out of memory", comm->rank);
+  memcpy(e->name, handle, sizeof e->name);
+  e->name[sizeof e->name - 1] = 0;
+  void *m = MAP_FAILED;
+  if (strncmp(e->name, "/coll-fakegpu-", 14) == 0) {
+    int fd = shm_open(e->name, O_RDWR, 0);
+    struct stat st;
+    if (fd >= 0 && fstat(fd, &st) == 0 && (size_t)st.st_size >= sizeof(fake_xpage_t))
+      m = mmap(NULL, sizeof(fake_xpage_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (fd >= 0) close(fd);
+  }
+  if (m == MAP_FAILED) {
+    coll_result_t r = coll_error(comm, COLL_CUDA_ERROR,
+                                 "rank %d: cannot open rank %d's emulated interprocess event %s",
+                                 comm->rank, peer, e->name);
+    free(e);
+    return r;
+  }
+  e->pg = m;
+  *ev = e;
+  return COLL_SUCCESS;
+}
+
+void coll_cudafake_xevent_destroy(void *ev, int own) {
+  fake_xevent_t *e = ev;
+  munmap(e->pg, sizeof(fake_xpage_t));
+  if (own) {
+    pthread_mutex_lock(&mu);
+    shm_unlink(e->name);
+    for (int i = 0; i < nevnames; i++)
+      if (!strcmp(evnames[i], e->name)) {
+        memcpy(evnames[i], evnames[--nevnames], sizeof evnames[0]);
+        break;
+      }
+    pthread_mutex_unlock(&mu);
+  }
+  free(e);
+}
+
+coll_result_t coll_cudafake_xevent_record(coll_comm_t *comm, void *ev) {
+  fake_xevent_t *e = ev;
+  /* Counted at call time: a wait called after this returns waits for it. */
+  uint64_t v = __atomic_add_fetch(&e->pg->calls, 1, __ATOMIC_ACQ_REL);
+  fake_op_t o = {.kind = OP_SIGNAL, .ev = e->pg, .value = v};
+  enqueue(state(comm), 0, &o);
+  return COLL_SUCCESS;
+}
+
+coll_result_t coll_cudafake_xevent_wait(coll_comm_t *comm, void *ev) {
+  fake_xevent_t *e = ev;
+  uint64_t target = __atomic_load_n(&e->pg->calls, __ATOMIC_ACQUIRE);
+  if (target == 0) return COLL_SUCCESS; /* never recorded: CUDA's wait is then a no-op */
+  fake_op_t o = {.kind = OP_XWAIT, .ev = e->pg, .value = target};
+  enqueue(state(comm), 0, &o);
   return COLL_SUCCESS;
 }
 
@@ -450,8 +700,21 @@ coll_result_t coll_cudafake_ipc_open(coll_comm_t *comm, int peer,
 
 void coll_cudafake_ipc_close(int device, void *base, size_t size) {
   (void)device;
-  pthread_mutex_lock(&qmu); /* queued reads of it happen first */
-  for (fake_state_t *s = states; s; s = s->next) run_all(s);
+  /* Queued reads of it happen first: every state's work, the list walked
+   * afresh after each nap (a state may go meanwhile). */
+  pthread_mutex_lock(&qmu);
+  for (;;) {
+    int left = 0;
+    for (fake_state_t *s = states; s; s = s->next)
+      for (int l = 0; l < COLL_CUDA_LANES; l++) {
+        run_lane(s, l, UINT64_MAX, SIZE_MAX, 1e300);
+        left |= s->qhead[l] < s->qtail[l];
+      }
+    if (!left) break;
+    pthread_mutex_unlock(&qmu);
+    nap();
+    pthread_mutex_lock(&qmu);
+  }
   pthread_mutex_unlock(&qmu);
   pthread_mutex_lock(&mu);
   for (int i = 0; i < nopened; i++)
@@ -466,8 +729,8 @@ void coll_cudafake_ipc_close(int device, void *base, size_t size) {
 void coll_cudafake_destroy(coll_comm_t *comm) {
   fake_state_t *s = state(comm);
   if (!s) return;
+  drain(s); /* its buffers may go right after */
   pthread_mutex_lock(&qmu);
-  run_all(s); /* its buffers may go right after */
   for (fake_state_t **pp = &states; *pp; pp = &(*pp)->next)
     if (*pp == s) {
       *pp = s->next;

@@ -32,6 +32,7 @@ struct coll_cuda {
   int device, sm_count;
   cudaStream_t lanes[COLL_CUDA_LANES]; /* lanes[0] is the communicator's stream */
   cudaEvent_t ready; /* marks the caller's queued work (blocking calls) */
+  cudaEvent_t lane_mark[COLL_CUDA_LANES]; /* coll_cuda_lane_after: recorded on the lane waited for */
   cudaEvent_t events[COLL_CUDA_LANES][COLL_CUDA_EVENTS];
   /* tickets per lane: issued so far, all <= completed are done (counts, not
    * ticket values: ticket = count * COLL_CUDA_LANES + lane) */
@@ -167,6 +168,8 @@ static coll_result_t state_create(coll_comm_t *comm, int device) {
   for (int l = 0; l < COLL_CUDA_LANES; l++)
     COLL_CUDACHECK(comm, cudaStreamCreateWithFlags(&c->lanes[l], cudaStreamNonBlocking));
   COLL_CUDACHECK(comm, new_event(&c->ready));
+  for (int l = 0; l < COLL_CUDA_LANES; l++)
+    COLL_CUDACHECK(comm, cudaEventCreateWithFlags(&c->lane_mark[l], cudaEventDisableTiming));
   for (int l = 0; l < COLL_CUDA_LANES; l++)
     for (int i = 0; i < COLL_CUDA_EVENTS; i++) COLL_CUDACHECK(comm, new_event(&c->events[l][i]));
   COLL_INFO(COLL_LOG_CUDA, "rank %d bound to CUDA device %d (%d SMs)", comm->rank, device,
@@ -389,6 +392,59 @@ void coll_cudart_ipc_close(int device, void *base, size_t size) {
   (void)cudaGetLastError();
 }
 
+coll_result_t coll_cudart_xevent_create(coll_comm_t *comm, void **ev,
+                                        unsigned char handle[COLL_CUDA_IPC_EVENT_BYTES]) {
+  cudaEvent_t e = NULL;
+  cudaIpcEventHandle_t h;
+  *ev = NULL;
+  /* Interprocess events must not time; they are never waited on by a host
+   * here (the streams wait), so no blocking-sync flag either. */
+  COLL_CUDACHECK(comm, cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventInterprocess));
+  cudaError_t err = cudaIpcGetEventHandle(&h, e);
+  if (err != cudaSuccess) {
+    cudaEventDestroy(e);
+    COLL_CUDACHECK(comm, err);
+  }
+  memcpy(handle, &h, COLL_CUDA_IPC_EVENT_BYTES);
+  *ev = e;
+  return COLL_SUCCESS;
+}
+
+coll_result_t coll_cudart_xevent_open(coll_comm_t *comm, int peer,
+                                      const unsigned char handle[COLL_CUDA_IPC_EVENT_BYTES], void **ev) {
+  cudaIpcEventHandle_t h;
+  cudaEvent_t e = NULL;
+  (void)peer;
+  memcpy(&h, handle, COLL_CUDA_IPC_EVENT_BYTES);
+  *ev = NULL;
+  COLL_CUDACHECK(comm, cudaIpcOpenEventHandle(&e, h));
+  *ev = e;
+  return COLL_SUCCESS;
+}
+
+void coll_cudart_xevent_destroy(void *ev, int own) {
+  (void)own; /* an opened event is released the same way */
+  if (ev && cudaEventDestroy((cudaEvent_t)ev) != cudaSuccess) (void)cudaGetLastError();
+}
+
+coll_result_t coll_cudart_xevent_record(coll_comm_t *comm, void *ev) {
+  COLL_CUDACHECK(comm, cudaEventRecord((cudaEvent_t)ev, comm->cuda->lanes[0]));
+  return COLL_SUCCESS;
+}
+
+coll_result_t coll_cudart_xevent_wait(coll_comm_t *comm, void *ev) {
+  COLL_CUDACHECK(comm, cudaStreamWaitEvent(comm->cuda->lanes[0], (cudaEvent_t)ev, 0));
+  return COLL_SUCCESS;
+}
+
+coll_result_t coll_cudart_lane_after(coll_comm_t *comm, int lane, int after) {
+  struct coll_cuda *c = comm->cuda;
+  /* Re-recording the mark is safe: the wait below takes the record just made. */
+  COLL_CUDACHECK(comm, cudaEventRecord(c->lane_mark[after], c->lanes[after]));
+  COLL_CUDACHECK(comm, cudaStreamWaitEvent(c->lanes[lane], c->lane_mark[after], 0));
+  return COLL_SUCCESS;
+}
+
 void coll_cudart_destroy(coll_comm_t *comm) {
   struct coll_cuda *c = comm->cuda;
   if (!c) return;
@@ -396,6 +452,8 @@ void coll_cudart_destroy(coll_comm_t *comm) {
   for (int l = 0; l < COLL_CUDA_LANES; l++)
     if (c->lanes[l]) cudaStreamSynchronize(c->lanes[l]);
   if (c->ready) cudaEventDestroy(c->ready);
+  for (int l = 0; l < COLL_CUDA_LANES; l++)
+    if (c->lane_mark[l]) cudaEventDestroy(c->lane_mark[l]);
   for (int l = 0; l < COLL_CUDA_LANES; l++)
     for (int i = 0; i < COLL_CUDA_EVENTS; i++)
       if (c->events[l][i]) cudaEventDestroy(c->events[l][i]);
@@ -494,6 +552,23 @@ void coll_cudart_ipc_close(int device, void *base, size_t size) {
   (void)device; (void)base; (void)size;
 }
 void coll_cudart_event_destroy(void *event) { (void)event; }
+coll_result_t coll_cudart_xevent_create(coll_comm_t *comm, void **ev,
+                                        unsigned char handle[COLL_CUDA_IPC_EVENT_BYTES]) {
+  (void)handle; *ev = NULL;
+  return not_built(comm);
+}
+coll_result_t coll_cudart_xevent_open(coll_comm_t *comm, int peer,
+                                      const unsigned char handle[COLL_CUDA_IPC_EVENT_BYTES], void **ev) {
+  (void)peer; (void)handle; *ev = NULL;
+  return not_built(comm);
+}
+void coll_cudart_xevent_destroy(void *ev, int own) { (void)ev; (void)own; }
+coll_result_t coll_cudart_xevent_record(coll_comm_t *comm, void *ev) { (void)ev; return not_built(comm); }
+coll_result_t coll_cudart_xevent_wait(coll_comm_t *comm, void *ev) { (void)ev; return not_built(comm); }
+coll_result_t coll_cudart_lane_after(coll_comm_t *comm, int lane, int after) {
+  (void)lane; (void)after;
+  return not_built(comm);
+}
 void coll_cudart_destroy(coll_comm_t *comm) { (void)comm; }
 
 #endif

@@ -8,7 +8,13 @@
  *   CUDA IPC (same host, transport/cuda_ipc.c): the sender posts a DESC
  *     record naming its bytes; the receiver reads them straight out of the
  *     sender's allocation with a copy or a fused reduction kernel, then
- *     sends an ACK; the send step completes on the ACK.
+ *     sends an ACK; the send step completes on the ACK. In stream order
+ *     (the default) each record names an interprocess event recorded on
+ *     the writer's stream just before it is sent, the other side's stream
+ *     waits on it, and records go out as soon as the work is queued: the
+ *     hosts never wait for their GPUs inside the call, so segments run
+ *     back to back on the GPUs (one round of records per segment, off the
+ *     GPUs' critical path).
  *
  *   staged (other hosts, or COLLECTIVES_CUDA_IPC=0 / COLLECTIVES_TRANSPORT=tcp):
  *     the usual header + payload on the byte stream, the payload going
@@ -28,9 +34,13 @@
  *     call waits for the whole device (events only).
  *
  * GPU work goes on the communicator's stream and is tracked by tickets
- * (cuda.h). A step that ends in GPU work (a copy, an IPC read, a staged
- * receive) completes once its ticket is done, so its successors, and the
- * ACK or DESC that depends on it, only see final bytes. When nothing can
+ * (cuda.h). In host order (COLLECTIVES_CUDA_IPC_EVENTS=0) a step that ends
+ * in GPU work (a copy, an IPC read, a staged receive) completes once its
+ * ticket is done, so its successors, and the ACK or DESC that depends on
+ * it, only see final bytes. In stream order copies and IPC reads complete
+ * when queued: their successors are queued behind them on the same stream,
+ * IPC records carry events, and a staged send's device-to-host copies
+ * (lane 1) first wait for the work queued on lane 0. When nothing can
  * move, the executor sleeps: in the driver on the oldest GPU ticket if GPU
  * work is outstanding, else in poll() on the links, up to the deadline.
  */
@@ -41,6 +51,7 @@
 #include <string.h>
 
 #include "base/comm_state.h"
+#include "base/param.h"
 #include "cuda/cuda.h"
 #include "schedule/schedule.h"
 #include "base/status.h"
@@ -119,6 +130,8 @@ typedef struct {
   pending_t *pend;
   int phead, ptail;
   coll_cuda_stats_t *stats;
+  int so;                      /* stream order (see the top): steps complete when queued */
+  int skip_wait, skip_ack;     /* COLLECTIVES_CUDA_IPC_FAULT (tests only) */
 } dexec_t;
 
 static void complete(dexec_t *x, int id) {
@@ -200,7 +213,10 @@ static coll_result_t run_copies(dexec_t *x, int *moved) {
       continue;
     }
     COLL_CHECK(coll_cuda_copy(x->comm, st->dst, st->src, st->nbytes));
-    COLL_CHECK(track(x, id, -1));
+    if (x->so)
+      complete(x, id); /* its successors queue behind it */
+    else
+      COLL_CHECK(track(x, id, -1));
   }
   return COLL_SUCCESS;
 }
@@ -235,19 +251,29 @@ static coll_result_t ipc_progress(dexec_t *x, int pi, int *moved) {
     int id = p->sq[p->posted];
     coll_step_t *st = &s->steps[id];
     *moved = 1;
+    unsigned char rec[COLL_IPC_RECORD_BYTES];
+    coll_wire_hdr_t h = coll_sched_step_hdr(s, st);
     if (bounced(st)) {
       char *to = p->bounce + p->bounce_used;
       p->bounce_used += bounce_bytes(st);
       COLL_CHECK(coll_cuda_copy(x->comm, to, st->src, st->nbytes));
+      if (x->so) { /* the DESC's event follows the copy; the source is free once it is queued */
+        COLL_CHECK(coll_ipc_desc_encode(x->comm, &h, to, rec));
+        COLL_CHECK(coll_ipc_signal(x->comm, p->peer, rec));
+        queue_record(p, rec);
+        p->posted++;
+        note_posted(x, p);
+        complete(x, id);
+        continue;
+      }
       COLL_CHECK(track(x, id, -1));
       x->pend[x->ptail - 1].desc_peer = pi;
       x->pend[x->ptail - 1].src = to;
       p->bouncing = 1;
       break;
     }
-    unsigned char rec[COLL_IPC_RECORD_BYTES];
-    coll_wire_hdr_t h = coll_sched_step_hdr(s, st);
     COLL_CHECK(coll_ipc_desc_encode(x->comm, &h, st->src, rec));
+    if (x->so) COLL_CHECK(coll_ipc_signal(x->comm, p->peer, rec));
     queue_record(p, rec);
     p->posted++;
     note_posted(x, p);
@@ -275,6 +301,9 @@ static coll_result_t ipc_progress(dexec_t *x, int pi, int *moved) {
       coll_wire_hdr_t e = coll_sched_step_hdr(s, &s->steps[id]);
       e.flags = COLL_WIRE_IPC_ACK;
       COLL_CHECK(coll_wire_check(x->comm, p->peer, p->in, &e));
+      /* Stream order: what we queue from now on (the next overwrite of the
+       * bytes) runs after the peer's read. */
+      COLL_CHECK(coll_ipc_wait_signal(x->comm, p->peer, p->in, x->skip_ack));
       p->acked++;
       if (!bounced(&s->steps[id])) complete(x, id); /* a bounced one completed at its copy */
     } else if (!ack && p->ndesc < p->nrq) {
@@ -296,13 +325,23 @@ static coll_result_t ipc_progress(dexec_t *x, int pi, int *moved) {
     coll_step_t *st = &s->steps[id];
     const void *from = NULL;
     void *pinned = NULL;
-    COLL_CHECK(coll_ipc_desc_map(x->comm, p->peer,
-                                 p->descs + (size_t)p->launched * COLL_IPC_RECORD_BYTES,
-                                 st->nbytes, &from, &pinned));
+    const unsigned char *desc = p->descs + (size_t)p->launched * COLL_IPC_RECORD_BYTES;
+    /* Stream order: the read waits on the GPU for the writer's bytes. */
+    COLL_CHECK(coll_ipc_wait_signal(x->comm, p->peer, desc, x->skip_wait));
+    COLL_CHECK(coll_ipc_desc_map(x->comm, p->peer, desc, st->nbytes, &from, &pinned));
     coll_result_t r = st->nbytes ? apply(x, st, 0, from, st->nbytes) : COLL_SUCCESS;
     coll_ipc_desc_release(pinned);
     COLL_CHECK(r);
-    COLL_CHECK(track(x, id, pi));
+    if (x->so) {
+      unsigned char rec[COLL_IPC_RECORD_BYTES];
+      coll_wire_hdr_t h = coll_sched_step_hdr(s, st);
+      coll_ipc_ack_encode(&h, rec);
+      COLL_CHECK(coll_ipc_signal(x->comm, p->peer, rec));
+      queue_record(p, rec);
+      complete(x, id);
+    } else {
+      COLL_CHECK(track(x, id, pi));
+    }
     p->launched++;
     *moved = 1;
   }
@@ -325,6 +364,8 @@ static coll_result_t stage_ahead(dexec_t *x, dpeer_t *p, int *moved) {
     }
     size_t len = st->nbytes - p->stg_off < PIECE ? st->nbytes - p->stg_off : PIECE;
     int b = (int)(p->stail % NSLOT);
+    /* Stream order: the step's bytes may still be in the making on lane 0. */
+    if (x->so && p->stg_off == 0) COLL_CHECK(coll_cuda_lane_after(x->comm, D2H_LANE, 0));
     COLL_CHECK(coll_cuda_copy_on(x->comm, D2H_LANE, p->sbuf[b], (const char *)st->src + p->stg_off, len));
     COLL_CHECK(coll_cuda_fence_on(x->comm, D2H_LANE, &p->sticket[b]));
     p->slen[b] = len;
@@ -501,6 +542,7 @@ static coll_result_t loop(dexec_t *x, double deadline, struct pollfd *pfs) {
      * staged piece waiting on its copy is outstanding work too. */
     uint64_t issued = 0;
     if (x->phead < x->ptail) {
+      if (x->stats) x->stats->gpu_waits++;
       COLL_CHECK(reap(x, 1, &moved));
       continue;
     }
@@ -520,6 +562,7 @@ static coll_result_t loop(dexec_t *x, double deadline, struct pollfd *pfs) {
       }
     }
     if (issued) {
+      if (x->stats) x->stats->gpu_waits++;
       COLL_CHECK(coll_cuda_wait(x->comm, issued));
       continue;
     }
@@ -628,6 +671,10 @@ coll_result_t coll_sched_run_device(coll_sched_t *s, double deadline) {
   COLL_CHECK_GOTO(coll_cuda_pinned(comm, 1, NSLOT * PIECE * (size_t)x.nps, &recv_pool), res, out);
   x.stats = coll_cuda_stats(comm);
   if (x.stats) x.stats->device_runs++;
+  x.so = coll_ipc_stream_ordered();
+  const char *fault = coll_param_str(COLL_PARAM_CUDA_IPC_FAULT);
+  x.skip_wait = fault && strcmp(fault, "nowait") == 0;
+  x.skip_ack = fault && strcmp(fault, "noack") == 0;
   for (int i = 0; i < x.nps; i++) {
     dpeer_t *p = &x.ps[i];
     p->ipc = coll_cuda_ipc_usable(comm, p->peer);
