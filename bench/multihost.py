@@ -45,6 +45,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -180,6 +181,35 @@ def dgc_worker(args, comm) -> None:
         Path(args.out).write_text(json.dumps(rows))
 
 
+def run_ranks(c, n: int, cmd: list, port: int, deadline_s: float,
+              extra: Optional[dict] = None) -> None:
+    """Run cmd as ranks 0..n-1 on cluster c (tests/_netns.py), each in its host's
+    namespaces with the cluster's rank environment, one job secret (an authenticated job,
+    as a real one is) and this checkout first on PYTHONPATH; exit naming the exit codes
+    unless every rank succeeded by the deadline. (bench/ps_hosts.py launches this way too.)"""
+    procs = []
+    secret = os.urandom(16).hex()
+    try:
+        for rank in range(n):
+            env = {k: v for k, v in os.environ.items() if not k.startswith("COLLECTIVES_")}
+            env.update({k: str(v) for k, v in c.rank_env(port)(rank, n).items()})
+            env["COLLECTIVES_JOB_SECRET"] = secret
+            env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+            env.update(extra or {})
+            procs.append(subprocess.Popen(c.prefix(rank) + cmd, env=env,
+                                          start_new_session=True))
+        deadline = time.monotonic() + deadline_s
+        for p in procs:
+            p.wait(timeout=max(deadline - time.monotonic(), 1))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    if any(p.returncode for p in procs):
+        sys.exit(f"ranks failed: {[p.returncode for p in procs]}")
+
+
 def driver(args) -> None:
     """Build the cluster, run the ranks in it, print the table."""
     sys.path.insert(0, str(REPO / "tests"))
@@ -201,29 +231,8 @@ def driver(args) -> None:
                "--overlap", str(args.overlap),
                "--sizes", args.sizes, "--iters", str(args.iters), "--warmup",
                str(args.warmup), "--algos", args.algos] + (["--gloo"] if args.gloo else [])
-        procs = []
-        secret = os.urandom(16).hex()  # an authenticated job, as a real one is
-        try:
-            for rank in range(n):
-                env = {k: v for k, v in os.environ.items() if not k.startswith("COLLECTIVES_")}
-                env.update({k: str(v) for k, v in c.rank_env(port)(rank, n).items()})
-                env["COLLECTIVES_JOB_SECRET"] = secret
-                env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-                for kv in args.env:
-                    k, _, v = kv.partition("=")
-                    env[k] = v
-                procs.append(subprocess.Popen(c.prefix(rank) + cmd, env=env,
-                                              start_new_session=True))
-            deadline = time.monotonic() + args.deadline
-            for p in procs:
-                p.wait(timeout=max(deadline - time.monotonic(), 1))
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-        if any(p.returncode for p in procs):
-            sys.exit(f"ranks failed: {[p.returncode for p in procs]}")
+        extra = dict(kv.partition("=")[::2] for kv in args.env)
+        run_ranks(c, n, cmd, port, args.deadline, extra)
         if args.tune:
             return
         rows = json.loads(Path(out).read_text())

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,7 +39,6 @@ def worker(args) -> None:
     """One rank: the server serves; workers time push_pull; the server writes the JSON."""
     import numpy as np
     import collectives.ps as ps
-    from collectives import MPI
 
     role = ps.init(num_servers=1, host_sum=args.host_sum)
     shapes = [(args.params,)]
@@ -50,12 +48,12 @@ def worker(args) -> None:
         Path(args.out).write_text(json.dumps({"pushes": sum(got[0].pushes.values())}))
         return
     w = ps.worker(shapes)
-    flat = w.start(np.zeros(args.params, np.float32) if role.index == 0 else None)
+    w.start(np.zeros(args.params, np.float32) if role.index == 0 else None)
     g = np.full(args.params, 1e-3, np.float32)
     times = []
     for k in range(args.warmup + args.steps):
         t0 = time.perf_counter()
-        flat = w.push_pull(g)
+        w.push_pull(g)
         if k >= args.warmup:
             times.append(time.perf_counter() - t0)
     Path(f"{args.out}.w{role.index}").write_text(json.dumps(times))
@@ -65,7 +63,9 @@ def worker(args) -> None:
 def run(args, host_sum: bool, tmp: str) -> dict:
     """One job on a fresh cluster; returns the server's count and every worker's times."""
     sys.path.insert(0, str(REPO / "tests"))
+    sys.path.insert(0, str(HERE))
     from _netns import Cluster
+    from multihost import run_ranks
 
     nw = args.hosts * args.per_host
     n = nw + 1
@@ -76,26 +76,7 @@ def run(args, host_sum: bool, tmp: str) -> dict:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--out", out,
                "--params", str(args.params), "--steps", str(args.steps), "--warmup",
                str(args.warmup)] + (["--host-sum"] if host_sum else [])
-        secret = os.urandom(16).hex()
-        procs = []
-        try:
-            for rank in range(n):
-                env = {k: v for k, v in os.environ.items() if not k.startswith("COLLECTIVES_")}
-                env.update({k: str(v) for k, v in c.rank_env(port)(rank, n).items()})
-                env["COLLECTIVES_JOB_SECRET"] = secret
-                env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-                procs.append(subprocess.Popen(c.prefix(rank) + cmd, env=env,
-                                              start_new_session=True))
-            deadline = time.monotonic() + args.deadline
-            for p in procs:
-                p.wait(timeout=max(deadline - time.monotonic(), 1))
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-        if any(p.returncode for p in procs):
-            sys.exit(f"ranks failed: {[p.returncode for p in procs]}")
+        run_ranks(c, n, cmd, port, args.deadline)
     res = json.loads(Path(out).read_text())
     res["times"] = [json.loads(Path(f"{out}.w{w}").read_text()) for w in range(nw)]
     return res
