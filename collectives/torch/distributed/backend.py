@@ -20,8 +20,11 @@ as on gloo a failure in one group leaves the others usable.
 Every op has the group's timeout (init_process_group's) as its deadline.
 allreduce is non-blocking (a core request; a thread per group waits for the
 requests in order, and delivery threads complete the torch Futures that DDP's
-reducer waits on: _work.py). The other collectives run synchronously and
-return completed work; the core orders them after the queued allreduces.
+reducer waits on: _work.py), except where torch says its caller waits at once
+(a blocking dist.all_reduce of one contiguous CPU tensor with nothing queued
+before it: it runs in the caller's thread). The other collectives run
+synchronously and return completed work; the core orders them after the
+queued allreduces.
 """
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ._errors import GroupNotes, wording_timeouts
+from ._errors import GroupNotes, worded, wording_timeouts
 from ._ops import MoreOps, _reduce_op, core_op
 from .._context import as_buffer, check_tensor, wire_dtype
 from ._work import Completer, Staged as _Staged, _Work, completed as _completed
@@ -42,13 +45,19 @@ __all__ = ["ProcessGroupCollectives", "register_backend", "BACKEND_NAME"]
 
 BACKEND_NAME = "collectives"
 
-# allreduce's fast path: torch's op -> the core's, and the dtypes whose numpy view
-# the core reads as it is (bfloat16 needs a reinterpreting view, int16 and bool widening).
-_SUM = dist.ReduceOp.SUM
-_FAST_OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg", dist.ReduceOp.MIN: "min",
-             dist.ReduceOp.MAX: "max", dist.ReduceOp.PRODUCT: "prod"}
+# allreduce's fast path: torch's op (RedOpType's value: hashing and comparing the enum
+# itself goes through pybind11, 2 us a call) -> the core's, and the dtypes whose numpy
+# view the core reads as it is (bfloat16 needs a reinterpreting view, int16 and bool
+# widening).
+_SUM = dist.ReduceOp.SUM.value
+_FAST_OPS = {dist.ReduceOp.SUM.value: "sum", dist.ReduceOp.AVG.value: "avg",
+             dist.ReduceOp.MIN.value: "min", dist.ReduceOp.MAX.value: "max",
+             dist.ReduceOp.PRODUCT.value: "prod"}
 _FAST_DTYPES = frozenset({torch.int8, torch.uint8, torch.int32, torch.int64, torch.float16,
                           torch.float32, torch.float64})
+# whether torch's options say that the caller waits for the Work at once (opts.asyncOp
+# False: dist.all_reduce without async_op; not in older torch)
+_SYNC_OPTS = hasattr(dist.AllreduceOptions(), "asyncOp")
 
 
 def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -112,17 +121,25 @@ class ProcessGroupCollectives(MoreOps, dist.ProcessGroup):
 
     # -- allreduce -------------------------------------------------------------------
     def allreduce(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> _Work:
-        """Reduce each tensor in place across ranks (non-blocking)."""
+        """Reduce each tensor in place across ranks (non-blocking, unless torch's caller
+        waits for the Work at once: see the module's doc)."""
         if len(tensors) == 1:
             # The common case in few steps (a small allreduce's time is mostly this
             # method's, bench/README.md "Through the frameworks"): one contiguous CPU
             # tensor of a dtype the core reduces, an op the core has.
             t = tensors[0]
-            op = _FAST_OPS.get(opts.reduceOp.op if opts is not None else _SUM)
-            if op is not None and t.dtype in _FAST_DTYPES and t.device.type == "cpu" \
+            op = _FAST_OPS.get(opts.reduceOp.op.value if opts is not None else _SUM)
+            if op is not None and t.dtype in _FAST_DTYPES and t.is_cpu \
                     and t.layout == torch.strided and t.is_contiguous() \
                     and (op != "avg" or t.dtype.is_floating_point):
-                view = t.detach().numpy()
+                view = t.detach().numpy() if t.requires_grad else t.numpy()  # (detach: 0.5 us)
+                if _SYNC_OPTS and opts is not None and not opts.asyncOp \
+                        and self._completer.idle():
+                    # torch's blocking call (dist.all_reduce without async_op) waits for
+                    # the Work as soon as it has it: run the allreduce here, and return
+                    # completed work, as the other synchronous collectives do
+                    self._blocking_allreduce(view, op)
+                    return _completed(tensors, "allreduce")
                 request = self._core.iallreduce(None, view, op=op, timeout=self._timeout)
                 return self._completer.submit_work(request, lambda: tensors, view, "allreduce")
         tensors = list(tensors)
@@ -146,6 +163,17 @@ class ProcessGroupCollectives(MoreOps, dist.ProcessGroup):
             return tensors
 
         return self._completer.submit_work(request, finish, staged, "allreduce", like=tensors)
+
+    def _blocking_allreduce(self, view: np.ndarray, op: str) -> None:
+        """The core's blocking allreduce in place, raising its errors as a queued one's
+        Work would (_errors.worded: gloo's wording of a timeout, the group's notes)."""
+        try:
+            self._core.allreduce(None, view, op=op, timeout=self._timeout)
+        except Exception as exc:
+            new = worded(exc, "allreduce", self._timeout, self._notes)
+            if new is exc:
+                raise
+            raise new from exc
 
     def allreduce_coalesced(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> _Work:
         """Reduce a list of tensors in place with one fused allreduce per dtype."""
