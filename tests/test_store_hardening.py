@@ -358,8 +358,9 @@ def test_source_caps_leave_room_for_other_sources():
 @pytest.mark.timeout(60)
 def test_one_source_address_cannot_take_every_handshake_slot(monkeypatch):
     """An outsider (an outside process on loopback) holding silent connections from one
-    address, 127.0.0.2, gets at most half of the handshake table, so a rank connecting
-    from another address (127.0.0.1) finds room at once, even while every one of the
+    address, 127.0.0.2, holds more than half of the handshake table only until another
+    source needs a slot, so a rank connecting from another address (127.0.0.1) finds room
+    at once, even while every one of the
     outsider's connections is younger than the grace after which one could be replaced
     (before: the outsider filled the table, and the rank was turned away until then)."""
     monkeypatch.setattr(_store, "MAX_UNAUTHENTICATED", 8)
@@ -374,8 +375,10 @@ def test_one_source_address_cannot_take_every_handshake_slot(monkeypatch):
         deadline = time.monotonic() + 2
         while server.connection_count()[1] < 4 and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert server.source_count("127.0.0.2") == (4, 4), server.source_count("127.0.0.2")
-        assert server.connection_count() == (4, 4), server.connection_count()
+        # below a full table it may hold more than its half; once the table is full, a
+        # source over its half yields a slot at once to a newcomer from another address
+        held = server.source_count("127.0.0.2")
+        assert 4 <= held[1] <= 8 and server.connection_count()[1] <= 8, held
         t0 = time.monotonic()
         with StoreClient("127.0.0.1", server.port, timeout=3, secret=SECRET.encode()) as c:
             c.set("k", b"v")

@@ -40,13 +40,15 @@ table is full, a newcomer replaces the oldest connection that has had
 UNAUTH_GRACE_S to answer, else it is closed at once, before anything is
 allocated for it: a flood of silent connections then costs an accept and a
 close each, and a rank's connection, which answers within the grace, is
-never pushed out by the ones after it. No one source address may take the
-whole of either table: it holds at most half of the handshake slots and three
-quarters of all connections (a job on one host connects from one address, so
-the latter leaves it nearly all), and a newcomer from a source at its cap
-replaces that source's own oldest handshake (past the grace) or is closed at
-once: a flood from one address, however fast, leaves the other sources' ranks
-room to connect and prove the secret. Each round of the loop serves the
+never pushed out by the ones after it. Once the handshake table is full, a
+source holding more than half of it yields: a newcomer from another source
+replaces that source's oldest handshake at once, and one from the source
+itself replaces only the source's own oldest (past the grace) or is closed at
+once; a source holds at most three quarters of all connections (a job on one
+host connects from one address, so that leaves it nearly all). A flood from
+one address, however fast, leaves the other sources' ranks room to connect
+and prove the secret, and a job whose ranks share the flood's address starts
+as it did before there were shares. Each round of the loop serves the
 connections that have something first and accepts at most ACCEPT_BATCH new
 ones, so a flood never starves the clients already in. A frame is at most
 MAX_FRAME bytes and must arrive within FRAME_WAIT_S of its first byte; it
@@ -299,7 +301,8 @@ class StoreServer:
                 continue
             source = _source(addr)
             held = self._per_source.get(source, [0, 0])
-            if held[1] >= self._source_unauth:
+            full = len(self._unauth) >= self._max_unauth
+            if held[1] >= self._source_unauth and full:
                 # This source holds its share of the handshake table: it may replace only
                 # its own oldest handshake, so that a flood from one address never pushes
                 # out, or crowds out, another source's.
@@ -317,8 +320,13 @@ class StoreServer:
                 sock.close()
                 continue
             if len(self._unauth) >= self._max_unauth:
-                old = next(iter(self._unauth.values()))
-                if time.monotonic() - old.born < UNAUTH_GRACE_S:
+                # A source over its share of the table yields at once to one under it;
+                # otherwise the oldest handshake goes, once it had the grace to answer.
+                over = next((c for c in self._unauth.values()
+                             if self._per_source.get(c.source, [0, 0])[1] > self._source_unauth),
+                            None)
+                old = over if over is not None else next(iter(self._unauth.values()))
+                if over is None and time.monotonic() - old.born < UNAUTH_GRACE_S:
                     # Every handshake is young: turn the newcomer away at once, before
                     # anything is spent on it (a client retries; a flood's goes).
                     _auth.warn(f"store on {self.address}: {self._max_unauth} connections "
