@@ -95,7 +95,22 @@ def _register_floor(dist: Any) -> None:
     dist.Backend.register_backend("floor", create, devices=["cpu"])
 
 
-class TorchBackend(Backend):
+class _WorldComm:
+    """The torch front ends' world communicator, for local_rank: made on first use."""
+
+    _comm: Any = None
+
+    @property
+    def comm(self) -> Any:
+        """The world communicator (for local_rank)."""
+        if self._comm is None:
+            from .. import MPI
+
+            self._comm = MPI.COMM_WORLD
+        return self._comm
+
+
+class TorchBackend(_WorldComm, Backend):
     """The torch.distributed backend "collectives", as a DDP or torchrun script calls it."""
 
     name = "torch"
@@ -121,16 +136,6 @@ class TorchBackend(Backend):
         self.floor = dist.new_group(list(range(self.size)), backend="floor")
         R = dist.ReduceOp
         self.ops = {"sum": R.SUM, "prod": R.PRODUCT, "min": R.MIN, "max": R.MAX}
-        self._comm = None
-
-    @property
-    def comm(self) -> Any:
-        """The world communicator (for local_rank)."""
-        if self._comm is None:
-            from .. import MPI
-
-            self._comm = MPI.COMM_WORLD
-        return self._comm
 
     def impls(self, algos: Sequence[str]) -> list[tuple[str, str]]:
         """The backend, and the do-nothing floor."""
@@ -177,7 +182,7 @@ class TorchBackend(Backend):
             self.dist.destroy_process_group()
 
 
-class HvdBackend(Backend):
+class HvdBackend(_WorldComm, Backend):
     """Horovod's API (``import collectives.torch as hvd``)."""
 
     name = "hvd"
@@ -191,16 +196,6 @@ class HvdBackend(Backend):
         self.torch, self.hvd = torch, hvd
         self.rank, self.size = hvd.rank(), hvd.size()
         self.ops = {"sum": hvd.Sum, "prod": hvd.Product, "min": hvd.Min, "max": hvd.Max}
-        self._comm = None
-
-    @property
-    def comm(self) -> Any:
-        """The world communicator (for local_rank)."""
-        if self._comm is None:
-            from .. import MPI
-
-            self._comm = MPI.COMM_WORLD
-        return self._comm
 
     def barrier(self) -> None:
         """hvd.barrier."""
