@@ -322,10 +322,7 @@ class Negotiator:
             if thread.is_alive():
                 log.warning("collectives.torch: rank %d: not every rank called shutdown() "
                             "within %.0f s; leaving", self.rank, timeout)
-                with self._cv:
-                    self._abandon = True
-                    self._cv.notify_all()
-                thread.join(timeout)  # a round is bounded by the collective timeout
+                return self.abandon(timeout)  # a round is bounded by the collective timeout
         with self._cv:
             self._closed = True
         return thread is None or not thread.is_alive()
