@@ -5,9 +5,10 @@
 at most SECONDS, open connections to HOST:PORT as fast as one thread can
 (non-blocking connects, never more than MAX_CONNECTIONS in all), keep the
 newest HOLD of them open without sending a byte (older ones are closed), and
-close everything at the end. It starts before the port listens (a refused
-connect counts as an attempt). It prints one JSON line: attempts, connected
-(accepted by the kernel), seconds, rate. Only loopback is allowed.
+close everything at the end, or at SIGTERM. It starts before the port
+listens (a refused connect counts as an attempt). It prints one JSON line:
+attempts, connected (accepted by the kernel), seconds, rate. Only loopback is
+allowed.
 
 ``python _store_flood.py frames HOST PORT SECRET N MIB`` (knows the secret):
 open N authenticated connections and on each send the head of a 16 MiB
@@ -19,6 +20,7 @@ from __future__ import annotations
 import collections
 import errno
 import json
+import signal
 import socket
 import sys
 import time
@@ -31,8 +33,9 @@ def main(host: str, port: int, seconds: float, max_connections: int, hold: int) 
     held: collections.deque = collections.deque()
     attempts = connected = 0
     start = time.monotonic()
-    end = start + seconds
-    while attempts < max_connections and time.monotonic() < end:
+    stop = [start + seconds]
+    signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__(0, 0.0))
+    while attempts < max_connections and time.monotonic() < stop[0]:
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         s.setblocking(False)
         attempts += 1

@@ -185,7 +185,7 @@ def test_garbage_does_not_break_the_server(server, client, garbage):
             pass
         bad.settimeout(5)
         got = b""
-        while True:  # the server's hello (a nonce), then it drops the connection
+        while True:  # at most a hello and an answer, then it drops the connection
             try:
                 chunk = bad.recv(100)
             except ConnectionResetError:  # closed with our bytes unread

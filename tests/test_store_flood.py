@@ -19,10 +19,12 @@ from conftest import TESTS, base_env, free_port, run_world
 pytestmark = pytest.mark.timeout(150)
 
 SECRET = "flood-secret-" + "0123456789abcdef" * 2
-# The flood lasts FLOOD_S; the job must have started well before it ends (it
-# started only once the flood stopped before the store served its clients
-# first and turned surplus handshakes away).
-FLOOD_S, START_BOUND_S = 20, 10
+# The flood lasts FLOOD_S (or until 400,000 connections); the job must have
+# started well before it ends (it started only once the flood stopped before
+# the store served its clients first and turned surplus handshakes away, and
+# again on a loaded machine before a client's knock let it displace silent
+# connections; now it starts in well under a second).
+FLOOD_S, START_BOUND_S = 20, 5
 
 BODY = r"""
 from collectives import MPI
@@ -55,6 +57,8 @@ def test_a_job_starts_while_its_store_port_is_flooded(hold):
         res = run_world(4, BODY, timeout=60, rank_env=_store_env(port))
     finally:
         stats = []
+        for f in flooders:  # the job is over: so is the flood
+            f.terminate()
         for f in flooders:
             out, _ = f.communicate(timeout=40)
             stats += [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]

@@ -211,9 +211,8 @@ def test_silent_and_half_sent_connections_are_dropped(server, monkeypatch):
     monkeypatch.setattr(_store, "FRAME_WAIT_S", 0.5)
     with socket.create_connection(("127.0.0.1", server.port), timeout=5) as silent:
         silent.settimeout(5)
-        assert len(silent.recv(19)) == 19  # the server's hello; we say nothing back
         start = time.monotonic()
-        try:
+        try:  # we say nothing; nor does the server (the client speaks first), till it closes
             rest = silent.recv(1)
         except ConnectionResetError:
             rest = b""

@@ -13,8 +13,9 @@ under a key made for this connection, with a counter, so no frame can be
 forged, replayed or reordered. Wire format (integers big-endian, no pickle,
 nothing is evaluated)::
 
+    client knock  = "CS" version:u8 nonce_c[16]       (sent as soon as it connects)
     server hello  = "CS" version:u8 nonce_s[16]
-    client hello  = "CS" version:u8 nonce_c[16] mac(K, "client" nonce_s nonce_c)
+    client proof  = mac(K, "client" nonce_s nonce_c)
     server answer = 0:u8 mac(K, "server" nonce_s nonce_c)   (or 1:u8, "refused", then close)
     session key   = mac(K, "session" nonce_s nonce_c)
     request  = head body tag;  head = "CS" op:u8 nfields:u32 body_len:u32
@@ -40,7 +41,10 @@ table is full, a newcomer replaces the oldest connection that has had
 UNAUTH_GRACE_S to answer, else it is closed at once, before anything is
 allocated for it: a flood of silent connections then costs an accept and a
 close each, and a rank's connection, which answers within the grace, is
-never pushed out by the ones after it. Once the handshake table is full, a
+never pushed out by the ones after it. The client speaks first: a newcomer
+whose knock has already arrived when it is accepted displaces the oldest
+connection that has not sent a byte, whatever its age or source, so silent
+connections never keep a client out, however fast they come. Once the handshake table is full, a
 source holding more than half of it yields: a newcomer from another source
 replaces that source's oldest handshake at once, and one from the source
 itself replaces only the source's own oldest (past the grace) or is closed at
@@ -74,8 +78,8 @@ from typing import Callable, Iterable, Optional
 
 from . import auth as _auth
 from .env import format_addr
-from .store_wire import (MAX_FRAME, MAX_WAIT_S, _ANSWER, _CLIENT_HELLO, _CONNECT_RETRY_S,
-                         _FIELD_LEN, _GET_SLACK_S, _I64, _MAC, _MAGIC, _NONCE,
+from .store_wire import (CONNECT_ATTEMPT_S, MAX_FRAME, MAX_WAIT_S, _ANSWER, _CONNECT_RETRY_S,
+                         _FIELD_LEN, _GET_SLACK_S, _I64, _KNOCK, _MAC, _MAGIC, _NONCE, _PROOF,
                          _OK, _OP_ADD, _OP_CHECK, _OP_DELETE, _OP_GET, _OP_SET, _REQ_HEAD,
                          _RESP_HEAD, _SERVER_HELLO, _TIMEOUT, _U64, _VERSION, _Closed,
                          _Malformed, _Refused, _request_tag, _response_tag, clamp_wait,
@@ -115,6 +119,14 @@ def source_caps(total: int, unauth: int) -> tuple[int, int]:
     return max(1, total - total // 4), max(1, unauth // 2)
 
 
+def _knocked(sock: socket.socket) -> bool:
+    """Whether a just-accepted (non-blocking) connection's first bytes are a client's knock."""
+    try:
+        return sock.recv(len(_MAGIC), socket.MSG_PEEK) == _MAGIC
+    except OSError:
+        return False
+
+
 def _source(addr: object) -> str:
     """The source address of an accepted connection (its host part, without the port)."""
     return str(addr[0]) if isinstance(addr, tuple) else "?"
@@ -124,7 +136,8 @@ class _Conn:
     """Server-side state of one client connection."""
 
     __slots__ = ("sock", "peer", "source", "inbuf", "outbuf", "waiting", "deadline", "expires",
-                 "nonce", "session", "rseq", "sseq", "born", "counted", "frame", "filled")
+                 "nonce", "nonce_c", "session", "rseq", "sseq", "born", "counted", "frame",
+                 "filled")
 
     def __init__(self, sock: socket.socket, peer: str, nonce: bytes, source: str = "?") -> None:
         self.born = time.monotonic()
@@ -145,6 +158,7 @@ class _Conn:
         self.deadline = 0.0                   # of that GET
         self.expires = 0.0                    # handshake or partial frame deadline; 0: none
         self.nonce = nonce
+        self.nonce_c: Optional[bytes] = None  # the client's, from its knock
         self.session: Optional[bytes] = None  # set once the client proved the secret
         self.rseq = 0
         self.sseq = 0
@@ -186,8 +200,10 @@ class StoreServer:
         self._data: dict[bytes, bytes] = {}
         self._waiters: dict[bytes, list[_Conn]] = {}
         self._conns: dict[int, _Conn] = {}
-        # Connections still in their handshake, oldest first (fd -> conn).
+        # Connections still in their handshake, oldest first (fd -> conn), and those of
+        # them that have not sent a byte yet.
         self._unauth: "collections.OrderedDict[int, _Conn]" = collections.OrderedDict()
+        self._silent: "collections.OrderedDict[int, _Conn]" = collections.OrderedDict()
         self._accept_paused_until = 0.0
         self._max_conns, self._max_unauth = _connection_caps()
         self._source_conns, self._source_unauth = source_caps(self._max_conns, self._max_unauth)
@@ -302,7 +318,14 @@ class StoreServer:
             source = _source(addr)
             held = self._per_source.get(source, [0, 0])
             full = len(self._unauth) >= self._max_unauth
-            if held[1] >= self._source_unauth and full:
+            sock.setblocking(False)
+            spoke = full and _knocked(sock)
+            if spoke and self._silent and held[0] < self._source_conns:
+                # A client knocks as it connects: one whose knock is here displaces the
+                # oldest connection that has said nothing, whatever its age or source,
+                # so silent connections, however many and fast, never keep a rank out.
+                self._drop(next(iter(self._silent.values())))
+            elif held[1] >= self._source_unauth and full:
                 # This source holds its share of the handshake table: it may replace only
                 # its own oldest handshake, so that a flood from one address never pushes
                 # out, or crowds out, another source's.
@@ -335,18 +358,18 @@ class StoreServer:
                     sock.close()
                     continue
                 self._drop(old)
-            sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn = _Conn(sock, peer, os.urandom(_NONCE), source)
             conn.expires = time.monotonic() + AUTH_WAIT_S
             self._conns[sock.fileno()] = conn
             self._unauth[sock.fileno()] = conn
+            self._silent[sock.fileno()] = conn
             counts = self._per_source.setdefault(source, [0, 0])
             counts[0] += 1
             counts[1] += 1
             self._sel.register(sock, selectors.EVENT_READ, conn)
-            conn.outbuf += _SERVER_HELLO.pack(_MAGIC, _VERSION, conn.nonce)
-            self._guarded(conn, lambda c=conn: self._flush(c))
+            if spoke:
+                self._service(conn, selectors.EVENT_READ)
 
     def _guarded(self, conn: _Conn, step: Callable[[], None]) -> None:
         """Run step for conn; a malformed or broken connection is dropped (with a WARN
@@ -379,11 +402,14 @@ class StoreServer:
     def _service(self, conn: _Conn, events: int) -> None:
         def step() -> None:
             if events & selectors.EVENT_READ:
-                # Before the handshake, read no more than the client hello.
+                # Before the handshake, read no more than its next message.
                 if conn.frame is not None:
                     self._read_frame(conn)
                     return
-                want = (_CLIENT_HELLO.size - len(conn.inbuf)) if conn.session is None else 1 << 16
+                if conn.session is not None:
+                    want = 1 << 16
+                else:
+                    want = (_KNOCK if conn.nonce_c is None else _PROOF).size - len(conn.inbuf)
                 try:
                     chunk = conn.sock.recv(want)
                 except (BlockingIOError, InterruptedError):
@@ -393,6 +419,7 @@ class StoreServer:
                 if chunk:
                     conn.inbuf += chunk
                     if conn.session is None:
+                        self._silent.pop(conn.sock.fileno(), None)
                         self._handshake(conn)
                     else:
                         self._process(conn)
@@ -426,14 +453,23 @@ class StoreServer:
             conn.filled = 0
 
     def _handshake(self, conn: _Conn) -> None:
-        if bytes(conn.inbuf[:2]) != _MAGIC[:len(conn.inbuf[:2])]:
-            raise _Malformed("not a collectives store client")
-        if len(conn.inbuf) < _CLIENT_HELLO.size:
+        if conn.nonce_c is None:  # the knock: magic, version, the client's nonce
+            if bytes(conn.inbuf[:2]) != _MAGIC[:len(conn.inbuf[:2])]:
+                raise _Malformed("not a collectives store client")
+            if len(conn.inbuf) < _KNOCK.size:
+                return
+            _, version, conn.nonce_c = _KNOCK.unpack(bytes(conn.inbuf))
+            conn.inbuf.clear()
+            if version != _VERSION:
+                raise _Malformed(f"protocol version {version}, not {_VERSION} (a collectives "
+                                 f"of another version)")
+            conn.outbuf += _SERVER_HELLO.pack(_MAGIC, _VERSION, conn.nonce)
             return
-        _, version, nonce_c, tag = _CLIENT_HELLO.unpack(bytes(conn.inbuf))
+        if len(conn.inbuf) < _PROOF.size:
+            return
+        nonce_c = conn.nonce_c
+        (tag,) = _PROOF.unpack(bytes(conn.inbuf))
         conn.inbuf.clear()
-        if version != _VERSION:
-            raise _Malformed(f"protocol version {version}, not {_VERSION}")
         if not _auth.hmac.compare_digest(tag, _auth.mac(self._key, b"client", conn.nonce, nonce_c)):
             conn.outbuf += _ANSWER.pack(1, bytes(_MAC))
             try:
@@ -586,6 +622,7 @@ class StoreServer:
             if counts is not None:
                 counts[0] -= 1
         self._close_frame(conn)
+        self._silent.pop(fd, None)
         if self._unauth.pop(fd, None) is not None and counts is not None:
             counts[1] -= 1
         if counts is not None and counts[0] <= 0:
@@ -641,7 +678,7 @@ class StoreClient:
                                    f"within {self.timeout:g} s (last error: {last})")
             try:
                 sock = socket.create_connection((self.host, self.port),
-                                                timeout=min(remaining, 10.0))
+                                                timeout=min(remaining, CONNECT_ATTEMPT_S))
             except OSError as exc:  # refused, unreachable, not resolvable yet
                 last = exc
                 time.sleep(min(_CONNECT_RETRY_S, max(0.0, deadline - time.monotonic())))
@@ -665,14 +702,14 @@ class StoreClient:
                 raise
 
     def _handshake(self, sock: socket.socket) -> None:
+        nonce_c = os.urandom(_NONCE)
+        sock.sendall(_KNOCK.pack(_MAGIC, _VERSION, nonce_c))
         hello = self._recv_exact(sock, _SERVER_HELLO.size)
         magic, version, nonce_s = _SERVER_HELLO.unpack(hello)
         if magic != _MAGIC or version != _VERSION:
             raise _Refused(f"{self.address} is not a collectives store of this version "
-                                  f"(it opened with {hello[:3]!r})")
-        nonce_c = os.urandom(_NONCE)
-        sock.sendall(_CLIENT_HELLO.pack(_MAGIC, _VERSION, nonce_c,
-                                        _auth.mac(self._key, b"client", nonce_s, nonce_c)))
+                                  f"(it answered with {hello[:3]!r})")
+        sock.sendall(_PROOF.pack(_auth.mac(self._key, b"client", nonce_s, nonce_c)))
         status, tag = _ANSWER.unpack(self._recv_exact(sock, _ANSWER.size))
         if status != 0:
             raise _Refused(f"the store at {self.address} refused this process: it "

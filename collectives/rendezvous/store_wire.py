@@ -9,11 +9,12 @@ from typing import Optional
 from . import auth as _auth
 
 _MAGIC = b"CS"
-_VERSION = 2
+_VERSION = 3
 _NONCE = 16
 _MAC = 32
+_KNOCK = struct.Struct(">2sB16s")               # magic, version, nonce_c (client first)
 _SERVER_HELLO = struct.Struct(">2sB16s")        # magic, version, nonce_s
-_CLIENT_HELLO = struct.Struct(">2sB16s32s")     # magic, version, nonce_c, mac
+_PROOF = struct.Struct(">32s")                  # the client's mac
 _ANSWER = struct.Struct(">B32s")                # 0 ok / 1 refused, mac
 _REQ_HEAD = struct.Struct(">2sBII")             # magic, op, nfields, body length
 _RESP_HEAD = struct.Struct(">2sBI")             # magic, status, payload length
@@ -28,6 +29,12 @@ MAX_WAIT_S = 7 * 24 * 3600.0  # longest wait a GET (or a client timeout) may ask
 _OP_SET, _OP_GET, _OP_ADD, _OP_CHECK, _OP_DELETE = 1, 2, 3, 4, 5
 _OK, _TIMEOUT = 0, 1
 _CONNECT_RETRY_S = 0.05
+# One connect attempt waits this long for the SYN's answer, then a fresh socket
+# sends a fresh SYN. A listener whose accept queue a flood keeps full drops SYNs,
+# and the kernel's own retransmissions back off (1, 2, 4, 8 s): one dropped SYN
+# would cost the whole backoff. 1 s is the kernel's initial retransmission
+# timeout (RFC 6298), longer than any round trip of a working network.
+CONNECT_ATTEMPT_S = 1.0
 # The client gives the server this long beyond a get's deadline to answer
 # TIMEOUT itself before deciding the server is gone.
 _GET_SLACK_S = 5.0
