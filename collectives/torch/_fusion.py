@@ -90,12 +90,13 @@ def run_fused(core: Any, group: list) -> None:
     _, dtype, op = decode_plan(group[0][1])
     counts = [decode_plan(plan)[0] for _, plan, _, _ in group]
     wire = _TORCH[dtype]
-    flat = torch.zeros(sum(counts), dtype=wire)
+    flat = torch.empty(sum(counts), dtype=wire)  # every element is written below
     pos = 0
     for (job, _, prescale, _), n in zip(group, counts):
         if job is not None:
-            src = job.fuse[0]
-            flat[pos:pos + n].copy_(src.detach().reshape(-1))
+            flat[pos:pos + n].copy_(job.fuse[0].detach().reshape(-1))
+        else:
+            flat[pos:pos + n].zero_()
         pos += n
     prescale, postscale = group[0][2], group[0][3]
     if prescale != 1.0:

@@ -29,7 +29,9 @@ alone except rank 0's stall expiries, which travel as records):
    description, or is not a member of its set, or has joined and the entry is
    an allreduce it can serve with zeros) and three flags: "I announce nothing
    new" (so the MIN is a NOT-OR), "nothing queued here", "shutting down" (the
-   MIN is an AND). A cached entry whose byte is 1 on every rank is ready.
+   MIN is an AND), then one byte per entry "not queued here" (the MIN: no rank
+   holds it). A cached entry whose byte is 1 on every rank is ready; one some
+   rank holds and that is not ready keeps the ranks cycling (pacing, below).
    A repeated step (the same names with the same shapes) therefore costs
    this one small allreduce per round: Horovod's bit-vector scheme.
 2. Step B, only if some rank announces something: one allgather of a
@@ -54,10 +56,12 @@ alone except rank 0's stall expiries, which travel as records):
 Rounds are paced so that no thread spins: a rank with something new starts
 the next round ``HOROVOD_CYCLE_TIME`` after the previous one started (new
 ops in between are agreed and run together, as Horovod's cycle; a rank idle
-since longer than that starts one at once); with nothing new but ops queued
-on some rank (as the last round said: this one's or another's) and no
-progress for t seconds it waits min(max(cycle, t/4), IDLE_S); with nothing
-queued anywhere it waits IDLE_S (or until a local op is queued). Between
+since longer than that starts one at once); with nothing new but ops still
+queued on some rank after the last round (this one's, or one another rank
+holds that the round did not run) and no progress for t seconds it waits
+min(max(cycle, t/4), IDLE_S); with nothing left anywhere it waits IDLE_S (or
+until a local op is queued), so a step whose ops all ran leaves no round
+behind it that would wait for the step's data and delay the next step's. Between
 rounds the thread sleeps on a condition variable; a rank waiting in a round
 for a slower rank blocks in poll() inside the collective (after the core's
 short spin), which every rank joins within IDLE_S. So idle ranks run ten
@@ -100,6 +104,10 @@ IDLE_S = 0.1  # the longest a rank sits out of rounds: bounds a peer's wait insi
 HIT_STALE_S = 1.0
 EXPIRY_GAP_S = 5.0  # at most one stalled op expires per this many seconds  # a cached op queued this long is evicted, so stall inspection sees it
 MAX_RECORDS = 64 << 20  # bytes of records one rank may announce in a round (a bound)
+# An allreduce this large runs alone, in place, even where it could be fused: fusing copies
+# it into the fusion buffer and out again, which on a CPU costs more than the one call's
+# latency that fusion saves from about this size up (bench/README.md, "Negotiation by name").
+FUSE_ALONE_BYTES = 256 << 10
 RECORD_SLOT = 1024  # bytes per rank in step B's first allgather (most rounds need no second)
 FAILED = "FAILED: "  # a description announcing that the call raised before queueing
 JOIN = "join"
@@ -235,9 +243,12 @@ class Negotiator:
         self._stamp = 0
         self._join_counts: list = []
         self._last_expiry = 0.0
-        self.stats = {"rounds": 0, "full_rounds": 0, "ran": 0}
+        # rounds, those with records, ops run; seconds in step A (the bit-vector allreduce,
+        # queueing behind data included) and in step B (bench/bench_negotiate.py prints them)
+        self.stats = {"rounds": 0, "full_rounds": 0, "ran": 0, "a_s": 0.0, "b_s": 0.0}
         self.fuse: Optional[Callable] = None  # fuse(core, parts): see _fusion (set at init)
         self.fusion_bytes = 0
+        self.fuse_alone_bytes = FUSE_ALONE_BYTES
 
     # -- the caller's side --------------------------------------------------------
     def next_handle(self, process_set: int = 0) -> int:
@@ -382,10 +393,14 @@ class Negotiator:
             stopping = self._stopping
         records = self._announcements(now)
         width = len(self.cache.slots)
-        vec = np.zeros(width + _FLAGS, dtype=np.uint8)
+        # [the cache bytes, the flags, "not queued here" per cache entry]: the MIN gives
+        # the entries every rank holds, and (in the last part) the ones no rank holds
+        vec = np.zeros(2 * width + _FLAGS, dtype=np.uint8)
+        vec[width + _FLAGS:] = 1
         for job in self._queue:
             if job.slot is not None:
                 vec[job.slot] = 1
+                vec[width + _FLAGS + job.slot] = 0
         for slot, e in enumerate(self.cache.slots):
             if e is not None and ((e.members is not None and self.rank not in e.members) or
                                   (self.rank in self.joined and e.plan)):
@@ -393,7 +408,9 @@ class Negotiator:
         vec[width] = 0 if records else 1
         vec[width + 1] = 0 if self._queue else 1
         vec[width + 2] = 1 if stopping else 0
+        t0 = time.perf_counter()
         self.core.allreduce(None, vec, op="min")
+        self.stats["a_s"] += time.perf_counter() - t0
         self._round += 1
         self.stats["rounds"] += 1
         ready = [s for s in range(width) if vec[s] and self.cache.slots[s] is not None and
@@ -405,7 +422,9 @@ class Negotiator:
         outcomes: list = []
         if not vec[width]:
             self.stats["full_rounds"] += 1
+            t0 = time.perf_counter()
             self._apply(self._exchange(records), now)
+            self.stats["b_s"] += time.perf_counter() - t0
             outcomes = self._judge()
         for key, asked, error in outcomes:
             if error is None and key != JOIN:
@@ -420,7 +439,14 @@ class Negotiator:
         self._execute(plan)
         for job in self._queue:
             job.agreed = 0
-        self._busy_any = not vec[width + 1]
+        # another round soon (cycle pace) only while an op is still queued somewhere: a
+        # cached one some rank holds and this round did not run, or an announced one not yet
+        # decided; a step whose ops all ran leaves every rank idle-paced, so that its next
+        # step's first ops start a round at once instead of meeting a round that waits
+        # behind this step's data (bench/README.md, "Negotiation by name")
+        ran = set(ready)
+        self._busy_any = not vec[width + 1] and (bool(self.table) or any(
+            not vec[width + _FLAGS + s] and s not in ran for s in range(width)))
         if plan or not vec[width]:
             self._last_progress = now
         return bool(vec[width + 2])
@@ -431,6 +457,11 @@ class Negotiator:
         for key, aplan, error, desc, members in plan:
             spec = None if (error is not None or self.fuse is None) else \
                 _fusable(aplan, desc, members)
+            if spec is not None and spec[3] > self.fuse_alone_bytes:
+                # alone and in place; the group goes on past it (allreduces of other
+                # tensors: every rank runs the same order, the results do not depend on it)
+                self._finish(key, aplan, error)
+                continue
             if group and (spec is None or spec[:3] != group[0][5][:3] or
                           sum(g[5][3] for g in group) + spec[3] > self.fusion_bytes):
                 self._flush(group)
