@@ -1,7 +1,8 @@
 """Tensor fusion: allreduces agreed in one round run as one core allreduce (Horovod's).
 
 The negotiation (``_negotiate``) hands ``run_fused`` each run of consecutive
-ready allreduces that every rank groups alike: the grouping reads only what
+ready allreduces (those over ``FUSE_ALONE_BYTES`` run alone, in place, and
+do not break a run) that every rank groups alike: the grouping reads only what
 every rank holds the same (each op's plan: element count, wire dtype, core
 op; its description: prescale and postscale), so members pack the same
 buffer layout and a joined rank packs zeros in it. The fused buffer is at
