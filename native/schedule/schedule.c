@@ -527,7 +527,7 @@ static coll_result_t timeout_error(coll_sched_t *s, peer_state_t *ps, int nps, d
                     comm->rank, coll_kind_name(s->hdr.coll), s->hdr.seq, coll_now() - start, who);
 }
 
-/* The stall warning (schedule/stall.c): every peer this rank still waits for
+/* The stall warning (base/stall.c): every peer this rank still waits for
  * in this call, and how far it got: a peer from which nothing of the call has
  * come "has not arrived" (it is not in this collective yet, or stuck before
  * it); one that sent part of it stopped inside; one that only has to read

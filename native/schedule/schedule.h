@@ -32,6 +32,7 @@
 #include "reduce/reduce.h"
 #include "transport/transport.h"
 #include "transport/wire.h"
+#include "base/stall.h"
 
 typedef enum { COLL_STEP_SEND, COLL_STEP_RECV, COLL_STEP_RECV_REDUCE, COLL_STEP_COPY } coll_step_kind_t;
 
@@ -126,25 +127,6 @@ coll_result_t coll_sched_sc_recv(coll_sched_t *s, coll_link_t *link, coll_step_t
  * wire-identical to the schedule. *handled = 0: take the general path. */
 coll_result_t coll_fast_allreduce(coll_comm_t *comm, const coll_args_t *a, coll_algo_t algo,
                                   int *handled);
-
-/* Stall warning (schedule/stall.c): an executor that has moved nothing for
- * `every` seconds (COLLECTIVES_STALL_WARN) warns, naming the ranks it waits
- * for, then again each `every` seconds until its deadline. quiet_since = 0
- * whenever something moved. */
-typedef struct {
-  double every;       /* seconds without progress between warnings; 0: never */
-  double quiet_since; /* when nothing started moving (0: it just moved) */
-  double next;        /* quiet seconds at which the next warning is due */
-} coll_stall_t;
-
-void coll_stall_begin(coll_stall_t *w, double start, double deadline);
-/* Called when the executor is about to sleep: 1 when a warning is due now
- * (the next one is then scheduled). */
-int coll_stall_due(coll_stall_t *w, double now);
-/* A poll() timeout of ms shortened so that the executor wakes for the next warning. */
-int coll_stall_cap_ms(const coll_stall_t *w, double now, int ms);
-/* "rank 3 on hostname" into out (cap bytes); returns the length written. */
-size_t coll_stall_name_peer(const coll_comm_t *comm, int peer, char *out, size_t cap);
 
 /* For the executors: each step's successor range in succ (nedges entries)
  * and its predecessor count; cnt is n ints of scratch. */

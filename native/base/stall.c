@@ -1,5 +1,5 @@
 /*
- * schedule/stall.c -- the warning of a blocking collective that waits without progress.
+ * base/stall.c -- the warning of a blocking wait that makes no progress.
  *
  * A rank that never calls (or hangs inside) a collective used to mean
  * COLLECTIVES_TIMEOUT (300 s by default) of silence on every other rank, then
@@ -8,16 +8,20 @@
  * least 5 s, so that tests with short timeouts stay quiet) logs one WARN
  * naming the ranks it waits for and how far each got in this call, then
  * again each as long, until the deadline fails the call (Horovod's stall
- * check, for the core's own calls). Only the wait is watched: a large call
- * that keeps moving bytes never warns, however long it takes.
+ * check, for the core's own calls). The first collective between two ranks
+ * waits in setting up their link instead (transport/select.c, tcp.c), which
+ * warns the same way. Only the wait is watched: a large call that keeps
+ * moving bytes never warns, however long it takes.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/stall.h"
+
+#include "base/comm_state.h"
+#include "base/log.h"
 #include "base/param.h"
-#include "coll.h"
-#include "schedule/schedule.h"
 
 void coll_stall_begin(coll_stall_t *w, double start, double deadline) {
   const char *v = coll_param_str(COLL_PARAM_STALL_WARN);
@@ -53,9 +57,18 @@ int coll_stall_cap_ms(const coll_stall_t *w, double now, int ms) {
 }
 
 size_t coll_stall_name_peer(const coll_comm_t *comm, int peer, char *out, size_t cap) {
-  const char *host = coll_comm_peer_host(comm, peer);
+  const char *host = peer >= 0 && peer < comm->size ? comm->peers[peer].host_id : "";
   size_t hl = strcspn(host, "/"); /* a host id is "hostname/boot id" */
   int n = hl ? snprintf(out, cap, "rank %d on %.*s", peer, (int)hl, host)
              : snprintf(out, cap, "rank %d", peer);
   return n < 0 ? 0 : (size_t)n < cap ? (size_t)n : cap - 1;
+}
+
+void coll_stall_warn_link(const coll_comm_t *comm, int peer, double quiet, double left,
+                          const char *why) {
+  char who[160];
+  coll_stall_name_peer(comm, peer, who, sizeof who);
+  COLL_WARN("rank %d: setting up the link to %s has waited %.3g s: %s; it fails in %.3g s "
+            "(its timeout) unless it comes (COLLECTIVES_STALL_WARN)",
+            comm->rank, who, quiet, why, left);
 }
