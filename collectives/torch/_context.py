@@ -8,10 +8,11 @@ there is no module-level map of handles (STYLE rule 26).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 
@@ -184,8 +185,26 @@ def _negotiator(control: Any, core: Any, rank: int, size: int) -> Any:
     from ._plan import serve_plan
     from ._negotiate import Negotiator
     warn, expire = _knobs.stall_times(_knobs.collective_timeout())
-    return Negotiator(control, rank, size, _knobs.cycle_time_s(), _knobs.cache_capacity(), warn,
+    lane = Negotiator(control, rank, size, _knobs.cycle_time_s(), _knobs.cache_capacity(), warn,
                       expire, lambda plan: serve_plan(core, plan), data=core)
+    lane.turn_state = _lane_state
+    return lane
+
+
+@contextlib.contextmanager
+def _lane_state() -> Iterator[None]:
+    """A waiting thread runs rounds (and the ops they run) in the state the negotiating
+    thread has: no process set active (an op binds its own), autograd on, no inference
+    mode and no autocast, whatever the waiting caller set around its call."""
+    from .process_sets import ACTIVE
+    before = ACTIVE.view
+    ACTIVE.view = None
+    try:
+        with torch.inference_mode(False), torch.enable_grad(), \
+                torch.autocast("cpu", enabled=False):
+            yield
+    finally:
+        ACTIVE.view = before
 
 
 class _Holder:

@@ -21,10 +21,12 @@ _UNSET = object()
 
 class _Call(threading.local):
     """The public call in progress on this thread: its number (Horovod's handle: every
-    public call takes one; 0: none yet) and whether it has queued its op."""
+    public call takes one; 0: none yet), whether it has queued its op, and whether it is
+    a blocking call (its thread waits for what it queues, and runs the round itself)."""
 
     handle = 0
     queued = False
+    blocking = False
 
 
 CALL = _Call()
@@ -78,6 +80,8 @@ class Job:
         self.since = 0.0
         self.agreed = 0  # perf_counter_ns when every rank had queued it (timeline)
         self.fuse: Any = None  # (input, output) of an allreduce that may run fused
+        self.blocking = CALL.blocking  # queued by a blocking call: its caller waits at once
+        self.lane: Any = None  # the Negotiator it is queued on (told when someone waits)
         self._event = threading.Event()
         self._output: Any = None
         self._error: Optional[BaseException] = None
@@ -137,7 +141,11 @@ class Job:
     def wait(self) -> Any:
         """Wait for completion; return the output or raise the operation's error
         (a failed collective as ``HorovodInternalError``)."""
-        self._event.wait()
+        if not self._event.is_set():
+            if self.lane is not None:
+                self.lane.waiting(self._event)  # runs rounds here meanwhile
+            else:
+                self._event.wait()
         if self._error is not None:
             from .exceptions import internal_error
 
