@@ -52,6 +52,9 @@ def wire_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def check_tensor(tensor: Any, what: str = "tensor") -> None:
     """TypeError unless `tensor` is a CPU tensor, or a CUDA tensor with a CUDA build and GPU."""
+    if type(tensor) is torch.Tensor and tensor.is_cpu and not tensor.is_sparse and \
+            not tensor.is_complex():
+        return  # the common case, in a few attribute reads (each call pays this)
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{what} must be a torch.Tensor, got {type(tensor).__name__}")
     if tensor.device.type == "cuda":
@@ -90,16 +93,18 @@ class CudaTensorView:
 
 def as_buffer(tensor: torch.Tensor) -> tuple[Any, Optional[str]]:
     """A zero-copy view of a contiguous tensor, and the dtype name to pass the core."""
-    t = tensor.detach()
+    t = tensor.detach() if tensor.requires_grad else tensor
+    if t.is_cpu:
+        if t.dtype == torch.bfloat16:
+            return t.view(torch.int16).numpy(), "bfloat16"
+        return t.numpy(), None
     if t.device.type == "cuda":
         # The typestr only carries the width: the dtype name says what it is.
         name = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32",
                 torch.float64: "float64", torch.int8: "int8", torch.uint8: "uint8",
                 torch.int32: "int32", torch.int64: "int64"}[t.dtype]
         return CudaTensorView(t), name
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy(), "bfloat16"
-    return t.numpy(), None
+    return t.numpy(), None  # another device: numpy() says what it cannot do
 
 
 class TorchContext:

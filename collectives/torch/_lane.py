@@ -51,6 +51,38 @@ def op_key(ctx: Any, kind: str, name: Optional[str]) -> str:
     return f"ps{pid}:{text}" if pid else text
 
 
+class _Done:
+    """A one-shot completion flag, as threading.Event's set/is_set/wait (without a
+    timeout) at a fraction of its cost: a lock held until set(). Every public call makes
+    one, so its price is part of a small op's latency."""
+
+    __slots__ = ("_lock", "_set")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self._set = False
+
+    def set(self) -> None:
+        """Complete (idempotent); wakes every waiter."""
+        if not self._set:
+            self._set = True
+            try:
+                self._lock.release()
+            except RuntimeError:  # a racing set() released it first
+                pass
+
+    def is_set(self) -> bool:
+        """True once set() was called."""
+        return self._set
+
+    def wait(self) -> None:
+        """Block until set() (each waiter passes the lock on to the next)."""
+        if not self._set:
+            self._lock.acquire()
+            self._lock.release()
+
+
 class Job:
     """One queued operation; a handle for ``poll()``/``synchronize()``.
 
@@ -82,7 +114,7 @@ class Job:
         self.fuse: Any = None  # (input, output) of an allreduce that may run fused
         self.blocking = CALL.blocking  # queued by a blocking call: its caller waits at once
         self.lane: Any = None  # the Negotiator it is queued on (told when someone waits)
-        self._event = threading.Event()
+        self._event = _Done()
         self._output: Any = None
         self._error: Optional[BaseException] = None
 
