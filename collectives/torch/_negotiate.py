@@ -5,8 +5,9 @@ ops, ``DistributedOptimizer``'s bucket launches, parameter and state
 broadcasts, process-set registration) is queued here under a key (its
 process set, its kind and its name; an unnamed op gets Horovod's
 ``<kind>.noname.<n>``, n counting this process's calls) and a description of
-what must match across ranks. One background thread per world, the only
-thread that issues collectives on Horovod's links, runs *rounds*; each
+what must match across ranks. The thread holding the turn (see below: the
+negotiating thread, or a thread waiting for its op), the only thread that issues
+collectives on Horovod's links, runs *rounds*; each
 round every rank says which keys it has queued, and every rank then runs the
 keys that every rank (every member of the key's process set) has queued, in
 the same order. So rank 0 may queue ``allgather_async(name="x")`` before a
@@ -66,6 +67,15 @@ rounds the thread sleeps on a condition variable; a rank waiting in a round
 for a slower rank blocks in poll() inside the collective (after the core's
 short spin), which every rank joins within IDLE_S. So idle ranks run ten
 small rounds a second, and a stalled op costs a few rounds a second.
+
+Who runs a round: one thread at a time holds the turn. A thread that waits for
+one of its ops (``Job.wait``: every blocking call, ``synchronize``) runs rounds
+itself, back to back, until its op is done, and the negotiating thread leaves
+the rounds to it meanwhile: a waiting thread adds no ops to fuse, so the cycle
+would only delay its op, and a round run in the caller saves two hand-offs
+between threads. A blocking call's op is left to its caller for
+CALLER_GRACE_S. The negotiating thread runs the rounds nobody waits for (the
+async ops of a backward pass, idle rounds), paced as above.
 
 ``join()`` is the key ``join``: a rank that announced it serves every
 allreduce the others agree on with zeros (from the plan in its record), and
