@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy
 from Cython.Build import cythonize
@@ -82,10 +83,42 @@ def gencode_flags(nvcc):
     return flags
 
 
+def parallel_compile(compiler, jobs):
+    """Make `compiler` compile an extension's sources `jobs` at a time, the largest first
+    (setuptools compiles one extension's sources one after another; ours is one extension
+    of 48 files, the Cython output alone a third of the time). Leaves a compiler without
+    distutils' usual private steps as it is."""
+    if jobs < 2 or not all(hasattr(compiler, n) for n in ("_setup_compile", "_get_cc_args",
+                                                          "_compile")):
+        return
+
+    def compile(sources, output_dir=None, macros=None, include_dirs=None, debug=0,
+                extra_preargs=None, extra_postargs=None, depends=None):
+        macros, objects, extra_postargs, pp_opts, build = compiler._setup_compile(
+            output_dir, macros, include_dirs, sources, depends, extra_postargs)
+        cc_args = compiler._get_cc_args(pp_opts, debug, extra_preargs)
+
+        def one(obj):
+            src, ext = build[obj]
+            compiler._compile(obj, src, ext, cc_args, extra_postargs, pp_opts)
+
+        todo = sorted((o for o in objects if o in build),
+                      key=lambda o: -os.path.getsize(build[o][0]))
+        with ThreadPoolExecutor(jobs) as pool:
+            for _ in pool.map(one, todo):  # re-raises the first compiler error
+                pass
+        return objects
+
+    compiler.compile = compile
+
+
 class BuildExt(build_ext):
-    """build_ext that first compiles native/**/*.cu with nvcc into the extension."""
+    """build_ext that first compiles native/**/*.cu with nvcc into the extension, and
+    compiles the C sources in parallel (one job per CPU, or build_ext -j N)."""
 
     def build_extensions(self):
+        parallel_compile(self.compiler, int(self.parallel or 0) if self.parallel not in
+                         (None, True) else (os.cpu_count() or 1))
         root = find_cuda()
         if root:
             nvcc = os.path.join(root, "bin", "nvcc")
