@@ -41,14 +41,30 @@ mine = [(q, ranks) for q, ranks in ((ga, [0, 1, 2]), (gb, [1, 2])) if r in ranks
 if r == 2:
     mine.reverse()  # rank 2 issues gb first, rank 1 ga first
 def both(it):
-    works = []
+    # each group: all_reduce, broadcast, all_gather_into_tensor, all_gather, barrier (the
+    # same order in a group on every rank; the groups' order differs between ranks 1 and 2)
+    works, checks = [], []
     for q, ranks in mine:
         t = T(r + 1 + it, 1000)
-        works.append((dist.all_reduce(t, group=q, async_op=True), t, ranks))
-    for w, t, ranks in works:
+        works.append(dist.all_reduce(t, group=q, async_op=True))
+        checks.append((("order", ranks, it), t, T(sum(k + 1 + it for k in ranks), 1000)))
+        b = T(r * 10 + it, 300)
+        works.append(dist.broadcast(b, src=ranks[-1], group=q, async_op=True))
+        checks.append((("broadcast order", ranks, it), b, T(ranks[-1] * 10 + it, 300)))
+        g = torch.empty(len(ranks) * 3)
+        works.append(dist.all_gather_into_tensor(g, T(r + it, 3), group=q, async_op=True))
+        checks.append((("all_gather order", ranks, it), g,
+                       torch.cat([T(k + it, 3) for k in ranks])))
+        outs = [torch.empty(2) for _ in ranks]
+        works.append(dist.all_gather(outs, T(-r - it, 2), group=q, async_op=True))
+        checks.append((("all_gather list order", ranks, it), outs,
+                       [T(-k - it, 2) for k in ranks]))
+        works.append(dist.barrier(group=q, async_op=True))
+    for w in works:
         w.wait()
-        expect(torch.equal(t, T(sum(k + 1 + it for k in ranks), 1000)), ("order", ranks, it),
-               str(t[:2]))
+    for case, got, want in checks:
+        same = all(map(torch.equal, got, want)) if isinstance(got, list) else torch.equal(got, want)
+        expect(same, case, str(got)[:200])
 for it in range(3):
     both(it)
 emit("orders")

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -204,19 +204,42 @@ class ProcessGroupCollectives(MoreOps, dist.ProcessGroup):
             last = self._completer.submit(request, finish, flat, like=tensors)
         return _Work(last, "allreduce_coalesced") if last is not None else _completed(tensors)
 
-    # -- synchronous collectives -------------------------------------------------------
+    # -- broadcast, all_gather, barrier: in flight when the caller waits later ------------
+    def _in_flight(self, opts: Any) -> bool:
+        """Whether to queue the op on the group's progress thread rather than run it here:
+        when torch's caller waits for the Work later (async_op=True), so that such ops on
+        different groups, issued in different orders on different ranks, complete, as on
+        gloo's worker threads. A caller that waits at once gets it run in its thread."""
+        return self._size > 1 and _SYNC_OPTS and opts is not None and bool(opts.asyncOp)
+
     def broadcast(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> _Work:
         """Copy root's tensor(s) into every rank's."""
         root = opts.rootRank if opts is not None else 0
+        tensors = list(tensors)
+        if self._in_flight(opts):
+            last = None
+            for t in tensors:
+                staged = _Staged(t, "broadcast tensor", copy_in=self._rank == root)
+                request = self._core.ibroadcast(staged.view, root, self._timeout, staged.dtype)
+
+                def finish(staged: _Staged = staged) -> list:
+                    staged.copy_out()
+                    return tensors
+                last = self._completer.submit(request, finish, staged, "broadcast", like=tensors)
+            return _Work(last, "broadcast") if last is not None else _completed(tensors)
         for t in tensors:
             staged = _Staged(t, "broadcast tensor", copy_in=self._rank == root)
             if self._size > 1:
                 self._core.broadcast(staged.view, root, self._timeout, staged.dtype)
             staged.copy_out()
-        return _completed(list(tensors))
+        return _completed(tensors)
 
-    def _gather_flat(self, output: torch.Tensor, input: torch.Tensor) -> None:
-        """output (n * input.numel() elements, contiguous in rank order) = every rank's input."""
+    def _gather_flat(self, output: torch.Tensor, input: torch.Tensor, in_flight: bool = False
+                     ) -> Any:
+        """output (n * input.numel() elements, contiguous in rank order) = every rank's input.
+        in_flight: start it on the progress thread instead; returns (request, finish, keep):
+        finish() writes the result into output once the request is done, and keep holds the
+        buffers the request uses until then."""
         if output.numel() != input.numel() * self._size:
             raise ValueError(f"all_gather: output has {output.numel()} elements, expected "
                              f"{self._size} x {input.numel()}")
@@ -226,25 +249,54 @@ class ProcessGroupCollectives(MoreOps, dist.ProcessGroup):
             input = input.clone()
         src = _Staged(input, "all_gather input")
         dst = _Staged(output, "all_gather output", copy_in=False)
-        self._core.allgatherv(src.view, dst.view, [input.numel()] * self._size, None,
-                              self._timeout, dst.dtype)
+        counts = [input.numel()] * self._size
+        if in_flight:
+            request = self._core.iallgatherv(src.view, dst.view, counts, None, self._timeout,
+                                             dst.dtype)
+
+            return request, dst.copy_out, (src, dst)
+        self._core.allgatherv(src.view, dst.view, counts, None, self._timeout, dst.dtype)
         dst.copy_out()
+        return None
 
     def allgather(self, output_lists: Sequence[Sequence[torch.Tensor]],
                   inputs: Sequence[torch.Tensor], opts: Any = None) -> _Work:
         """output_lists[0][i] = rank i's inputs[0]."""
+        result = [list(o) for o in output_lists]
+        in_flight = self._in_flight(opts)
+        last = None
         for outs, inp in zip(output_lists, inputs):
             if len(outs) != self._size:
                 raise ValueError(f"all_gather: {len(outs)} output tensors for {self._size} ranks")
             flat = torch.empty((self._size,) + tuple(inp.shape), dtype=inp.dtype, device=inp.device)
+            if in_flight:
+                request, done, keep = self._gather_flat(flat, inp, True)
+
+                def finish(done: Callable[[], None] = done, flat: torch.Tensor = flat,
+                           outs: Sequence[torch.Tensor] = outs) -> list:
+                    done()
+                    for i, o in enumerate(outs):
+                        o.detach().copy_(flat[i])
+                    return result
+                last = self._completer.submit(request, finish, (keep, flat), "all_gather",
+                                              like=outs)
+                continue
             self._gather_flat(flat, inp)
             for i, o in enumerate(outs):
                 o.detach().copy_(flat[i])
-        return _completed([list(o) for o in output_lists])
+        return _Work(last, "all_gather") if last is not None else _completed(result)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
                           ) -> _Work:
         """output = every rank's input concatenated along dim 0 (all_gather_into_tensor)."""
+        if self._in_flight(opts):
+            request, done, keep = self._gather_flat(output, input, True)
+
+            def finish() -> list:
+                done()
+                return [output]
+            return self._completer.submit_work(request, finish, keep, "all_gather",
+                                               like=[output])
         self._gather_flat(output, input)
         return _completed([output])
 
@@ -347,6 +399,9 @@ class ProcessGroupCollectives(MoreOps, dist.ProcessGroup):
 
     def barrier(self, opts: Any = None) -> _Work:
         """Return once every rank has entered the barrier."""
+        if self._in_flight(opts):
+            return self._completer.submit_work(self._core.ibarrier(self._timeout), lambda: [],
+                                               None, "barrier")
         if self._size > 1:
             self._core.barrier(self._timeout)
         return _completed([], "barrier")
