@@ -2,7 +2,8 @@
 
 ``env`` reads the launcher's variables (ours, torchrun's, Open MPI's, Slurm's,
 ...) into rank, size and a store address; ``store`` is the small
-authenticated key-value store the ranks meet at; ``auth`` holds the job
+authenticated key-value store the ranks meet at (its server; ``store_client``
+the client, ``store_wire`` what both send); ``auth`` holds the job
 secret and the message authentication; ``world`` runs the rendezvous itself:
 publish this rank's address, read the peers', and build the native
 communicator.

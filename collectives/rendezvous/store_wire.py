@@ -29,6 +29,7 @@ MAX_WAIT_S = 7 * 24 * 3600.0  # longest wait a GET (or a client timeout) may ask
 _OP_SET, _OP_GET, _OP_ADD, _OP_CHECK, _OP_DELETE = 1, 2, 3, 4, 5
 _OK, _TIMEOUT = 0, 1
 _CONNECT_RETRY_S = 0.05
+AUTH_WAIT_S = 5.0  # for a connection to complete its handshake (both sides)
 # One connect attempt waits this long for the SYN's answer, then a fresh socket
 # sends a fresh SYN. A listener whose accept queue a flood keeps full drops SYNs,
 # and the kernel's own retransmissions back off (1, 2, 4, 8 s): one dropped SYN

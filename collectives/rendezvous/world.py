@@ -25,11 +25,12 @@ import os
 import random
 import re
 import socket
+import sys
 import threading
 import time
 from typing import Callable, Optional, Sequence
 
-from . import auth as _auth, blame as _blame, env as _env, store as _store
+from . import auth as _auth, blame as _blame, env as _env, store as _store, store_wire as _wire
 from .. import config
 
 _lock = threading.RLock()
@@ -383,7 +384,7 @@ def _connect_store(info: _env.WorldInfo, generation: int, timeout: float,
             # A bare connect first: the client's own retries sleep 50 ms when refused,
             # the length of a whole world's life in a tight init/finalize loop.
             socket.create_connection((info.store_host, info.store_port),
-                                     timeout=min(_store.CONNECT_ATTEMPT_S,
+                                     timeout=min(_wire.CONNECT_ATTEMPT_S,
                                                  max(0.05, deadline - time.monotonic()))
                                      ).close()
         except OSError as exc:
@@ -691,4 +692,29 @@ def _cause_first(rank: int, cause: str, message: str) -> str:
     return own + cause + "; " + (message[len(own):] if message.startswith(own) else message)
 
 
-atexit.register(finalize)
+def _at_exit() -> None:
+    """At interpreter exit: a script that ended with an uncaught exception of its own
+    (not an echo of a peer's failure) first tells the others why, through the store,
+    then finalizes. Its links close as it exits, the others' collectives fail, and their
+    errors then name its exception at once (explain_failure finds the report) instead of
+    looking a second for a report that never comes, then saying "reported nothing"."""
+    state = _state
+    exc = getattr(sys, "last_value", None)
+    if state is not None and exc is not None and not state.failed and state.client is not None:
+        text = f"{type(exc).__name__}: {exc}"
+        if not any(echo in text for echo in _ECHOES):
+            state.failed = True  # one report: a collective failing in finalize adds none
+            try:
+                state.client.set(f"{state.prefix}failed/{state.comm.rank}",
+                                 f"its script raised {text[:500]} (the process is exiting)"
+                                 .encode(), timeout=EXIT_REPORT_S)
+            except (OSError, TimeoutError, ConnectionError, ValueError):
+                pass
+    finalize()
+
+
+# How long a rank exiting with an exception may spend telling the store why (rank 0, and
+# its store, may be gone already: then the others say the rank reported nothing).
+EXIT_REPORT_S = 0.5
+
+atexit.register(_at_exit)

@@ -201,7 +201,6 @@ def _lane_state() -> Iterator[None]:
     """A waiting thread runs rounds (and the ops they run) in the state the negotiating
     thread has: no process set active (an op binds its own), autograd on, no inference
     mode and no autocast, whatever the waiting caller set around its call."""
-    from .process_sets import ACTIVE
     before = ACTIVE.view
     ACTIVE.view = None
     try:
