@@ -66,8 +66,11 @@ def _shared(key, launch):
 TIMEOUT_BODY = INIT + r'''
 be = os.environ["BACKEND"]
 for i, op in enumerate(os.environ["OPS"].split(",")):
-    if i:  # gloo: the next case in a process group of its own
+    if i:  # the next case in a process group of its own
         dist.destroy_process_group()
+        if be == "collectives":  # and on a world communicator of its own (see the test)
+            import collectives
+            collectives.finalize()
         init(be, f"file://{os.environ['WORLD_DIR']}/init{i}")
     else:
         init(be, f"tcp://127.0.0.1:{os.environ['TORCH_PORT']}")
@@ -97,10 +100,11 @@ def test_timeout_is_worded_as_gloos(backend, op):
     """A group op one rank enters alone fails at the group's 1 s with " Timed out " in the
     message (distributed_test.py's test_barrier_timeout_* regex), still a RuntimeError;
     Work.wait(timeout) that expires first says "Operation timed out!", as gloo's."""
-    # gloo's two cases share a launch (a new process group for the second); each collectives
-    # case has a launch of its own: the backend runs on the ranks' world communicator, which
-    # the timed-out op breaks on rank 0 only, so a process group made again would not agree
-    ops = "barrier,Work.wait" if backend == "gloo" else op
+    # one launch per backend runs its cases in turn, each in a process group of its own;
+    # for collectives also on a world communicator of its own (collectives.finalize, then
+    # the next init_process_group makes a new one): the backend runs on the ranks' world
+    # communicator, which the timed-out op breaks on rank 0 only
+    ops = "barrier,Work.wait" if backend == "gloo" else "barrier,all_reduce,recv,Work.wait"
     res = _shared(("timeout", backend, ops), lambda: run_world(
         2, TIMEOUT_BODY, timeout=50, collective_timeout=30,
         env={"BACKEND": backend, "OPS": ops, "PG_TIMEOUT": "30", "TORCH_PORT": free_port()}))
