@@ -12,7 +12,7 @@ call an agreeing broadcast checks that the communicator is
 still usable and that no byte of the failed call was left on a link. The
 rooted collectives (MPI Reduce/Gather/Scatter, collectives.jax gather/scatter/
 reduce) run the same agreement and are checked alike; before, they waited the
-whole timeout.
+whole timeout. The framework tests share one launch per rank count (_framework_world).
 """
 import pytest
 
@@ -161,9 +161,7 @@ def test_mpi_bcast_with_disagreeing_roots_fails_everywhere(n):
 def test_jax_and_torch_broadcast_with_disagreeing_roots_fail_everywhere(n):
     pytest.importorskip("jax")
     pytest.importorskip("torch")
-    res = run_world(n, args=[__import__("json").dumps(PATTERNS[n][:2]), "jax,torch"], body=BODY,
-                    timeout=140, collective_timeout=10,
-                    env={"JAX_PLATFORMS": "cpu", "TORCH_PORT": str(free_port())}).assert_ok()
+    res = _framework_world(n).assert_ok()
     _check(res, n, ["jax", "torch"])
 
 
@@ -192,9 +190,9 @@ for name, call in calls:
         case = f"{name} roots {roots}"
         try:
             call(roots[r])
-            emit("case", case=case, raised=False)
+            emit("rooted", case=case, raised=False)
         except Exception as exc:
-            emit("case", case=case, raised=True, message=str(exc))
+            emit("rooted", case=case, raised=True, message=str(exc))
         try:  # an agreeing call right after: the communicator is still usable
             call(0)
         except Exception as exc:
@@ -207,14 +205,21 @@ finish()
 def test_rooted_collectives_with_disagreeing_roots_fail_everywhere(n):
     try:
         import jax  # noqa: F401
+        import torch  # noqa: F401
         frameworks = "jax"
+        res = _framework_world(n)  # ROOTED_BODY runs there, after BODY
     except ImportError:
-        frameworks = ""
-    res = run_world(n, args=[__import__("json").dumps(PATTERNS[n][:2]), frameworks],
-                    body=ROOTED_BODY, timeout=120, collective_timeout=10,
-                    env={"JAX_PLATFORMS": "cpu"}).assert_ok()
+        try:
+            import jax  # noqa: F401,F811
+            frameworks = "jax"
+        except ImportError:
+            frameworks = ""
+        res = run_world(n, args=[__import__("json").dumps(PATTERNS[n][:2]), frameworks],
+                        body=ROOTED_BODY, timeout=120, collective_timeout=10,
+                        env={"JAX_PLATFORMS": "cpu"})
+    res.assert_ok()
     for r in range(n):
-        recs = res[r].get("case")
+        recs = res[r].get("rooted")
         assert len(recs) == (6 if frameworks else 3) * 2
         for rec in recs:
             roots = [int(x) for x in rec["case"].split("roots ")[1].strip("[]").split(",")]
@@ -261,5 +266,34 @@ def test_jax_collective_after_a_failed_one_runs_on_every_rank():
     resolved, the next program failed with the old error without running its collective,
     on that rank only, and the ranks went out of step (1 MiB, eager or jit, most runs)."""
     pytest.importorskip("jax")
-    run_world(2, body=AFTER_FAILURE_BODY, timeout=120, collective_timeout=10,
-              env={"JAX_PLATFORMS": "cpu"}).assert_ok()
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        res = run_world(2, body=AFTER_FAILURE_BODY + "emit('after failure done')\n",
+                        timeout=120, collective_timeout=10, env={"JAX_PLATFORMS": "cpu"})
+    else:
+        res = _framework_world(2)  # AFTER_FAILURE_BODY runs there, last
+    res.assert_ok()
+    for r in range(2):
+        res[r].one("after failure done")
+
+
+_WORLDS: dict = {}
+
+
+def _framework_world(n):
+    """One launch of n ranks with JAX and torch, shared by three tests: BODY (every
+    framework's broadcast, from the first call with no link made), then ROOTED_BODY
+    (the rooted collectives, with JAX's) and, at 2 ranks, AFTER_FAILURE_BODY: each
+    reports under its own tags, and the ranks import the frameworks once, not once per
+    test. A launch that failed is not kept."""
+    if n not in _WORLDS:
+        body = (BODY.replace("\nfinish()\n", "\n") + ROOTED_BODY.replace("\nfinish()\n", "\n")
+                + (AFTER_FAILURE_BODY + "emit('after failure done')\n" if n == 2 else ""))
+        res = run_world(n, args=[__import__("json").dumps(PATTERNS[n][:2]), "jax,torch"],
+                        body=body, timeout=140, collective_timeout=10,
+                        env={"JAX_PLATFORMS": "cpu", "TORCH_PORT": str(free_port())})
+        if res.timed_out or any(rr.returncode != 0 for rr in res.ranks):
+            return res
+        _WORLDS[n] = res
+    return _WORLDS[n]

@@ -4,10 +4,12 @@ torch (DDP), Horovod's API and JAX scripts.
 
 Rank 1 raises its own error; rank 0's next collective fails with "rank 1 closed the
 connection" and exits at once. Rank 1's exit is slowed the way importing torch or JAX
-slows it in real jobs (a teardown after its links are closed: an atexit sleep
+slows it in real jobs (a teardown after its links are closed: an atexit handler
 registered before collectives is imported, so it runs after collectives closed the
 links), so that rank 0 always exits first: the launcher must learn from rank 0's
-report which rank to name.
+report which rank to name. The teardown lasts until rank 0's process has ended (not a
+fixed sleep that is long enough on an idle machine and a waste on every run), and rank 1
+says whether it saw that, which every run checks.
 """
 import importlib.util
 import re
@@ -25,8 +27,34 @@ RUNS = {"numpy": 10, "torch": 3, "hvd": 3, "jax": 3}
 PRELUDE = """
 import atexit, os, time
 rank = int(os.environ["COLLECTIVES_RANK"])
-if rank == 1:  # a slow teardown, run last: after collectives closed this rank's links
-    atexit.register(time.sleep, 1.5)
+PID0 = os.path.join(os.environ["WORLD_DIR"], "pid0")  # this run's own directory
+if rank == 0:
+    with open(PID0 + ".tmp", "w") as fh:
+        fh.write(str(os.getpid()))
+    os.rename(PID0 + ".tmp", PID0)
+
+def rank0_ended():
+    try:
+        with open(PID0) as fh:
+            pid = int(fh.read())
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")  # exited, not reaped
+    except (FileNotFoundError, ProcessLookupError):
+        return os.path.exists(PID0)  # reaped already (no pid file: rank 0 never started)
+
+def slow_teardown():
+    # run last: after collectives closed this rank's links; lasts until rank 0 has ended
+    # (at most 20 s: were rank 0 never to end, this rank's exit would be the first)
+    deadline = time.monotonic() + 20
+    while not rank0_ended() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    ended = rank0_ended()
+    time.sleep(0.05)  # and the launcher has had a moment to see it
+    print("rank 0 had ended before rank 1's exit" if ended else
+          "rank 0 had not ended before rank 1's exit", flush=True)
+
+if rank == 1:
+    atexit.register(slow_teardown)
 """
 
 SCRIPTS = {
@@ -94,3 +122,5 @@ def test_launcher_names_the_rank_where_the_failure_began(kind, tmp_path):
         assert m.group(2) == "1" and res.launcher_rc == 1, res.report()
         # rank 0's error did name rank 1: the report came from there
         assert "rank 1" in res[0].stderr, res.report()
+        # ...and rank 0 exited first, so the launcher had to take its word for it
+        assert "rank 0 had ended before rank 1's exit" in res[1].stdout, res.report()

@@ -104,14 +104,30 @@ else:
 """
 
 
-@pytest.mark.timeout(90)
+_WORLD: list = []
+
+
+def _four_ranks():
+    """The one launch of 4 ranks (2 servers) that both tests below read: three trainings
+    in turn, each serving of its own: DENSITY_ONE with DGC, then dense, then TORCH_DGC
+    (the ranks import torch once, not once per training)."""
+    if not _WORLD:
+        body = "".join(DENSITY_ONE.replace("COMP", repr(comp))
+                       .replace('emit("final", ', f'emit("final", comp={comp!r}, ')
+                       for comp in ("dgc", "none"))
+        _WORLD.append(_run(4, 2, body + TORCH_DGC, timeout=110))
+    return _WORLD[0]
+
+
+@pytest.mark.timeout(120)
 def test_dgc_push_at_density_one_equals_the_dense_push():
-    dgc = _run(4, 2, DENSITY_ONE.replace("COMP", "'dgc'")).assert_ok()
-    dense = _run(4, 2, DENSITY_ONE.replace("COMP", "'none'")).assert_ok()
+    res = _four_ranks().assert_ok()
     want = M.sgd_reference(12, 0.05, 0.9, 0.01)
     for r in (0, 1):
-        a = np.array(dgc[r].one("final")["params"])
-        np.testing.assert_allclose(a, np.array(dense[r].one("final")["params"]), atol=1e-5)
+        final = {rec["comp"]: rec["params"] for rec in res[r].get("final")}
+        assert sorted(final) == ["dgc", "none"] and len(res[r].get("final")) == 2, res.report()
+        a = np.array(final["dgc"])
+        np.testing.assert_allclose(a, np.array(final["none"]), atol=1e-5)
         np.testing.assert_allclose(a, want, atol=1e-5)
 
 
@@ -245,7 +261,7 @@ else:
 
 @pytest.mark.timeout(120)
 def test_torch_optimizer_with_dgc_pushes_converges():
-    res = _run(4, 2, TORCH_DGC, timeout=100).assert_ok()
+    res = _four_ranks().assert_ok()
     for r in (0, 1):
         d = res[r].one("trained")
         assert d["sparse"] > 0, d

@@ -291,7 +291,7 @@ def bit_pairs(draw: Callable, width: int):
     return draw(_bits(n, width)), draw(_bits(n, width))
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=SHARED_FIXTURE)
+@settings(max_examples=30, deadline=None, suppress_health_check=SHARED_FIXTURE)
 @given(pair=bit_pairs(16), op=st.sampled_from(OPS))
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_half_random_bits(backend, dtype: str, pair, op: str) -> None:
@@ -305,7 +305,7 @@ def test_half_random_bits(backend, dtype: str, pair, op: str) -> None:
     assert_same(out, reference(op, a, b, dtype), dtype)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=SHARED_FIXTURE)
+@settings(max_examples=30, deadline=None, suppress_health_check=SHARED_FIXTURE)
 @given(pair=bit_pairs(32), op=st.sampled_from(OPS))
 @pytest.mark.parametrize("dtype", ["float32", "int32", "uint8", "int8"])
 def test_random_bits(backend, dtype: str, pair, op: str) -> None:
@@ -317,7 +317,7 @@ def test_random_bits(backend, dtype: str, pair, op: str) -> None:
     assert_same(out, reference(op, a, b, dtype), dtype)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=SHARED_FIXTURE)
+@settings(max_examples=30, deadline=None, suppress_health_check=SHARED_FIXTURE)
 @given(pair=bit_pairs(64), op=st.sampled_from(OPS))
 @pytest.mark.parametrize("dtype", ["float64", "int64"])
 def test_random_bits_64(backend, dtype: str, pair, op: str) -> None:

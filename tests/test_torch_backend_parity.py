@@ -13,8 +13,9 @@ Each case runs as real ranks on both backends (gloo's outcome is checked the sam
 gloo has the feature). A rank that must stay out of an op waits until the others have their
 outcome (_worker.wait_for), not a fixed sleep. Where a world can go on after a case, one
 launch runs several cases (each test still checks its own case's records): gloo's two
-timeout cases, each in a process group of its own; collectives' two missing-rank monitored
-barriers, one after the other in the same group (it stays usable); the sparse cases on both
+timeout cases, each in a process group of its own; gloo's two missing-rank monitored
+barriers, likewise; collectives' two, one after the other in the same group (it stays
+usable); the sparse cases on both
 backends in the same ranks, collectives first (in processes that ran nothing else, as
 before), then gloo.
 """
@@ -65,8 +66,11 @@ def _shared(key, launch):
 TIMEOUT_BODY = INIT + r'''
 be = os.environ["BACKEND"]
 for i, op in enumerate(os.environ["OPS"].split(",")):
-    if i:  # gloo: the next case in a process group of its own
+    if i:  # the next case in a process group of its own
         dist.destroy_process_group()
+        if be == "collectives":  # and on a world communicator of its own (see the test)
+            import collectives
+            collectives.finalize()
         init(be, f"file://{os.environ['WORLD_DIR']}/init{i}")
     else:
         init(be, f"tcp://127.0.0.1:{os.environ['TORCH_PORT']}")
@@ -96,10 +100,11 @@ def test_timeout_is_worded_as_gloos(backend, op):
     """A group op one rank enters alone fails at the group's 1 s with " Timed out " in the
     message (distributed_test.py's test_barrier_timeout_* regex), still a RuntimeError;
     Work.wait(timeout) that expires first says "Operation timed out!", as gloo's."""
-    # gloo's two cases share a launch (a new process group for the second); each collectives
-    # case has a launch of its own: the backend runs on the ranks' world communicator, which
-    # the timed-out op breaks on rank 0 only, so a process group made again would not agree
-    ops = "barrier,Work.wait" if backend == "gloo" else op
+    # one launch per backend runs its cases in turn, each in a process group of its own;
+    # for collectives also on a world communicator of its own (collectives.finalize, then
+    # the next init_process_group makes a new one): the backend runs on the ranks' world
+    # communicator, which the timed-out op breaks on rank 0 only
+    ops = "barrier,Work.wait" if backend == "gloo" else "barrier,all_reduce,recv,Work.wait"
     res = _shared(("timeout", backend, ops), lambda: run_world(
         2, TIMEOUT_BODY, timeout=50, collective_timeout=30,
         env={"BACKEND": backend, "OPS": ops, "PG_TIMEOUT": "30", "TORCH_PORT": free_port()}))
@@ -129,9 +134,14 @@ if be == "collectives":  # (gloo's group hangs in the next collective after this
     t = torch.ones(2) * (r + 1)
     dist.all_reduce(t, group=g)  # still usable after rank 0's zero-timeout failure
     emit("after", value=t.tolist())
-# gloo: one case a launch (its per-call tags are out of step after a failure); collectives:
-# one after the other in the same group, which a failed monitored barrier leaves usable
-for missing in os.environ["MISSING"].split(","):
+# gloo: each case in a process group of its own (its per-call tags are out of step after a
+# failure); collectives: one after the other in the same group, which a failed monitored
+# barrier leaves usable
+for i, missing in enumerate(os.environ["MISSING"].split(",")):
+    if i and be == "gloo":
+        dist.destroy_process_group()
+        init(be, f"file://{os.environ['WORLD_DIR']}/init{i}")
+        g = dist.new_group()
     if missing == "last":  # the last rank never arrives
         waiting = list(range(n - 1))
         if r != n - 1:
@@ -158,16 +168,10 @@ for missing in os.environ["MISSING"].split(","):
 def test_monitored_barrier(backend, missing):
     """gloo's monitored barrier: passes when all arrive; rank 0 names who did not."""
     n = 3
-    if backend == "gloo":
-        res = _shared(("monitor", backend, missing), lambda: run_world(
-            n, MONITOR_BODY, timeout=60, collective_timeout=30,
-            env={"BACKEND": backend, "MISSING": missing, "PG_TIMEOUT": "3",
-                 "TORCH_PORT": free_port()}))
-    else:
-        res = _shared(("monitor", backend), lambda: run_world(
-            n, MONITOR_BODY, timeout=60, collective_timeout=30,
-            env={"BACKEND": backend, "MISSING": "last,all", "PG_TIMEOUT": "3",
-                 "TORCH_PORT": free_port()}))
+    res = _shared(("monitor", backend), lambda: run_world(
+        n, MONITOR_BODY, timeout=60, collective_timeout=30,
+        env={"BACKEND": backend, "MISSING": "last,all", "PG_TIMEOUT": "3",
+             "TORCH_PORT": free_port()}))
     assert not res.timed_out, res.report()
     for r in range(n):
         for tag in ("all pass", "all pass, wait_all_ranks"):
