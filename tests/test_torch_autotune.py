@@ -202,11 +202,13 @@ hvd.init()
 r, n = hvd.rank(), hvd.size()
 lane = current().lane
 tri = n * (n + 1) // 2
-# 48 tensors, 4 B .. 240 KiB, 16 of each of three dtypes (runs of one dtype fuse): about
-# 5 MiB, so that Horovod's first points (4, 32, 16, 8 MiB) group them differently
-DTYPES = [torch.float32, torch.float64, torch.int32]
-sizes = [max(1, int(30000 * ((k % 16) / 15) ** 0.5)) for k in range(48)]
-tensors = [torch.zeros(s, dtype=DTYPES[k // 16]) for k, s in enumerate(sizes)]
+# 24 float32 tensors of 4 B .. 234 KiB (4.3 MiB: Horovod's first point, 4 MiB, fuses them
+# in two groups, the others in one), then 12 float64 and 12 int32 ones of up to 8 KiB
+# (a run of one dtype fuses)
+DTYPES = [torch.float32] * 24 + [torch.float64] * 12 + [torch.int32] * 12
+sizes = [max(1, int(60000 * (k / 23) ** 0.25)) for k in range(24)] + \
+    [1 + 90 * k for k in range(12)] * 2
+tensors = [torch.zeros(s, dtype=d) for s, d in zip(sizes, DTYPES)]
 
 def step(i):
     for k, t in enumerate(tensors):

@@ -3,8 +3,10 @@
 Rank 0 scores the job as Horovod's ``ParameterManager`` does: bytes
 allreduced per second over the ops the negotiation runs (``_negotiate``).
 A *sample* is five windows of ``HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE`` steps
-each (a window ends when some op name has run that many more times), scored
-by the median of the five. The first ``HOROVOD_AUTOTUNE_WARMUP_SAMPLES``
+each, scored by the median of the five. Steps are counted by name, as
+Horovod counts them: a window ends when some op name has run that many more
+times (so ops left unnamed, numbered per call, never end one;
+``DistributedOptimizer`` names its buckets). The first ``HOROVOD_AUTOTUNE_WARMUP_SAMPLES``
 samples are discarded. Horovod's four first points (fusion MiB, cycle ms) =
 (4, 5), (32, 50), (16, 25), (8, 10) come next, then points proposed by
 Bayesian optimisation (``_bayes``) over fusion 0-64 MiB and cycle 1-100 ms,
@@ -95,6 +97,7 @@ class Autotuner:
         self.scored = 0
         self.active = True
         self.best: Optional[tuple] = None  # (MiB, ms, score) once done
+        self.history: list = []  # (MiB, ms, score) per scored sample
         self._pending: Optional[list] = None
         self._start: Optional[float] = None  # the window's start; None: a record is pending
         self._counts: dict = {}
@@ -147,6 +150,7 @@ class Autotuner:
             return
         point = np.array([self.values[i] for i in self.free])
         self._log(self.values, score)
+        self.history.append((self.values[0], self.values[1], score))
         self.opt.add(point, score)
         self.scored += 1
         if self.scored > self.settings.max_samples:
@@ -167,7 +171,9 @@ class Autotuner:
         for i, v in zip(self.free, point):
             self.values[i] = float(v)
         fusion = int(round(self.values[0] * MIB))
-        self._pending = [TUNE, fusion, round(self.values[1], 4), 1 if self.active else 0]
+        # what every rank applies is what rank 0 logs: whole bytes, 1e-4 ms
+        self.values = [fusion / MIB, round(self.values[1], 4)]
+        self._pending = [TUNE, fusion, self.values[1], 1 if self.active else 0]
         self._start = None
 
     # -- the log ------------------------------------------------------------------
