@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 from conftest import run_world  # noqa: E402
 
 BODY = r'''
-import os, sys
+import os, sys, time
 import torch
 import collectives.torch as hvd
 
@@ -21,7 +21,9 @@ path = sys.argv[1]
 if os.environ.get("VIA_API"):
     hvd.start_timeline(path)
 hvd.allreduce(torch.ones(1000), name="grad.w")
-hvd.synchronize(hvd.allgather_async(torch.ones(2, 3) * r, name="feat"))
+h = hvd.allgather_async(torch.ones(2, 3) * r, name="feat")
+time.sleep(0.3)  # nobody waits for it: the negotiating thread runs it (its own row)
+hvd.synchronize(h)
 hvd.broadcast(torch.ones(4), 0)
 hvd.reducescatter(torch.ones(4, 2))
 hvd.barrier()
@@ -45,8 +47,14 @@ def _check_trace(path):
             "NEGOTIATE", "QUEUE", "RUN", "WAIT"} <= names, names
     assert any(e.get("args", {}).get("name") == "grad.w" for e in spans)
     assert any(e.get("args", {}).get("op") == "allgather feat" for e in spans if e["name"] == "RUN")
-    assert {e["args"]["name"] for e in events if e["name"] == "thread_name"} >= \
-        {"MainThread", "collectives-torch-lane"}
+    # blocking calls run their round in the caller's thread; the async allgather nobody
+    # waited for ran on the negotiating thread
+    threads = {e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    assert set(threads.values()) >= {"MainThread", "collectives-torch-lane"}, threads
+    assert any(threads.get(e["tid"]) == "collectives-torch-lane" for e in spans
+               if e["name"] == "RUN" and e.get("args", {}).get("op") == "allgather feat"), spans
+    assert any(threads.get(e["tid"]) == "MainThread" for e in spans
+               if e["name"] == "RUN" and e.get("args", {}).get("op") == "allreduce grad.w"), spans
     return spans
 
 

@@ -8,10 +8,11 @@ there is no module-level map of handles (STYLE rule 26).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 
@@ -51,6 +52,9 @@ def wire_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def check_tensor(tensor: Any, what: str = "tensor") -> None:
     """TypeError unless `tensor` is a CPU tensor, or a CUDA tensor with a CUDA build and GPU."""
+    if type(tensor) is torch.Tensor and tensor.is_cpu and not tensor.is_sparse and \
+            not tensor.is_complex():
+        return  # the common case, in a few attribute reads (each call pays this)
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{what} must be a torch.Tensor, got {type(tensor).__name__}")
     if tensor.device.type == "cuda":
@@ -89,16 +93,18 @@ class CudaTensorView:
 
 def as_buffer(tensor: torch.Tensor) -> tuple[Any, Optional[str]]:
     """A zero-copy view of a contiguous tensor, and the dtype name to pass the core."""
-    t = tensor.detach()
+    t = tensor.detach() if tensor.requires_grad else tensor
+    if t.is_cpu:
+        if t.dtype == torch.bfloat16:
+            return t.view(torch.int16).numpy(), "bfloat16"
+        return t.numpy(), None
     if t.device.type == "cuda":
         # The typestr only carries the width: the dtype name says what it is.
         name = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32",
                 torch.float64: "float64", torch.int8: "int8", torch.uint8: "uint8",
                 torch.int32: "int32", torch.int64: "int64"}[t.dtype]
         return CudaTensorView(t), name
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy(), "bfloat16"
-    return t.numpy(), None
+    return t.numpy(), None  # another device: numpy() says what it cannot do
 
 
 class TorchContext:
@@ -184,8 +190,26 @@ def _negotiator(control: Any, core: Any, rank: int, size: int) -> Any:
     from ._plan import serve_plan
     from ._negotiate import Negotiator
     warn, expire = _knobs.stall_times(_knobs.collective_timeout())
-    return Negotiator(control, rank, size, _knobs.cycle_time_s(), _knobs.cache_capacity(), warn,
+    lane = Negotiator(control, rank, size, _knobs.cycle_time_s(), _knobs.cache_capacity(), warn,
                       expire, lambda plan: serve_plan(core, plan), data=core)
+    lane.turn_state = _lane_state
+    return lane
+
+
+@contextlib.contextmanager
+def _lane_state() -> Iterator[None]:
+    """A waiting thread runs rounds (and the ops they run) in the state the negotiating
+    thread has: no process set active (an op binds its own), autograd on, no inference
+    mode and no autocast, whatever the waiting caller set around its call."""
+    from .process_sets import ACTIVE
+    before = ACTIVE.view
+    ACTIVE.view = None
+    try:
+        with torch.inference_mode(False), torch.enable_grad(), \
+                torch.autocast("cpu", enabled=False):
+            yield
+    finally:
+        ACTIVE.view = before
 
 
 class _Holder:

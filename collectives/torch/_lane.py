@@ -21,10 +21,12 @@ _UNSET = object()
 
 class _Call(threading.local):
     """The public call in progress on this thread: its number (Horovod's handle: every
-    public call takes one; 0: none yet) and whether it has queued its op."""
+    public call takes one; 0: none yet), whether it has queued its op, and whether it is
+    a blocking call (its thread waits for what it queues, and runs the round itself)."""
 
     handle = 0
     queued = False
+    blocking = False
 
 
 CALL = _Call()
@@ -47,6 +49,38 @@ def op_key(ctx: Any, kind: str, name: Optional[str]) -> str:
     CALL.queued = True
     pid = getattr(ctx, "process_set_id", 0)
     return f"ps{pid}:{text}" if pid else text
+
+
+class _Done:
+    """A one-shot completion flag, as threading.Event's set/is_set/wait (without a
+    timeout) at a fraction of its cost: a lock held until set(). Every public call makes
+    one, so its price is part of a small op's latency."""
+
+    __slots__ = ("_lock", "_set")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self._set = False
+
+    def set(self) -> None:
+        """Complete (idempotent); wakes every waiter."""
+        if not self._set:
+            self._set = True
+            try:
+                self._lock.release()
+            except RuntimeError:  # a racing set() released it first
+                pass
+
+    def is_set(self) -> bool:
+        """True once set() was called."""
+        return self._set
+
+    def wait(self) -> None:
+        """Block until set() (each waiter passes the lock on to the next)."""
+        if not self._set:
+            self._lock.acquire()
+            self._lock.release()
 
 
 class Job:
@@ -78,7 +112,9 @@ class Job:
         self.since = 0.0
         self.agreed = 0  # perf_counter_ns when every rank had queued it (timeline)
         self.fuse: Any = None  # (input, output) of an allreduce that may run fused
-        self._event = threading.Event()
+        self.blocking = CALL.blocking  # queued by a blocking call: its caller waits at once
+        self.lane: Any = None  # the Negotiator it is queued on (told when someone waits)
+        self._event = _Done()
         self._output: Any = None
         self._error: Optional[BaseException] = None
 
@@ -137,7 +173,11 @@ class Job:
     def wait(self) -> Any:
         """Wait for completion; return the output or raise the operation's error
         (a failed collective as ``HorovodInternalError``)."""
-        self._event.wait()
+        if not self._event.is_set():
+            if self.lane is not None:
+                self.lane.waiting(self._event)  # runs rounds here meanwhile
+            else:
+                self._event.wait()
         if self._error is not None:
             from .exceptions import internal_error
 

@@ -5,8 +5,9 @@ ops, ``DistributedOptimizer``'s bucket launches, parameter and state
 broadcasts, process-set registration) is queued here under a key (its
 process set, its kind and its name; an unnamed op gets Horovod's
 ``<kind>.noname.<n>``, n counting this process's calls) and a description of
-what must match across ranks. One background thread per world, the only
-thread that issues collectives on Horovod's links, runs *rounds*; each
+what must match across ranks. The thread holding the turn (see below: the
+negotiating thread, or a thread waiting for its op), the only thread that issues
+collectives on Horovod's links, runs *rounds*; each
 round every rank says which keys it has queued, and every rank then runs the
 keys that every rank (every member of the key's process set) has queued, in
 the same order. So rank 0 may queue ``allgather_async(name="x")`` before a
@@ -69,6 +70,15 @@ for a slower rank blocks in poll() inside the collective (after the core's
 short spin), which every rank joins within IDLE_S. So idle ranks run ten
 small rounds a second, and a stalled op costs a few rounds a second.
 
+Who runs a round: one thread at a time holds the turn. A thread that waits for
+one of its ops (``Job.wait``: every blocking call, ``synchronize``) runs rounds
+itself, back to back, until its op is done, and the negotiating thread leaves
+the rounds to it meanwhile: a waiting thread adds no ops to fuse, so the cycle
+would only delay its op, and a round run in the caller saves two hand-offs
+between threads. A blocking call's op is left to its caller for
+CALLER_GRACE_S. The negotiating thread runs the rounds nobody waits for (the
+async ops of a backward pass, idle rounds), paced as above.
+
 ``join()`` is the key ``join``: a rank that announced it serves every
 allreduce the others agree on with zeros (from the plan in its record), and
 other ops fail on the ranks that called them; ``join`` is ready once every
@@ -105,6 +115,9 @@ log = logging.getLogger("collectives.torch")
 
 IDLE_S = 0.1  # the longest a rank sits out of rounds: bounds a peer's wait inside one
 HIT_STALE_S = 1.0
+# A blocking call's thread runs the round for its op itself (Negotiator.waiting); the
+# negotiating thread runs it instead only once the caller has not come for this long.
+CALLER_GRACE_S = 0.05
 EXPIRY_GAP_S = 5.0  # at most one stalled op expires per this many seconds  # a cached op queued this long is evicted, so stall inspection sees it
 MAX_RECORDS = 64 << 20  # bytes of records one rank may announce in a round (a bound)
 # An allreduce this large runs alone, in place, even where it could be fused: fusing copies
@@ -239,6 +252,12 @@ class Negotiator:
         self._last_start = 0.0
         self._last_progress = time.monotonic()
         self._busy_any = False
+        self._waiters = 0  # threads waiting for an op queued here (Job.wait)
+        self._turn: Optional[threading.Thread] = None  # the thread running a round now
+        self._over = False  # no more rounds: every rank stopped, or the negotiation failed
+        # a context manager a waiting thread runs its rounds in (the negotiating thread's
+        # thread-local state: see _context._lane_state); None: none needed
+        self.turn_state: Optional[Callable[[], Any]] = None
         # replicated state: the same on every rank after every round
         self.table: "OrderedDict[str, _Asked]" = OrderedDict()
         self.joined: dict = {}  # rank -> (round, rank) of its join
@@ -270,8 +289,8 @@ class Negotiator:
                 self._handles[process_set] = n - 1
 
     def on_lane(self) -> bool:
-        """True on the negotiating thread (ops called from a running op run at once)."""
-        return threading.current_thread() is self._thread
+        """True on the thread running a round (ops called from a running op run at once)."""
+        return threading.current_thread() is self._turn
 
     def submit(self, job: Any) -> Any:
         """Queue `job` under job.key; ValueError if an op with that key is still in flight
@@ -284,7 +303,7 @@ class Negotiator:
             if self._error is not None:
                 raise RuntimeError(f"collectives.torch: the negotiation failed earlier: "
                                    f"{self._error}") from self._error
-            if self._closed or self._stopping:
+            if self._closed or self._stopping or self._over:
                 raise ValueError("collectives.torch has been shut down; call hvd.init()")
             held = self._inflight.get(job.key)
             if held is not None and not held.poll():
@@ -300,10 +319,40 @@ class Negotiator:
                         del self._inflight[k]
             job.since = time.monotonic()
             job.timeline, job.queued = self.timeline, time.perf_counter_ns()
+            job.lane = self
             self._new.append(job)
             self._start()
             self._cv.notify_all()
         return job
+
+    def waiting(self, done: threading.Event) -> None:
+        """Wait until `done` (a job queued here completes), running rounds in this thread
+        meanwhile, back to back: the cycle only gathers more ops to fuse, and a thread that
+        waits adds none, so waiting it out would only delay the op (1 ms a blocking call);
+        and a round run here saves two hand-offs between threads (to the negotiating thread
+        and back), which cost more than the round on a busy host. The negotiating thread
+        leaves the rounds to waiting threads, one round at a time."""
+        with self._cv:
+            self._waiters += 1
+            self._cv.notify_all()
+        try:
+            while not done.is_set():
+                with self._cv:
+                    while self._turn is not None and not done.is_set():
+                        self._cv.wait()
+                    if done.is_set() or self._over or self._thread is None:
+                        break
+                    self._turn = threading.current_thread()
+                if self.turn_state is None:
+                    self._take_turn()
+                else:
+                    with self.turn_state():
+                        self._take_turn()
+        finally:
+            with self._cv:
+                self._waiters -= 1
+                self._cv.notify_all()  # the negotiating thread paces the rounds again
+        done.wait()  # set by now, unless the negotiation ended (then _fail_all sets it)
 
     def drain(self) -> None:
         """Kept for callers of the old lane: nothing to wait for (ops run when agreed)."""
@@ -358,17 +407,33 @@ class Negotiator:
 
     # -- the thread ------------------------------------------------------------------
     def _loop(self) -> None:
-        try:
-            while True:
-                self._pace()
-                if self._abandon or self._round_once():
+        while True:
+            with self._cv:
+                if not self._pace():
                     break
+                self._turn = threading.current_thread()
+            self._take_turn()
+
+    def _take_turn(self) -> None:
+        """Run one round in this thread, which holds the turn (self._turn); give it back.
+        The negotiation ends once every rank stops, this rank abandons it, or a round fails:
+        every queued op then fails (with the round's error)."""
+        over = False
+        try:
+            over = self._abandon or self._round_once()
         except BaseException as e:  # noqa: BLE001 -- every queued op gets it
             with self._cv:
                 self._error = e
             log.warning("collectives.torch: negotiation stopped on rank %d: %s", self.rank, e)
+            over = True
         finally:
-            self._fail_all()
+            if over:
+                with self._cv:
+                    self._over = True
+                self._fail_all()
+            with self._cv:
+                self._turn = None
+                self._cv.notify_all()
 
     def _fail_all(self) -> None:
         with self._cv:
@@ -382,22 +447,35 @@ class Negotiator:
                 job.fail(RuntimeError(f"collectives.torch was shut down before {job.key!r} ran "
                                       "(not every rank queued it)"))
 
-    def _pace(self) -> None:
-        """Wait for this rank's turn to start a round (see the module docstring)."""
-        with self._cv:
-            while not self._abandon:
-                now = time.monotonic()
-                if self._new or (self._stopping and not self._queue) or \
-                        any(not j.announced for j in self._queue):
-                    wait = self.cycle_s
-                elif self._queue or self._stopping or self._busy_any:
-                    wait = min(max(self.cycle_s, (now - self._last_progress) / 4), IDLE_S)
-                else:
-                    wait = IDLE_S
-                target = self._last_start + wait
-                if now >= target:
-                    return
-                self._cv.wait(target - now)
+    def _pace(self) -> bool:
+        """(Holding self._cv) wait for the negotiating thread's turn to start a round (see
+        the module docstring); False once the negotiation is over."""
+        while not self._over:
+            if self._turn is not None:
+                self._cv.wait()  # a waiting thread runs a round
+                continue
+            if self._abandon:
+                return True  # the turn ends it
+            if self._waiters:
+                self._cv.wait()  # waiting threads run the rounds
+                continue
+            now = time.monotonic()
+            if self._new or (self._stopping and not self._queue) or \
+                    any(not j.announced for j in self._queue):
+                wait = self.cycle_s
+            elif self._queue or self._stopping or self._busy_any:
+                wait = min(max(self.cycle_s, (now - self._last_progress) / 4), IDLE_S)
+            else:
+                wait = IDLE_S
+            target = self._last_start + wait
+            if self._new and not self._stopping and all(j.blocking for j in self._new):
+                # their callers are about to wait, and run the round themselves (waiting());
+                # this thread takes it only if one of them does not come
+                target = max(target, self._new[-1].since + CALLER_GRACE_S)
+            if now >= target:
+                return True
+            self._cv.wait(target - now)
+        return False
 
     def _round_once(self) -> bool:
         """One round; True once every rank is shutting down."""

@@ -55,7 +55,8 @@ def symmetric(what: str, get: Callable[[], Any], route: Optional[bool] = None) -
     there is none (then nothing is exchanged)."""
 
     def wrap(fn: Callable) -> Callable:
-        routed = route if route is not None else not fn.__name__.endswith(("_async", "_async_"))
+        blocking = not fn.__name__.endswith(("_async", "_async_"))  # the caller waits for it
+        routed = route if route is not None else blocking
 
         def inner(*args: Any, **kwargs: Any) -> Any:
             try:
@@ -95,6 +96,7 @@ def symmetric(what: str, get: Callable[[], Any], route: Optional[bool] = None) -
             except Exception:
                 return inner(*args, **kwargs)
             CALL.queued = False
+            CALL.blocking = routed or blocking
             pid = getattr(ctx, "process_set_id", 0)
             CALL.handle = handle = world.lane.next_handle(pid)
             try:
@@ -122,6 +124,7 @@ def symmetric(what: str, get: Callable[[], Any], route: Optional[bool] = None) -
                     raise
             finally:
                 CALL.queued = False
+                CALL.blocking = False
                 CALL.handle = 0
 
         return call

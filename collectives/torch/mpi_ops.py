@@ -58,6 +58,8 @@ def _symmetric(what: str, route: Optional[bool] = None) -> Callable:
 
 
 def _check_process_set(process_set: Any) -> None:
+    if process_set is None:  # the set active now: nothing to check
+        return
     from .process_sets import check_process_set
 
     check_process_set(process_set)
@@ -147,7 +149,7 @@ def _on_callers_stream(fn: Callable[[], Any]) -> Callable[[], Any]:
     """fn, to run on the lane with the CUDA stream current here and now: its copies,
     and the collective's wait for the caller's queued work, then follow what the
     caller queued on that stream before the call (a GPU tensor's producer)."""
-    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+    if not torch.cuda.is_initialized() or not torch.cuda.is_available():  # the cheap one first
         return fn
     stream = torch.cuda.current_stream()
 
@@ -250,17 +252,30 @@ def _allreduce_start(tensor: torch.Tensor, output: torch.Tensor, op: ReduceOp, p
     return Handle([req], output, finish, keep=(tensor, send, recv))
 
 
+_ALLREDUCE_DESCS: dict = {}  # (shape, dtype, op, prescale, postscale, device) -> (desc, plan)
+
+
 def _allreduce_job(tensor: torch.Tensor, output: torch.Tensor, op: ReduceOp, prescale: float,
                    postscale: float, name: Optional[str]) -> Job:
     """Queue an allreduce under its name with everything that must match in its description,
     and its plan (a joined rank serves it with zeros; see _join)."""
-    desc = _describe("allreduce", None, tensor, op=op.name, prescale=prescale,
-                     postscale=postscale, device=tensor.device.type)
-    plan = 0
-    if op is not Adasum and tensor.device.type == "cpu":
-        wdt = wire_dtype(tensor.dtype)
-        core_dt = {torch.bfloat16: "bfloat16"}.get(wdt, str(wdt)[6:])
-        plan = encode_plan(tensor.numel(), core_dt, op.core)
+    cpu = tensor.is_cpu
+    # the description and plan of every shape seen, as formatting them costs more than the
+    # rest of a small call (a training step repeats the same few shapes)
+    key = (tensor.shape, tensor.dtype, op.name, prescale, postscale, cpu or tensor.device.type)
+    known = _ALLREDUCE_DESCS.get(key)
+    if known is None:
+        desc = _describe("allreduce", None, tensor, op=op.name, prescale=prescale,
+                         postscale=postscale, device=tensor.device.type)
+        plan = 0
+        if op is not Adasum and cpu:
+            wdt = wire_dtype(tensor.dtype)
+            core_dt = {torch.bfloat16: "bfloat16"}.get(wdt, str(wdt)[6:])
+            plan = encode_plan(tensor.numel(), core_dt, op.core)
+        if len(_ALLREDUCE_DESCS) >= 4096:
+            _ALLREDUCE_DESCS.clear()
+        known = _ALLREDUCE_DESCS[key] = (desc, plan)
+    desc, plan = known
     agree = op is Adasum
     # fuse: the negotiation may run it fused with others agreed alongside (see _fusion)
     return _queue("allreduce", name, lambda: _allreduce_start(

@@ -172,6 +172,11 @@ static const coll_param_decl_t params[COLL_NUM_PARAMS] = {
                                   "record before it, or claim an overlong length; rekey (on "
                                   "every rank): keys change every 3 records",
                                   "one of: 0, flip, replay, length, rekey"},
+    [COLL_PARAM_STALL_WARN] = {"COLLECTIVES_STALL_WARN", "auto",
+                               "seconds a blocking collective may wait without progress before it "
+                               "warns, naming the ranks it waits for (then again each as long, "
+                               "until the timeout); auto: a quarter of the call's timeout, at "
+                               "least 5; 0: never", "seconds >= 0, or auto"},
 };
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;

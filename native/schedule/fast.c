@@ -41,6 +41,7 @@ typedef struct {
   int peer;
   uint32_t seq;
   double start, deadline, idle_since;
+  coll_stall_t stall; /* quiet_since follows idle_since */
 } fast_t;
 
 /* Nothing moved: keep checking for comm->spin, then sleep until the link
@@ -63,7 +64,20 @@ static coll_result_t fast_wait(fast_t *f, int sending) {
   struct pollfd pfs[2];
   int npf = coll_link_pollfds(f->link, ev, pfs);
   double left = f->deadline - now;
-  int ms = left > 2e6 ? 2000000000 : (int)(left * 1000.0) + 1;
+  if (f->stall.quiet_since != f->idle_since) { /* moved since: the stall clock restarts */
+    f->stall.quiet_since = 0;
+    coll_stall_due(&f->stall, f->idle_since);
+  }
+  if (coll_stall_due(&f->stall, now)) {
+    char who[160];
+    coll_stall_name_peer(comm, f->peer, who, sizeof who);
+    COLL_WARN("rank %d: allreduce #%u has moved nothing for %.3g s, waiting for %s (%s); it "
+              "fails in %.3g s (its timeout) unless it comes (COLLECTIVES_STALL_WARN)",
+              comm->rank, f->seq, now - f->idle_since, who,
+              sending ? "not reading what this rank sends" : "nothing from it yet at this level",
+              left);
+  }
+  int ms = coll_stall_cap_ms(&f->stall, now, left > 2e6 ? 2000000000 : (int)(left * 1000.0) + 1);
   if (poll(pfs, (nfds_t)npf, ms) < 0 && errno != EINTR)
     return coll_error(comm, COLL_SYSTEM_ERROR, "rank %d: poll failed: %s", comm->rank, strerror(errno));
   int hup = 0;
@@ -168,8 +182,9 @@ coll_result_t coll_fast_allreduce(coll_comm_t *comm, const coll_args_t *a, coll_
   COLL_INFO(COLL_LOG_TUNE, "allreduce #%u %zu bytes on %d ranks: butterfly, fast path", h.seq,
             nbytes, n);
   coll_reduce_fn reduce = coll_reduce_kernel(a->dtype, a->op);
-  fast_t f = {comm, NULL, -1, h.seq, coll_now(), 0, 0};
+  fast_t f = {comm, NULL, -1, h.seq, coll_now(), 0, 0, {0, 0, 0}};
   f.deadline = coll_comm_deadline(comm, a->timeout);
+  coll_stall_begin(&f.stall, f.start, f.deadline);
   const char *cur = a->sendbuf ? (const char *)a->sendbuf : (const char *)a->recvbuf;
   char *out = a->recvbuf;
   for (int k = 0, mask = 1; k < levels; k++, mask <<= 1) {

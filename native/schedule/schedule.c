@@ -527,6 +527,38 @@ static coll_result_t timeout_error(coll_sched_t *s, peer_state_t *ps, int nps, d
                     comm->rank, coll_kind_name(s->hdr.coll), s->hdr.seq, coll_now() - start, who);
 }
 
+/* The stall warning (base/stall.c): every peer this rank still waits for
+ * in this call, and how far it got: a peer from which nothing of the call has
+ * come "has not arrived" (it is not in this collective yet, or stuck before
+ * it); one that sent part of it stopped inside; one that only has to read
+ * what this rank sends is not reading. */
+static void stall_warn(coll_sched_t *s, peer_state_t *ps, int nps, double quiet, double left) {
+  coll_comm_t *comm = s->comm;
+  char who[512] = "";
+  size_t used = 0;
+  int listed = 0, more = 0;
+  for (int i = 0; i < nps; i++) {
+    peer_state_t *p = &ps[i];
+    if (p->sh >= p->nsq && p->rh >= p->nrq) continue;
+    if (used > sizeof who - 120) { more++; continue; }
+    used += (size_t)snprintf(who + used, sizeof who - used, "%s", listed++ ? "; " : "");
+    used += coll_stall_name_peer(comm, p->peer, who + used, sizeof who - used);
+    if (p->rh < p->nrq && p->rh == 0 && p->rhdr_got == 0)
+      used += (size_t)snprintf(who + used, sizeof who - used, " (has not arrived: nothing of "
+                               "this call from it yet)");
+    else if (p->rh < p->nrq)
+      used += (size_t)snprintf(who + used, sizeof who - used, " (stopped inside it: %d of %d "
+                               "messages from it)", p->rh, p->nrq);
+    else
+      used += (size_t)snprintf(who + used, sizeof who - used, " (not reading: %d of %d messages "
+                               "to it sent)", p->sh, p->nsq);
+  }
+  if (more) snprintf(who + used, sizeof who - used, "; %d more", more);
+  COLL_WARN("rank %d: %s #%u has moved nothing for %.3g s, waiting for %s; it fails in %.3g s "
+            "(its timeout) unless they come (COLLECTIVES_STALL_WARN)",
+            comm->rank, coll_kind_name(s->hdr.coll), s->hdr.seq, quiet, who, left);
+}
+
 /* A waiting rank checks for comm->spin, then on for up to COLL_SPIN_IDLE_FACTOR
  * times as long while the host's cores are not wanted elsewhere: when its spin
  * runs out, no more threads are runnable on the host than it has CPUs
@@ -662,6 +694,8 @@ coll_result_t coll_sched_run(coll_sched_t *s, double deadline) {
   COLL_INFO(COLL_LOG_COLL, "rank %d: %s #%u, %d steps over %d links", comm->rank,
             coll_kind_name(s->hdr.coll), s->hdr.seq, n, nps);
 
+  coll_stall_t stall;
+  coll_stall_begin(&stall, start, deadline);
   double idle_since = 0;
   long preempted0 = -2; /* the thread's preemptions when this wait began (keep_spinning) */
   int sockets_idle = 0; /* the last zero-timeout poll found no socket ready */
@@ -688,6 +722,7 @@ coll_result_t coll_sched_run(coll_sched_t *s, double deadline) {
     if (moved || x.remaining == 0) {
       idle_since = 0;
       preempted0 = -2;
+      stall.quiet_since = 0;
       continue;
     }
     /* A short bounded spin before sleeping, longer while the core is not
@@ -740,9 +775,11 @@ coll_result_t coll_sched_run(coll_sched_t *s, double deadline) {
                        comm->rank, coll_kind_name(s->hdr.coll), s->hdr.seq, x.remaining);
       goto out;
     }
-    double left = deadline - coll_now();
+    double now = coll_now(), left = deadline - now;
     if (left <= 0) { res = timeout_error(s, ps, nps, deadline, start); goto out; }
+    if (coll_stall_due(&stall, now)) stall_warn(s, ps, nps, now - stall.quiet_since, left);
     int ms = spinning ? 0 : left > 2e6 ? 2000000000 : (int)(left * 1000.0) + 1;
+    ms = coll_stall_cap_ms(&stall, now, ms);
     int r = poll(pfs, (nfds_t)npf, ms);
     if (r == 0 && spinning) {
       if (comm->oversubscribed) sched_yield();

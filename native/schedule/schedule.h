@@ -32,6 +32,7 @@
 #include "reduce/reduce.h"
 #include "transport/transport.h"
 #include "transport/wire.h"
+#include "base/stall.h"
 
 typedef enum { COLL_STEP_SEND, COLL_STEP_RECV, COLL_STEP_RECV_REDUCE, COLL_STEP_COPY } coll_step_kind_t;
 

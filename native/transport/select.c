@@ -13,6 +13,7 @@
 
 #include "base/comm_state.h"
 #include "base/param.h"
+#include "base/stall.h"
 #include "base/status.h"
 #include "transport/crypt.h"
 #include "transport/transport.h"
@@ -27,10 +28,12 @@ static coll_result_t xfer(coll_comm_t *comm, int fd, int peer, void *buf, size_t
                           double deadline) {
   size_t done = 0;
   struct pollfd *pfs = comm->pending_pfs; /* max_pending + 2 (tcp.c) */
+  coll_stall_t stall;
+  coll_stall_begin(&stall, coll_now(), deadline);
   while (done < n) {
     ssize_t r = sending ? send(fd, (char *)buf + done, n - done, MSG_NOSIGNAL | MSG_DONTWAIT)
                         : recv(fd, (char *)buf + done, n - done, MSG_DONTWAIT);
-    if (r > 0) { done += (size_t)r; continue; }
+    if (r > 0) { done += (size_t)r; stall.quiet_since = 0; continue; }
     if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
       return coll_error(comm, COLL_REMOTE_ERROR,
                         "rank %d: rank %d closed the connection while setting up the link (it "
@@ -39,9 +42,15 @@ static coll_result_t xfer(coll_comm_t *comm, int fd, int peer, void *buf, size_t
     COLL_CHECK(coll_tcp_aborted(comm));
     pfs[0] = (struct pollfd){fd, sending ? POLLOUT : POLLIN, 0};
     int nl = coll_tcp_listen_pollfds(comm, pfs + 1);
-    double left = deadline - coll_now();
-    int ready = left > 0 ? poll(pfs, (nfds_t)(1 + nl), (int)(left * 1000) + 1) : 0;
+    double now = coll_now(), left = deadline - now;
+    if (left > 0 && coll_stall_due(&stall, now))
+      coll_stall_warn_link(comm, peer, now - stall.quiet_since, left,
+                           "it has not answered (it has not arrived at this collective, or is "
+                           "stuck before it)");
+    int ready = left > 0 ? poll(pfs, (nfds_t)(1 + nl),
+                                coll_stall_cap_ms(&stall, now, (int)(left * 1000) + 1)) : 0;
     if (ready < 0 && errno == EINTR) continue;
+    if (ready == 0 && coll_now() < deadline) continue; /* woke for the stall warning */
     if (ready <= 0)
       return coll_error(comm, COLL_TIMEOUT, "rank %d: timed out setting up the link to rank %d",
                         comm->rank, peer);

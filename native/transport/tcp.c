@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "base/comm_state.h"
+#include "base/stall.h"
 #include "base/status.h"
 #include "transport/crypt.h"
 #include "transport/transport.h"
@@ -394,6 +395,8 @@ coll_result_t coll_tcp_aborted(coll_comm_t *comm) {
 
 coll_result_t coll_tcp_accept_until(coll_comm_t *comm, int peer, double deadline) {
   struct pollfd *pfs = comm->pending_pfs;
+  coll_stall_t stall;
+  coll_stall_begin(&stall, coll_now(), deadline);
   while (!comm->peers[peer].link) {
     COLL_CHECK(coll_tcp_aborted(comm));
     pfs[0].fd = comm->listen_fd;
@@ -403,9 +406,15 @@ coll_result_t coll_tcp_accept_until(coll_comm_t *comm, int peer, double deadline
       pfs[i + 1].events = POLLIN;
     }
     int np = comm->npending;
-    int n = poll(pfs, (nfds_t)np + 1, ms_left(deadline));
+    double now = coll_now();
+    if (coll_stall_due(&stall, now))
+      coll_stall_warn_link(comm, peer, now - stall.quiet_since, deadline - now,
+                           "it has not connected (it has not arrived at this collective, or is "
+                           "stuck before it)");
+    int n = poll(pfs, (nfds_t)np + 1, coll_stall_cap_ms(&stall, now, ms_left(deadline)));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return coll_error(comm, COLL_SYSTEM_ERROR, "poll failed: %s", strerror(errno));
+    if (n == 0 && coll_now() < deadline) continue; /* woke for the stall warning */
     if (n == 0)
       return coll_error(comm, COLL_TIMEOUT,
                         "rank %d: timed out waiting for rank %d to connect (has it exited, or is it "
