@@ -51,8 +51,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    choices=["TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL"],
                    help="sets HOROVOD_LOG_LEVEL")
     g.add_argument("--autotune", action="store_true",
-                   help="sets HOROVOD_AUTOTUNE=1 (the ranks warn that there is no autotuner)")
-    g.add_argument("--autotune-log-file", default=None, help="sets HOROVOD_AUTOTUNE_LOG")
+                   help="sets HOROVOD_AUTOTUNE=1: rank 0 tunes the fusion threshold and cycle "
+                   "time online (Bayesian optimisation), the same values on every rank; a "
+                   "threshold or cycle time given explicitly stays fixed")
+    g.add_argument("--autotune-log-file", default=None,
+                   help="sets HOROVOD_AUTOTUNE_LOG (rank 0 writes a CSV row per sample)")
+    g.add_argument("--autotune-warmup-samples", type=_number(0, True), default=None,
+                   help="sets HOROVOD_AUTOTUNE_WARMUP_SAMPLES (default 3)")
+    g.add_argument("--autotune-steps-per-sample", type=_number(1, True), default=None,
+                   help="sets HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE (default 10)")
+    g.add_argument("--autotune-bayes-opt-max-samples", type=_number(1, True), default=None,
+                   help="sets HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES (default 20)")
+    g.add_argument("--autotune-gaussian-process-noise", type=_number(0), default=None,
+                   help="sets HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE (default 0.8)")
     g.add_argument("--gloo", action="store_true", help="accepted and ignored (one controller)")
     g.add_argument("--mpi", action="store_true", help="accepted and ignored (one controller)")
 
@@ -81,5 +92,13 @@ def exports_from(args: argparse.Namespace) -> tuple[dict, list]:
         env["HOROVOD_AUTOTUNE"] = "1"
     if args.autotune_log_file:
         env["HOROVOD_AUTOTUNE_LOG"] = args.autotune_log_file
+    for flag, name in (("autotune_warmup_samples", "WARMUP_SAMPLES"),
+                       ("autotune_steps_per_sample", "STEPS_PER_SAMPLE"),
+                       ("autotune_bayes_opt_max_samples", "BAYES_OPT_MAX_SAMPLES")):
+        if getattr(args, flag) is not None:
+            env[f"HOROVOD_AUTOTUNE_{name}"] = str(int(getattr(args, flag)))
+    if args.autotune_gaussian_process_noise is not None:
+        env["HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE"] = \
+            f"{args.autotune_gaussian_process_noise:g}"
     ssh = ["-p", str(int(args.ssh_port))] if args.ssh_port is not None else []
     return env, ssh

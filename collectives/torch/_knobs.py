@@ -14,7 +14,8 @@ import os
 from typing import Callable, Mapping, NamedTuple, Optional
 
 __all__ = ["KNOBS", "check_env", "cycle_time_s", "cache_capacity", "stall_times",
-           "log_level", "markdown_table"]
+           "log_level", "markdown_table", "flag", "autotune", "autotune_settings", "Settings",
+           "explicit"]
 
 
 class Knob(NamedTuple):
@@ -89,8 +90,20 @@ KNOBS = [
     Knob("HOROVOD_HIERARCHICAL_ALLGATHER", "0", "0 or 1",
          "ignored: as HOROVOD_HIERARCHICAL_ALLREDUCE"),
     Knob("HOROVOD_AUTOTUNE", "0", "0 or 1",
-         "ignored: no online tuning of fusion threshold and cycle time (a warning says so)"),
-    Knob("HOROVOD_AUTOTUNE_LOG", "", "a file path", "ignored (no autotuner)"),
+         "honoured: rank 0 tunes the fusion threshold and cycle time online (Bayesian "
+         "optimisation of bytes allreduced per second), every rank applying each point in "
+         "the same negotiation round; an explicitly set threshold or cycle time stays fixed"),
+    Knob("HOROVOD_AUTOTUNE_LOG", "", "a file path",
+         "honoured: rank 0 writes Horovod's CSV, a row per scored sample (score: bytes/s) "
+         "and a last row with the best point"),
+    Knob("HOROVOD_AUTOTUNE_WARMUP_SAMPLES", "3", "integer >= 0",
+         "honoured: samples discarded before scoring"),
+    Knob("HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", "10", "integer >= 1",
+         "honoured: steps per scoring window (a sample is the median of 5 windows)"),
+    Knob("HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "20", "integer 1..1000",
+         "honoured: scored samples (+1) before the best point is fixed"),
+    Knob("HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "0.8", "number 0..100",
+         "honoured: the Gaussian process's noise, on standardised scores"),
     Knob("HOROVOD_DYNAMIC_PROCESS_SETS", "0", "0 or 1",
          "honoured: `add_process_set`/`remove_process_set` after init"),
     Knob("HOROVOD_GLOO_IFACE", "", "an interface name",
@@ -115,6 +128,10 @@ _CHECKS = {
     "HOROVOD_HIERARCHICAL_ALLGATHER": _flag,
     "HOROVOD_AUTOTUNE": _flag,
     "HOROVOD_AUTOTUNE_LOG": _free,
+    "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": _number(0, 100_000, integer=True),
+    "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": _number(1, 1_000_000, integer=True),
+    "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": _number(1, 1000, integer=True),
+    "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE": _number(0.0, 100.0),
     "HOROVOD_DYNAMIC_PROCESS_SETS": _flag,
     "HOROVOD_GLOO_IFACE": _free,
     "HOROVOD_CPU_OPERATIONS": _free,
@@ -157,16 +174,49 @@ def apply_mapped() -> None:
         levels = {"trace": logging.DEBUG, "debug": logging.DEBUG, "info": logging.INFO,
                   "warning": logging.WARNING, "error": logging.ERROR, "fatal": logging.CRITICAL}
         logging.getLogger("collectives.torch").setLevel(levels[log_level()])
-    if _read("HOROVOD_AUTOTUNE"):
-        import warnings
-
-        warnings.warn("HOROVOD_AUTOTUNE=1 is ignored: collectives.torch has no autotuner; set "
-                      "HOROVOD_FUSION_THRESHOLD and HOROVOD_CYCLE_TIME instead")
 
 
 def cycle_time_s() -> float:
     """HOROVOD_CYCLE_TIME in seconds (default 1 ms, Horovod's)."""
     return float(_read("HOROVOD_CYCLE_TIME")) / 1000.0  # type: ignore[arg-type]
+
+
+def flag(name: str) -> bool:
+    """A 0-or-1 HOROVOD_* variable (its default when unset)."""
+    return bool(_read(name))
+
+
+def autotune() -> bool:
+    """HOROVOD_AUTOTUNE: tune the fusion threshold and cycle time (see _autotune)."""
+    return flag("HOROVOD_AUTOTUNE")
+
+
+class Settings(NamedTuple):
+    """The autotuner's HOROVOD_AUTOTUNE_* settings (see _autotune)."""
+
+    warmups: int = 3
+    steps_per_sample: int = 10
+    max_samples: int = 20
+    noise: float = 0.8
+    log_path: str = ""
+
+
+def autotune_settings() -> Settings:
+    """The autotuner's settings from HOROVOD_AUTOTUNE_*."""
+    return Settings(int(_read("HOROVOD_AUTOTUNE_WARMUP_SAMPLES")),  # type: ignore[arg-type]
+                    int(_read("HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE")),  # type: ignore[arg-type]
+                    int(_read("HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES")),  # type: ignore
+                    float(_read("HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE")),  # type: ignore
+                    str(_read("HOROVOD_AUTOTUNE_LOG") or ""))
+
+
+def explicit(name: str) -> bool:
+    """True if HOROVOD_FUSION_THRESHOLD or HOROVOD_CYCLE_TIME is set by the user (the
+    fusion threshold also through COLLECTIVES_FUSION_THRESHOLD, which it maps onto):
+    the autotuner leaves such a value as it is."""
+    ours = MAPPED.get(name)
+    return bool(os.environ.get(name, "").strip() or
+                (ours is not None and os.environ.get(ours, "").strip()))
 
 
 def cache_capacity() -> int:

@@ -41,7 +41,9 @@ alone except rank 0's stall expiries, which travel as records):
    set members) for a key not in the cache or cached with another
    description; ``evict`` (a cache entry every rank drops: a description
    changed, or a cached op has waited HIT_STALE_S, so that stall inspection
-   sees it); ``expire`` (rank 0 only: an op waited past the stall deadline).
+   sees it); ``expire`` (rank 0 only: an op waited past the stall deadline);
+   ``tune`` (rank 0 only, HOROVOD_AUTOTUNE: the fusion threshold and cycle
+   time from this round's ops on, on every rank; see _autotune).
    Every rank applies every rank's records in rank order to the same table
    of keys announced so far, so every rank holds the same table.
 3. Judge the table: a key every (non-joined) member has announced is ready
@@ -104,6 +106,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from ._autotune import TUNE, apply_record
 from .exceptions import LayoutMismatch
 
 __all__ = ["Negotiator", "StalledOperation", "FAILED", "JOIN"]
@@ -268,6 +271,8 @@ class Negotiator:
         self.fuse: Optional[Callable] = None  # fuse(core, parts): see _fusion (set at init)
         self.fusion_bytes = 0
         self.fuse_alone_bytes = FUSE_ALONE_BYTES
+        self.tuner: Any = None  # rank 0's _autotune.Autotuner under HOROVOD_AUTOTUNE=1
+        self.tuned: list = []  # (round, fusion bytes, cycle ms, tuning) as rank 0's records set
 
     # -- the caller's side --------------------------------------------------------
     def next_handle(self, process_set: int = 0) -> int:
@@ -480,6 +485,8 @@ class Negotiator:
             self._new.clear()
             stopping = self._stopping
         records = self._announcements(now)
+        if self.tuner is not None:  # (rank 0: the next point travels as a record)
+            records += self.tuner.records()
         width = len(self.cache.slots)
         # [the cache bytes, the flags, "not queued here" per cache entry]: the MIN gives
         # the entries every rank holds, and (in the last part) the ones no rank holds
@@ -525,6 +532,8 @@ class Negotiator:
             if job.agreed == 0:
                 job.agreed = agreed  # (the timeline's NEGOTIATE ends; not-ready ones reset)
         self._execute(plan)
+        if self.tuner is not None:
+            self.tuner.observe(plan, time.monotonic())
         for job in self._queue:
             job.agreed = 0
         # another round soon (cycle pace) only while an op is still queued somewhere: a
@@ -695,6 +704,8 @@ class Negotiator:
                     asked = self.table.pop(rec[1], None)
                     if asked is not None:
                         self._expire(rec[1], asked)
+                elif rec[0] == TUNE and r == 0:  # before this round's ops run (_autotune)
+                    apply_record(self, rec, self._round, now)
 
     def _expire(self, key: str, asked: _Asked) -> None:
         members = asked.members if asked.members is not None else range(self.size)

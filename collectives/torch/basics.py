@@ -52,6 +52,10 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
 
     HOLDER.context.lane.fuse = run_fused  # allreduces agreed together run as one (_fusion)
     HOLDER.context.lane.fusion_bytes = HOLDER.context.fusion_threshold
+    from ._autotune import attach
+
+    # HOROVOD_AUTOTUNE: rank 0 tunes fusion and cycle for every rank (_autotune)
+    attach(HOLDER.context.lane, HOLDER.context.rank, HOLDER.context.size)
     register_initial(HOLDER.context, process_sets)
     from .timeline import timeline_from_env
 
