@@ -392,8 +392,11 @@ def allreduce_(tensor: torch.Tensor, average: Optional[bool] = None, name: Optio
     Returns:
         `tensor`, holding the result.
     """
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
-                                        postscale_factor, process_set))
+    # allreduce_async_'s body, not the decorated call: the decorators ran once already
+    _check_process_set(process_set)
+    op = _resolve_allreduce_op(average, op, tensor)
+    return synchronize(_allreduce_job(tensor, tensor, op, prescale_factor, postscale_factor,
+                                      name))
 
 
 # ------------------------------------------------------------ grouped allreduce
