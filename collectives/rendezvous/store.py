@@ -80,8 +80,8 @@ from . import auth as _auth
 from .env import format_addr
 from .store_client import StoreClient, barrier
 from .store_wire import (AUTH_WAIT_S, MAX_FRAME, MAX_WAIT_S, _ANSWER, _I64, _KNOCK, _MAC,
-                         _MAGIC, _NONCE, _OK, _OP_ADD, _OP_CHECK, _OP_DELETE, _OP_GET, _OP_SET, _PROOF,
-                         _REQ_HEAD, _RESP_HEAD, _SERVER_HELLO, _TIMEOUT, _U64, _VERSION,
+                         _MAGIC, _NONCE, _OK, _OP_ADD, _OP_CHECK, _OP_DELETE, _OP_GET, _OP_SET,
+                         _PROOF, _REQ_HEAD, _RESP_HEAD, _SERVER_HELLO, _TIMEOUT, _U64, _VERSION,
                          _Malformed, _request_tag, _response_tag, parse_fields, split_frame)
 
 __all__ = ["StoreServer", "StoreClient", "barrier", "MAX_FRAME", "MAX_WAIT_S",

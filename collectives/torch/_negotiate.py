@@ -325,8 +325,8 @@ class Negotiator:
             self._cv.notify_all()
         return job
 
-    def waiting(self, done: threading.Event) -> None:
-        """Wait until `done` (a job queued here completes), running rounds in this thread
+    def waiting(self, done: Any) -> None:
+        """Wait until `done` (an event: a job queued here completes), running rounds in this thread
         meanwhile, back to back: the cycle only gathers more ops to fuse, and a thread that
         waits adds none, so waiting it out would only delay the op (1 ms a blocking call);
         and a round run here saves two hand-offs between threads (to the negotiating thread
