@@ -329,9 +329,17 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None,
     Returns:
         A Handle; ``synchronize()`` returns `tensor` holding the result.
     """
+    return _allreduce_in_place(tensor, average, name, op, prescale_factor, postscale_factor,
+                               process_set)
+
+
+def _allreduce_in_place(tensor: torch.Tensor, average: Optional[bool], name: Optional[str],
+                        op: Optional[ReduceOp], prescale: float, postscale: float,
+                        process_set: Any) -> Job:
+    """allreduce_async_'s body, which allreduce_ calls too (its decorators ran already)."""
     _check_process_set(process_set)
     op = _resolve_allreduce_op(average, op, tensor)
-    return _allreduce_job(tensor, tensor, op, prescale_factor, postscale_factor, name)
+    return _allreduce_job(tensor, tensor, op, prescale, postscale, name)
 
 
 @keeps_process_set
@@ -392,11 +400,8 @@ def allreduce_(tensor: torch.Tensor, average: Optional[bool] = None, name: Optio
     Returns:
         `tensor`, holding the result.
     """
-    # allreduce_async_'s body, not the decorated call: the decorators ran once already
-    _check_process_set(process_set)
-    op = _resolve_allreduce_op(average, op, tensor)
-    return synchronize(_allreduce_job(tensor, tensor, op, prescale_factor, postscale_factor,
-                                      name))
+    return synchronize(_allreduce_in_place(tensor, average, name, op, prescale_factor,
+                                           postscale_factor, process_set))
 
 
 # ------------------------------------------------------------ grouped allreduce
