@@ -26,6 +26,7 @@ from typing import Callable, Mapping, Optional, Sequence
 
 import pytest
 
+import _zygote  # noqa: E402 -- tests/ is on sys.path (rootdir conftest)
 import collectives
 # A port for a store rank 0 binds later, outside the kernel's ephemeral range (the
 # tests import it from here).
@@ -229,8 +230,12 @@ def run_world(n: int, body: Optional[str] = None, *, script: Optional[str] = Non
                 out = open(os.path.join(tmp, f"out{rank}"), "w+b")
                 err = open(os.path.join(tmp, f"err{rank}"), "w+b")
                 files.append((out, err))
-                p = subprocess.Popen([*(prefix(rank) if prefix else ()), *cmd], stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                     env=penv, cwd=tmp, start_new_session=True)
+                p = None if prefix else _zygote.start(rank, cmd[1:], penv, tmp, out.name,
+                                                      err.name, base_env({}))
+                if p is None:
+                    p = subprocess.Popen([*(prefix(rank) if prefix else ()), *cmd], stdout=out,
+                                         stderr=err, stdin=subprocess.DEVNULL, env=penv, cwd=tmp,
+                                         start_new_session=True)
                 _LIVE.add(p)
                 procs.append(p)
             deadline = start + timeout
@@ -317,3 +322,8 @@ def _kill_leftovers():
 def world():
     """The run_world function (fixture form)."""
     return run_world
+
+
+def pytest_unconfigure(config):
+    """End the forking server of torch ranks (tests/_zygote.py)."""
+    _zygote.stop()

@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 
 from .exceptions import LayoutMismatch
 
-__all__ = ["Job", "op_key", "queue_call", "run_call", "Launched", "CALL"]
+__all__ = ["Job", "op_key", "queue_call", "run_call", "Launched", "CALL", "RUNNING"]
 
 _UNSET = object()
 
@@ -32,22 +32,33 @@ class _Call(threading.local):
 CALL = _Call()
 
 
-def op_key(ctx: Any, kind: str, name: Optional[str]) -> str:
+class _Running(threading.local):
+    """What the job running on this thread may assume: ``inline``, that its own caller
+    runs it and waits for it right now (a blocking call whose round this thread runs, or
+    any call in a 1-rank world), so a collective it starts may as well block here."""
+
+    inline = False
+
+
+RUNNING = _Running()
+
+
+def op_key(ctx: Any, kind: str, name: Optional[str], pid: Optional[int] = None) -> str:
     """Horovod's op name, ``<kind>.<name>`` or ``<kind>.noname.<n>`` (n: the number of the
     public call, as Horovod's handle: every call takes one, named or not, so ranks that make
     the same calls agree on the names even where one rank's call failed; a call refused as a
     duplicate name gives its number back), prefixed by the process set's id when not the
     world. An op queued from inside a running op runs at once and takes no number."""
+    if pid is None:
+        pid = getattr(ctx, "process_set_id", 0)
     if name is not None:
         text = f"{kind}.{name}"
     elif ctx.lane.on_lane():
         text = f"{kind}.nested"
     else:
-        pid = getattr(ctx, "process_set_id", 0)
         text = f"{kind}.noname.{CALL.handle or ctx.lane.next_handle(pid)}"
     CALL.handle = 0
     CALL.queued = True
-    pid = getattr(ctx, "process_set_id", 0)
     return f"ps{pid}:{text}" if pid else text
 
 
@@ -96,6 +107,11 @@ class Job:
         members: the world ranks of the op's process set (None: every rank).
     """
 
+    # (every public call makes one: slots make that a third cheaper)
+    __slots__ = ("label", "timeline", "queued", "fn", "_keep", "_chained", "key", "desc", "plan",
+                 "members", "slot", "announced", "evicting", "since", "agreed", "fuse",
+                 "blocking", "caller", "lane", "_event", "_output", "_error", "__weakref__")
+
     def __init__(self, fn: Optional[Callable[[], Any]], keep: Any = None, chained: bool = False,
                  key: str = "", desc: str = "", plan: int = 0,
                  members: Optional[tuple] = None) -> None:
@@ -113,6 +129,7 @@ class Job:
         self.agreed = 0  # perf_counter_ns when every rank had queued it (timeline)
         self.fuse: Any = None  # (input, output) of an allreduce that may run fused
         self.blocking = CALL.blocking  # queued by a blocking call: its caller waits at once
+        self.caller = threading.get_ident() if self.blocking else 0  # (see RUNNING)
         self.lane: Any = None  # the Negotiator it is queued on (told when someone waits)
         self._event = _Done()
         self._output: Any = None
@@ -121,6 +138,9 @@ class Job:
     def run(self) -> None:
         """Run on the negotiating thread (never raises: the error is kept for wait())."""
         start = time.perf_counter_ns()
+        inline = self.caller != 0 and self.caller == threading.get_ident()
+        if inline:
+            RUNNING.inline = True
         try:
             if self.fn is not None:
                 self._output = self.fn()
@@ -130,6 +150,8 @@ class Job:
                 self._error = LayoutMismatch(f"{self.key!r}: {e}")  # which op, on every rank
                 self._error.__cause__ = e
         finally:
+            if inline:
+                RUNNING.inline = False
             self.fn = None
             self._keep = None
             if self.timeline is not None:
@@ -217,11 +239,12 @@ def queue_call(ctx: Any, kind: str, name: Optional[str], fn: Callable[[], Any],
                desc: Optional[str] = None, keep: Any = None, chained: bool = False,
                plan: int = 0, fuse: Any = None) -> Job:
     """Queue fn as the op `kind`/`name` of ctx (a world or process-set context)."""
-    members = tuple(ctx.ranks) if getattr(ctx, "process_set_id", 0) else None
-    key = op_key(ctx, kind, name)
+    pid = getattr(ctx, "process_set_id", 0)
+    members = tuple(ctx.ranks) if pid else None
+    key = op_key(ctx, kind, name, pid)
     job = Job(fn, keep, chained, key, desc if desc is not None else kind, plan, members)
     job.label = kind if name is None else f"{kind} {name}"
-    job.fuse = fuse if not getattr(ctx, "process_set_id", 0) else None
+    job.fuse = fuse if not pid else None
     return ctx.lane.submit(job)
 
 

@@ -130,8 +130,12 @@ JOIN = "join"
 _FLAGS = 3  # after the cache bytes: not announcing, nothing queued, shutting down
 
 
+_UNKNOWN = object()
 _SCALES = re.compile(r"^allreduce shape=\S.* op=(\w+) prescale=(\S+) postscale=(\S+) "
                      r"device=cpu$")
+
+
+_FUSABLE: dict = {}  # (plan, desc) -> _fusable's answer: a step repeats the same ops
 
 
 def _fusable(plan: int, desc: str, members: Optional[tuple]) -> Optional[tuple]:
@@ -139,12 +143,19 @@ def _fusable(plan: int, desc: str, members: Optional[tuple]) -> Optional[tuple]:
     run fused, from what every rank holds alike; None otherwise."""
     if not plan or members is not None:
         return None
+    known = _FUSABLE.get((plan, desc), _UNKNOWN)
+    if known is not _UNKNOWN:
+        return known
     m = _SCALES.match(desc)
-    if m is None or m.group(1) == "Adasum":
-        return None
-    count = (plan >> 12) & ((1 << 48) - 1)
-    width = {0: 1, 1: 1, 2: 4, 3: 8, 4: 2, 5: 2, 6: 4, 7: 8}.get((plan >> 4) & 0xFF, 8)
-    return (plan & 0xFFF, float(m.group(2)), float(m.group(3)), count * width)
+    spec = None
+    if m is not None and m.group(1) != "Adasum":
+        count = (plan >> 12) & ((1 << 48) - 1)
+        width = {0: 1, 1: 1, 2: 4, 3: 8, 4: 2, 5: 2, 6: 4, 7: 8}.get((plan >> 4) & 0xFF, 8)
+        spec = (plan & 0xFFF, float(m.group(2)), float(m.group(3)), count * width)
+    if len(_FUSABLE) >= 4096:
+        _FUSABLE.clear()
+    _FUSABLE[(plan, desc)] = spec
+    return spec
 
 
 class StalledOperation(RuntimeError):
@@ -171,6 +182,7 @@ class Cache:
         self.capacity = capacity
         self.slots: list = []  # slot -> _Cached or None
         self.index: dict = {}  # key -> slot
+        self.version = 0  # changes with every insert and evict
 
     def lookup(self, key: str) -> Optional[int]:
         """The slot of `key`, or None."""
@@ -182,6 +194,7 @@ class Cache:
             return False
         del self.index[self.slots[slot].key]
         self.slots[slot] = None
+        self.version += 1
         return True
 
     def insert(self, entry: _Cached) -> list:
@@ -201,6 +214,7 @@ class Cache:
             evicted.append(slot)
         self.slots[slot] = entry
         self.index[entry.key] = slot
+        self.version += 1
         return evicted
 
 
@@ -254,6 +268,11 @@ class Negotiator:
         self._busy_any = False
         self._waiters = 0  # threads waiting for an op queued here (Job.wait)
         self._turn: Optional[threading.Thread] = None  # the thread running a round now
+        # threads in an untimed wait on _cv (for the turn, or the negotiating thread while
+        # others wait): only they need a notify when the turn or _waiters changes; a notify
+        # nobody needs wakes the negotiating thread for nothing, twice per blocking call,
+        # and that hand-off of the GIL costs more than a small call on a busy host
+        self._sleepers = 0
         self._over = False  # no more rounds: every rank stopped, or the negotiation failed
         # a context manager a waiting thread runs its rounds in (the negotiating thread's
         # thread-local state: see _context._lane_state); None: none needed
@@ -273,6 +292,8 @@ class Negotiator:
         self.fuse_alone_bytes = FUSE_ALONE_BYTES
         self.tuner: Any = None  # rank 0's _autotune.Autotuner under HOROVOD_AUTOTUNE=1
         self.tuned: list = []  # (round, fusion bytes, cycle ms, tuning) as rank 0's records set
+        self._not_mine_for: Any = None  # see _not_mine
+        self._not_mine_slots: list = []
 
     # -- the caller's side --------------------------------------------------------
     def next_handle(self, process_set: int = 0) -> int:
@@ -322,7 +343,10 @@ class Negotiator:
             job.lane = self
             self._new.append(job)
             self._start()
-            self._cv.notify_all()
+            if not job.blocking:
+                # (a blocking job's caller runs its round: the negotiating thread needs no
+                # wake-up for it, and takes it at its next pacing if the caller never comes)
+                self._cv.notify_all()
         return job
 
     def waiting(self, done: Any) -> None:
@@ -333,13 +357,12 @@ class Negotiator:
         and back), which cost more than the round on a busy host. The negotiating thread
         leaves the rounds to waiting threads, one round at a time."""
         with self._cv:
-            self._waiters += 1
-            self._cv.notify_all()
+            self._waiters += 1  # (the negotiating thread sees it when it next wakes)
         try:
             while not done.is_set():
                 with self._cv:
                     while self._turn is not None and not done.is_set():
-                        self._cv.wait()
+                        self._sleep()
                     if done.is_set() or self._over or self._thread is None:
                         break
                     self._turn = threading.current_thread()
@@ -351,7 +374,8 @@ class Negotiator:
         finally:
             with self._cv:
                 self._waiters -= 1
-                self._cv.notify_all()  # the negotiating thread paces the rounds again
+                if self._sleepers:
+                    self._cv.notify_all()  # the negotiating thread paces the rounds again
         done.wait()  # set by now, unless the negotiation ended (then _fail_all sets it)
 
     def drain(self) -> None:
@@ -433,7 +457,16 @@ class Negotiator:
                 self._fail_all()
             with self._cv:
                 self._turn = None
-                self._cv.notify_all()
+                if self._sleepers:
+                    self._cv.notify_all()
+
+    def _sleep(self) -> None:
+        """(Holding self._cv) wait untimed for a notify (see _sleepers)."""
+        self._sleepers += 1
+        try:
+            self._cv.wait()
+        finally:
+            self._sleepers -= 1
 
     def _fail_all(self) -> None:
         with self._cv:
@@ -452,12 +485,12 @@ class Negotiator:
         the module docstring); False once the negotiation is over."""
         while not self._over:
             if self._turn is not None:
-                self._cv.wait()  # a waiting thread runs a round
+                self._sleep()  # a waiting thread runs a round
                 continue
             if self._abandon:
                 return True  # the turn ends it
             if self._waiters:
-                self._cv.wait()  # waiting threads run the rounds
+                self._sleep()  # waiting threads run the rounds
                 continue
             now = time.monotonic()
             if self._new or (self._stopping and not self._queue) or \
@@ -496,10 +529,7 @@ class Negotiator:
             if job.slot is not None:
                 vec[job.slot] = 1
                 vec[width + _FLAGS + job.slot] = 0
-        for slot, e in enumerate(self.cache.slots):
-            if e is not None and ((e.members is not None and self.rank not in e.members) or
-                                  (self.rank in self.joined and e.plan)):
-                vec[slot] = 1
+        vec[self._not_mine()] = 1
         vec[width] = 0 if records else 1
         vec[width + 1] = 0 if self._queue else 1
         vec[width + 2] = 1 if stopping else 0
@@ -508,7 +538,8 @@ class Negotiator:
         self.stats["a_s"] += time.perf_counter() - t0
         self._round += 1
         self.stats["rounds"] += 1
-        ready = [s for s in range(width) if vec[s] and self.cache.slots[s] is not None and
+        ready = [s for s in np.flatnonzero(vec[:width]).tolist()
+                 if self.cache.slots[s] is not None and
                  self._has_live_member(self.cache.slots[s].members)]
         # the cached ones first (slot order), then the table's (announcement order)
         plan = [(self.cache.slots[s].key, self.cache.slots[s].plan, None,
@@ -541,12 +572,25 @@ class Negotiator:
         # decided; a step whose ops all ran leaves every rank idle-paced, so that its next
         # step's first ops start a round at once instead of meeting a round that waits
         # behind this step's data (bench/README.md, "Negotiation by name")
-        ran = set(ready)
         self._busy_any = not vec[width + 1] and (bool(self.table) or any(
-            not vec[width + _FLAGS + s] and s not in ran for s in range(width)))
+            s not in ready for s in np.flatnonzero(vec[width + _FLAGS:] == 0).tolist()))
         if plan or not vec[width]:
             self._last_progress = now
         return bool(vec[width + 2])
+
+    def _not_mine(self) -> list:
+        """The cache slots this rank sets in step A whatever it queued: entries of process
+        sets it is not in, and (once joined) the allreduces it serves with zeros. Kept
+        while the cache and the joined state stay as they were (a round's hot loop)."""
+        state = (self.cache.version, self.rank in self.joined)
+        if self._not_mine_for != state:
+            joined = state[1]
+            self._not_mine_slots = [
+                slot for slot, e in enumerate(self.cache.slots)
+                if e is not None and ((e.members is not None and self.rank not in e.members) or
+                                      (joined and e.plan))]
+            self._not_mine_for = state
+        return self._not_mine_slots
 
     def _execute(self, plan: list) -> None:
         """Run the decided ops in order; runs of fusable allreduces as one (see _fusion)."""

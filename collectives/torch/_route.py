@@ -28,16 +28,22 @@ _depth = threading.local()
 FIXED_KEYS = {"barrier": "barrier"}  # Horovod's fixed names (every barrier matches every other)
 
 
-def _name_of(fn: Callable, args: tuple, kwargs: dict) -> Optional[str]:
-    """The `name` argument of a call of fn, if it has one and it was given."""
-    if "name" in kwargs:
-        return kwargs["name"]
+def _name_index(fn: Callable) -> Optional[int]:
+    """The position of fn's `name` parameter (None: it has none), read once per function:
+    inspect.signature costs more than a whole small call."""
     try:
         params = list(inspect.signature(fn).parameters)
     except (TypeError, ValueError):
         return None
-    if "name" in params and params.index("name") < len(args):
-        return args[params.index("name")]
+    return params.index("name") if "name" in params else None
+
+
+def _name_of(index: Optional[int], args: tuple, kwargs: dict) -> Optional[str]:
+    """The `name` argument of a call (index: see _name_index), if it was given."""
+    if "name" in kwargs:
+        return kwargs["name"]
+    if index is not None and index < len(args):
+        return args[index]
     return None
 
 
@@ -57,6 +63,7 @@ def symmetric(what: str, get: Callable[[], Any], route: Optional[bool] = None) -
     def wrap(fn: Callable) -> Callable:
         blocking = not fn.__name__.endswith(("_async", "_async_"))  # the caller waits for it
         routed = route if route is not None else blocking
+        name_at = _name_index(fn)
 
         def inner(*args: Any, **kwargs: Any) -> Any:
             try:
@@ -100,7 +107,7 @@ def symmetric(what: str, get: Callable[[], Any], route: Optional[bool] = None) -
             pid = getattr(ctx, "process_set_id", 0)
             CALL.handle = handle = world.lane.next_handle(pid)
             try:
-                name = FIXED_KEYS.get(what, _name_of(fn, args, kwargs))
+                name = FIXED_KEYS.get(what) or _name_of(name_at, args, kwargs)
                 if routed:
                     view = ACTIVE.view
 

@@ -224,6 +224,8 @@ def in_process_set(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
         ps = kwargs.get("process_set") if len(args) <= index else args[index]
+        if ps is None:  # the set active now (most calls)
+            return fn(*args, **kwargs)
         view = _resolve(ps)
         if view == "inherit":
             return fn(*args, **kwargs)
