@@ -6,9 +6,10 @@ at most SECONDS, open connections to HOST:PORT as fast as one thread can
 (non-blocking connects, never more than MAX_CONNECTIONS in all), keep the
 newest HOLD of them open without sending a byte (older ones are closed), and
 close everything at the end, or at SIGTERM. It starts before the port
-listens (a refused connect counts as an attempt). It prints one JSON line:
-attempts, connected (accepted by the kernel), seconds, rate. Only loopback is
-allowed.
+listens (a refused connect counts as an attempt). It prints a JSON line
+``{"flooding": true}`` once 100 attempts are made (the test starts its job
+then, under the flood), and at the end one with attempts, connected (accepted
+by the kernel), seconds, rate. Only loopback is allowed.
 
 ``python _store_flood.py frames HOST PORT SECRET N MIB`` (knows the secret):
 open N authenticated connections and on each send the head of a 16 MiB
@@ -39,6 +40,8 @@ def main(host: str, port: int, seconds: float, max_connections: int, hold: int) 
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         s.setblocking(False)
         attempts += 1
+        if attempts == 100:
+            print(json.dumps({"flooding": True}), flush=True)
         rc = s.connect_ex((host, port))
         if rc in (0, errno.EINPROGRESS):
             connected += 1

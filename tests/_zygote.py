@@ -29,6 +29,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Mapping, Optional, Sequence
@@ -116,9 +117,16 @@ class _Server:
         self.base = _sensitive(env)
         self.env.setdefault("PYTHONHASHSEED", str(int.from_bytes(os.urandom(4), "little")))
         ours, theirs = socket.socketpair()
+        # its own output (nothing, unless it fails) goes to a file of its own, not to the
+        # capture of whichever test started it
+        log = tempfile.NamedTemporaryFile(prefix="collectives-zygote-", suffix=".log",
+                                          delete=False)
+        self.log = log.name
         self.proc = subprocess.Popen([sys.executable, "-c", SERVER, str(theirs.fileno())],
                                      pass_fds=[theirs.fileno()], env=self.env,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+                                     stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                     start_new_session=True)
+        log.close()
         theirs.close()
         self.sock = ours
         self.cv = threading.Condition()
@@ -153,7 +161,8 @@ class _Server:
             deadline = time.monotonic() + 30
             while rid not in self.pids:
                 if not self.alive or time.monotonic() > deadline:
-                    raise RuntimeError("the forking server did not answer")
+                    raise RuntimeError(f"the forking server did not answer (its log: "
+                                       f"{self.log})")
                 self.cv.wait(1.0)
             return Forked(self, self.pids.pop(rid))
 
@@ -167,6 +176,11 @@ class _Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        if self.proc.returncode == 0:
+            try:
+                os.unlink(self.log)
+            except OSError:
+                pass
 
 
 class Forked:

@@ -47,6 +47,20 @@ for op, div in [(hvd.Sum, 1), (hvd.Average, n)]:
     expect(got.is_sparse, f"sparse {op.name}", "result is not sparse")
     expect(torch.allclose(got.to_dense(), dense / div), f"sparse {op.name}",
            f"{got.to_dense().tolist()} vs {(dense / div).tolist()}")
+
+# a name passed by position is the same name as by keyword (one rank each way): the ops
+# match by it; an unnamed op on one rank and a named one on the other would not
+t = torch.full((2,), float(r + 1))
+if r == 0:
+    got = hvd.broadcast(t, 0, "pos")
+    h = hvd.allreduce_async(t, None, "pos2", op=hvd.Sum)
+else:
+    got = hvd.broadcast(t, root_rank=0, name="pos")
+    h = hvd.allreduce_async(t, name="pos2", op=hvd.Sum)
+expect(torch.equal(got, torch.ones(2)), "positional name", str(got))
+got = hvd.synchronize(h)
+expect(torch.equal(got, torch.full((2,), float(n * (n + 1) // 2))), "positional name async",
+       str(got))
 '''
 
 

@@ -267,7 +267,7 @@ class Negotiator:
         self._last_progress = time.monotonic()
         self._busy_any = False
         self._waiters = 0  # threads waiting for an op queued here (Job.wait)
-        self._turn: Optional[threading.Thread] = None  # the thread running a round now
+        self._turn: Optional[int] = None  # the ident of the thread running a round now
         # threads in an untimed wait on _cv (for the turn, or the negotiating thread while
         # others wait): only they need a notify when the turn or _waiters changes; a notify
         # nobody needs wakes the negotiating thread for nothing, twice per blocking call,
@@ -311,7 +311,7 @@ class Negotiator:
 
     def on_lane(self) -> bool:
         """True on the thread running a round (ops called from a running op run at once)."""
-        return threading.current_thread() is self._turn
+        return threading.get_ident() == self._turn
 
     def submit(self, job: Any) -> Any:
         """Queue `job` under job.key; ValueError if an op with that key is still in flight
@@ -365,7 +365,7 @@ class Negotiator:
                         self._sleep()
                     if done.is_set() or self._over or self._thread is None:
                         break
-                    self._turn = threading.current_thread()
+                    self._turn = threading.get_ident()
                 if self.turn_state is None:
                     self._take_turn()
                 else:
@@ -435,7 +435,7 @@ class Negotiator:
             with self._cv:
                 if not self._pace():
                     break
-                self._turn = threading.current_thread()
+                self._turn = threading.get_ident()
             self._take_turn()
 
     def _take_turn(self) -> None:

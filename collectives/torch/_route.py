@@ -70,7 +70,8 @@ def symmetric(what: str, get: Callable[[], Any], route: Optional[bool] = None) -
                 agreement = get()
             except Exception:
                 agreement = None
-            before = agreement.calls if agreement is not None else 0
+            # (only a routed op announces a failure: see below)
+            before = agreement.calls if routed and agreement is not None else 0
             timeline = agreement.timeline if agreement is not None else None
             start = time.perf_counter_ns() if timeline is not None else 0
             _depth.n = 1
@@ -107,8 +108,8 @@ def symmetric(what: str, get: Callable[[], Any], route: Optional[bool] = None) -
             pid = getattr(ctx, "process_set_id", 0)
             CALL.handle = handle = world.lane.next_handle(pid)
             try:
-                name = FIXED_KEYS.get(what) or _name_of(name_at, args, kwargs)
                 if routed:
+                    name = FIXED_KEYS.get(what) or _name_of(name_at, args, kwargs)
                     view = ACTIVE.view
 
                     def job() -> Any:
@@ -126,6 +127,7 @@ def symmetric(what: str, get: Callable[[], Any], route: Optional[bool] = None) -
                     if getattr(e, "duplicate_name", False):
                         world.lane.release_handle(handle, pid)  # as if never called
                     elif not CALL.queued and world.size > 1:
+                        name = FIXED_KEYS.get(what) or _name_of(name_at, args, kwargs)
                         queue_call(ctx, what, name if isinstance(name, str) else None, None,
                                    desc=f"{FAILED}{what}: {type(e).__name__}: {e}"[:2000])
                     raise

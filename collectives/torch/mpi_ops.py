@@ -23,7 +23,7 @@ import torch
 
 from .._core import check_root
 from ._agree import LayoutMismatch, inline_bytes, reduce_inline
-from ._context import HOLDER, as_buffer, check_tensor, current, wire_dtype
+from ._context import CORE_DTYPES, HOLDER, as_buffer, check_tensor, current, wire_dtype
 from ._join import encode_plan, join
 from ._lane import RUNNING, Job, queue_call
 from ._route import symmetric
@@ -83,6 +83,13 @@ class Handle:
         self._finish = finish
         self._keep = keep
         self._done = False
+
+    @classmethod
+    def completed(cls, output: Any) -> "Handle":
+        """A handle of an operation done already, with its output."""
+        h = cls.__new__(cls)
+        h._requests, h._output, h._finish, h._keep, h._done = [], output, None, None, True
+        return h
 
     def poll(self) -> bool:
         """True once every part has completed (synchronize then returns at once)."""
@@ -167,11 +174,13 @@ def _on_callers_stream(fn: Callable[[], Any]) -> Callable[[], Any]:
 
 def _queue(kind: str, name: Optional[str], fn: Callable[[], Any], keep: Any,
            chained: bool = False, desc: Optional[str] = None, plan: int = 0,
-           fuse: Any = None) -> Job:
+           fuse: Any = None, host_only: bool = False) -> Job:
     """Queue fn as the op `name` of this kind (see _negotiate; ValueError if one is in
     flight); it runs once every rank queued it. chained: fn returns a Handle, the job
-    completes with it. desc: what every rank must pass alike (default: the kind alone)."""
-    return queue_call(current(), kind, name, bind_active(_on_callers_stream(fn)), desc, keep,
+    completes with it. desc: what every rank must pass alike (default: the kind alone).
+    host_only: fn touches no GPU memory (no CUDA stream to carry over)."""
+    return queue_call(current(), kind, name,
+                      bind_active(fn if host_only else _on_callers_stream(fn)), desc, keep,
                       chained, plan, fuse)
 
 
@@ -237,15 +246,21 @@ def _allreduce_start(tensor: torch.Tensor, output: torch.Tensor, op: ReduceOp, p
             recv.copy_(src)
         _scale(recv, prescale)
         send = None
-    rbuf, dt = as_buffer(recv)
-    sbuf = None if send is None else as_buffer(send)[0]
-
     def finish() -> torch.Tensor:
         _scale(recv, postscale)
         if not direct:
             output.detach().copy_(recv)
         return output
 
+    if RUNNING.inline and tensor.is_cpu and not (agree and ctx.size > 1):
+        # its caller waits for it now, on this thread: the blocking call, rather than a
+        # request the progress thread may take (two hand-offs between threads for nothing),
+        # on the tensors' memory by address (numpy views cost more than the call)
+        ctx.core._allreduce_at(0 if send is None else send.data_ptr(), recv.data_ptr(),
+                               recv.numel(), CORE_DTYPES[recv.dtype], op.core)
+        return Handle.completed(finish())
+    rbuf, dt = as_buffer(recv)
+    sbuf = None if send is None else as_buffer(send)[0]
     if ctx.size > 1 and agree:
         plan = encode_plan(rbuf.size, dt or rbuf.dtype.name, op.core) \
             if isinstance(rbuf, np.ndarray) else 0
@@ -254,11 +269,6 @@ def _allreduce_start(tensor: torch.Tensor, output: torch.Tensor, op: ReduceOp, p
         if agreed.inline:
             reduce_inline(agreed, rbuf, op.core, dt)
             return Handle([], output, finish)
-    if RUNNING.inline and tensor.is_cpu:
-        # its caller waits for it now, on this thread: the blocking call, rather than a
-        # request the progress thread may take (two hand-offs between threads for nothing)
-        ctx.core.allreduce(sbuf, rbuf, op=op.core, dtype=dt)
-        return Handle([], finish())
     req = ctx.core.iallreduce(sbuf, rbuf, op=op.core, dtype=dt)
     return Handle([req], output, finish, keep=(tensor, send, recv))
 
@@ -291,7 +301,7 @@ def _allreduce_job(tensor: torch.Tensor, output: torch.Tensor, op: ReduceOp, pre
     # fuse: the negotiation may run it fused with others agreed alongside (see _fusion)
     return _queue("allreduce", name, lambda: _allreduce_start(
         tensor, output, op, prescale, postscale, name, "allreduce", agree), tensor, True,
-        desc=desc, plan=plan, fuse=(tensor, output) if plan else None)
+        desc=desc, plan=plan, fuse=(tensor, output) if plan else None, host_only=cpu)
 
 
 def _resolve_allreduce_op(average: Optional[bool], op: Optional[ReduceOp],
@@ -393,13 +403,14 @@ def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Option
     """
     _check_process_set(process_set)
     op = _resolve_allreduce_op(average, op, tensor)
-    compressed, cctx = compression.compress(tensor)
+    plain = compression is Compression.none  # (its compress and decompress do nothing)
+    compressed, cctx = (tensor, None) if plain else compression.compress(tensor)
     if compressed.requires_grad and torch.is_grad_enabled():
         out = _AllreduceFunction.apply(compressed, op, prescale_factor, postscale_factor, name)
     else:
         out = synchronize(_allreduce_job(compressed, _empty_like(compressed), op,
                                          prescale_factor, postscale_factor, name))
-    return compression.decompress(out, cctx)
+    return out if plain else compression.decompress(out, cctx)
 
 
 @_symmetric("allreduce", route=False)

@@ -5,7 +5,7 @@ Each method is: resolve and check buffers -> ``with nogil:`` -> one checked C
 call. Argument errors raise ValueError/TypeError before any byte is sent;
 everything else raises CollectivesError naming the rank and the peer.
 """
-from libc.stdint cimport int64_t, uint8_t
+from libc.stdint cimport int64_t, uint8_t, uintptr_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memset
 
@@ -277,6 +277,27 @@ cdef class Communicator:
                                  dtype, 0, stream))
         CHKERR(coll_iallreduce(self.comm, &a, &r.req), self.comm)
         return r
+
+    def _allreduce_at(self, uintptr_t sendbuf, uintptr_t recvbuf, size_t count, str dtype,
+                      str op) -> None:
+        """allreduce on host memory given by address (sendbuf 0: in place), blocking:
+        collectives.torch's contiguous CPU tensors, read through their data pointers (a
+        numpy view of each costs more than the rest of a small call). The caller keeps
+        the memory alive and holding count elements of dtype; nothing of it is checked."""
+        cdef coll_args_t a
+        cdef coll_result_t res
+        self._live()
+        memset(&a, 0, sizeof(coll_args_t))
+        a.recvbuf = <void *>recvbuf if recvbuf else <void *>_zero_bytes
+        a.sendbuf = <void *>sendbuf if sendbuf else a.recvbuf
+        a.count = count
+        a.dtype = <coll_dtype_t>code_of(DTYPES, dtype, "dtype")
+        a.op = <coll_op_t>code_of(OPS, op, "op")
+        a.algo = COLL_ALGO_AUTO
+        a.timeout = as_timeout(None)
+        with nogil:
+            res = coll_allreduce(self.comm, &a)
+        CHKERR(res, self.comm)
 
     cdef object _allreduce_args(self, coll_args_t *a, sendbuf, recvbuf, int op, algorithm,
                                 timeout, dtype, segment_bytes, stream):
