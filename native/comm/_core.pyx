@@ -280,10 +280,8 @@ cdef class Communicator:
 
     def _allreduce_at(self, uintptr_t sendbuf, uintptr_t recvbuf, size_t count, str dtype,
                       str op) -> None:
-        """allreduce on host memory given by address (sendbuf 0: in place), blocking:
-        collectives.torch's contiguous CPU tensors, read through their data pointers (a
-        numpy view of each costs more than the rest of a small call). The caller keeps
-        the memory alive and holding count elements of dtype; nothing of it is checked."""
+        """Blocking allreduce of host memory by address (sendbuf 0: in place), unchecked:
+        collectives.torch's CPU tensors (numpy views cost more than a small call)."""
         cdef coll_args_t a
         cdef coll_result_t res
         self._live()
