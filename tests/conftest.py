@@ -218,6 +218,7 @@ def run_world(n: int, body: Optional[str] = None, *, script: Optional[str] = Non
             return _run_launcher(n, cmd, tmp, timeout, extra, start)
         store_port = free_port()
         procs, files = [], []
+        fresh_env = base_env({})  # what a fresh rank inherits (the forking servers' too)
         try:
             for rank in range(n):
                 if rank_env is None:
@@ -231,7 +232,7 @@ def run_world(n: int, body: Optional[str] = None, *, script: Optional[str] = Non
                 err = open(os.path.join(tmp, f"err{rank}"), "w+b")
                 files.append((out, err))
                 p = None if prefix else _zygote.start(rank, cmd[1:], penv, tmp, out.name,
-                                                      err.name, base_env({}))
+                                                      err.name, fresh_env)
                 if p is None:
                     p = subprocess.Popen([*(prefix(rank) if prefix else ()), *cmd], stdout=out,
                                          stderr=err, stdin=subprocess.DEVNULL, env=penv, cwd=tmp,

@@ -572,8 +572,9 @@ class Negotiator:
         # decided; a step whose ops all ran leaves every rank idle-paced, so that its next
         # step's first ops start a round at once instead of meeting a round that waits
         # behind this step's data (bench/README.md, "Negotiation by name")
+        ran = set(ready)  # (a set: a step may cache thousands of ops)
         self._busy_any = not vec[width + 1] and (bool(self.table) or any(
-            s not in ready for s in np.flatnonzero(vec[width + _FLAGS:] == 0).tolist()))
+            s not in ran for s in np.flatnonzero(vec[width + _FLAGS:] == 0).tolist()))
         if plan or not vec[width]:
             self._last_progress = now
         return bool(vec[width + 2])

@@ -65,6 +65,9 @@ def symmetric(what: str, get: Callable[[], Any], route: Optional[bool] = None) -
         routed = route if route is not None else blocking
         name_at = _name_index(fn)
 
+        def name_of(args: tuple, kwargs: dict) -> Optional[str]:
+            return FIXED_KEYS.get(what) or _name_of(name_at, args, kwargs)
+
         def inner(*args: Any, **kwargs: Any) -> Any:
             try:
                 agreement = get()
@@ -109,7 +112,7 @@ def symmetric(what: str, get: Callable[[], Any], route: Optional[bool] = None) -
             CALL.handle = handle = world.lane.next_handle(pid)
             try:
                 if routed:
-                    name = FIXED_KEYS.get(what) or _name_of(name_at, args, kwargs)
+                    name = name_of(args, kwargs)
                     view = ACTIVE.view
 
                     def job() -> Any:
@@ -127,7 +130,7 @@ def symmetric(what: str, get: Callable[[], Any], route: Optional[bool] = None) -
                     if getattr(e, "duplicate_name", False):
                         world.lane.release_handle(handle, pid)  # as if never called
                     elif not CALL.queued and world.size > 1:
-                        name = FIXED_KEYS.get(what) or _name_of(name_at, args, kwargs)
+                        name = name_of(args, kwargs)
                         queue_call(ctx, what, name if isinstance(name, str) else None, None,
                                    desc=f"{FAILED}{what}: {type(e).__name__}: {e}"[:2000])
                     raise

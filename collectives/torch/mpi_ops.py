@@ -84,13 +84,6 @@ class Handle:
         self._keep = keep
         self._done = False
 
-    @classmethod
-    def completed(cls, output: Any) -> "Handle":
-        """A handle of an operation done already, with its output."""
-        h = cls.__new__(cls)
-        h._requests, h._output, h._finish, h._keep, h._done = [], output, None, None, True
-        return h
-
     def poll(self) -> bool:
         """True once every part has completed (synchronize then returns at once)."""
         if self._done:
@@ -246,6 +239,7 @@ def _allreduce_start(tensor: torch.Tensor, output: torch.Tensor, op: ReduceOp, p
             recv.copy_(src)
         _scale(recv, prescale)
         send = None
+
     def finish() -> torch.Tensor:
         _scale(recv, postscale)
         if not direct:
@@ -258,7 +252,7 @@ def _allreduce_start(tensor: torch.Tensor, output: torch.Tensor, op: ReduceOp, p
         # on the tensors' memory by address (numpy views cost more than the call)
         ctx.core._allreduce_at(0 if send is None else send.data_ptr(), recv.data_ptr(),
                                recv.numel(), CORE_DTYPES[recv.dtype], op.core)
-        return Handle.completed(finish())
+        return Handle([], output, finish)
     rbuf, dt = as_buffer(recv)
     sbuf = None if send is None else as_buffer(send)[0]
     if ctx.size > 1 and agree:

@@ -224,12 +224,9 @@ def in_process_set(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
         ps = kwargs.get("process_set") if len(args) <= index else args[index]
-        if ps is None:  # the set active now (most calls)
+        if ps is None:  # the set active now ("inherit": most calls, so not via _resolve)
             return fn(*args, **kwargs)
-        view = _resolve(ps)
-        if view == "inherit":
-            return fn(*args, **kwargs)
-        with _active(view):
+        with _active(_resolve(ps)):
             return fn(*args, **kwargs)
 
     return call
